@@ -1,0 +1,65 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+
+namespace kvoffload {
+
+enum class GroupKind : std::uint8_t { full_attention, sliding_window, mamba };
+
+/// "full_attention", "sliding_window" or "mamba".
+KVOFFLOAD_EXPORT std::string_view to_string(GroupKind kind) noexcept;
+/// Inverse of to_string; throws invalid_argument naming `field` for anything else.
+KVOFFLOAD_EXPORT GroupKind parse_group_kind(std::string_view name, std::string_view field);
+
+/// One KV-cache group of the model (SEMANTICS 1).
+struct GroupConfig {
+  GroupKind kind = GroupKind::full_attention;
+  std::int64_t gpu_block_size = 16;  ///< tokens per GPU block
+  std::int64_t sliding_window = 0;   ///< tokens; sliding_window groups only, > 0
+};
+
+/// The host block manager: capacity in offloaded blocks and eviction policy.
+struct ManagerConfig {
+  std::int64_t host_blocks = 0;
+  std::string policy = "lru";
+  /// Record "stored"/"removed" events for take_events(). Engines that do not publish KV
+  /// events can turn this off to save the copies.
+  bool enable_events = true;
+};
+
+/// Everything the scheduler needs to know about the model and the cache.
+struct KVOFFLOAD_EXPORT SchedulerConfig {
+  std::vector<GroupConfig> groups;
+  std::int64_t block_size_factor = 1;  ///< GPU blocks per offloaded block, f >= 1
+  std::int64_t hash_block_size = 16;   ///< tokens per engine block hash
+  std::int64_t num_workers = 1;        ///< reports needed before a job completes
+  bool prefix_caching = true;          ///< defer requests that would load keys being loaded
+  ManagerConfig manager;
+
+  /// Throws invalid_argument naming the first bad field (e.g. "groups[1].sliding_window").
+  void validate() const;
+};
+
+/// Validates a manager configuration; throws invalid_argument naming the field.
+KVOFFLOAD_EXPORT void validate(const ManagerConfig& config);
+
+/// The per-group quantities SEMANTICS 1 derives from a configuration.
+struct GroupLayout {
+  GroupKind kind = GroupKind::full_attention;
+  std::int64_t gpu_block_size = 0;
+  std::int64_t offloaded_block_size = 0;  ///< gpu_block_size * block_size_factor
+  std::int64_t hash_factor = 0;           ///< offloaded_block_size / hash_block_size
+  std::int64_t window_blocks = 0;         ///< 0 for full attention
+
+  [[nodiscard]] bool windowed() const noexcept { return kind != GroupKind::full_attention; }
+};
+
+/// Validates `config` and derives every group's layout.
+KVOFFLOAD_EXPORT std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config);
+
+}  // namespace kvoffload

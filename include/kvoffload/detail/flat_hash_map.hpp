@@ -1,0 +1,136 @@
+#pragma once
+
+#include <cstddef>
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <utility>
+#include <vector>
+
+namespace kvoffload::detail {
+
+/// Open-addressing hash map with linear probing and backward-shift deletion. Entries live in
+/// one array, so inserting and erasing allocate nothing except when the table grows (amortised,
+/// capacity doubles at a load factor of 1/2). Keys and values must be cheap to copy.
+/// Pointers returned by find/insert are invalidated by the next insertion or erase.
+template <class K, class V, class Hash, class Eq = std::equal_to<K>>
+class FlatHashMap {
+ public:
+  FlatHashMap() = default;
+  explicit FlatHashMap(std::size_t expected) { reserve(expected); }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+
+  /// Makes room for `n` entries without further growth.
+  void reserve(std::size_t n) {
+    std::size_t want = 16;
+    while (want < 2 * n) want *= 2;
+    if (want > slots_.size()) rehash(want);
+  }
+
+  [[nodiscard]] V* find(const K& key) noexcept {
+    if (size_ == 0) return nullptr;
+    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
+      if (!used_[i]) return nullptr;
+      if (Eq{}(slots_[i].first, key)) return &slots_[i].second;
+    }
+  }
+  [[nodiscard]] const V* find(const K& key) const noexcept {
+    return const_cast<FlatHashMap*>(this)->find(key);
+  }
+  [[nodiscard]] bool contains(const K& key) const noexcept { return find(key) != nullptr; }
+
+  /// Inserts (key, value) unless key is present. Returns the stored value and whether it was
+  /// inserted.
+  std::pair<V*, bool> insert(const K& key, const V& value) {
+    if (2 * (size_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
+    std::size_t i = home(key);
+    for (; used_[i]; i = (i + 1) & mask_) {
+      if (Eq{}(slots_[i].first, key)) return {&slots_[i].second, false};
+    }
+    used_[i] = 1;
+    slots_[i].first = key;
+    slots_[i].second = value;
+    ++size_;
+    return {&slots_[i].second, true};
+  }
+
+  /// Removes key; returns whether it was present.
+  bool erase(const K& key) noexcept {
+    if (size_ == 0) return false;
+    std::size_t i = home(key);
+    for (;; i = (i + 1) & mask_) {
+      if (!used_[i]) return false;
+      if (Eq{}(slots_[i].first, key)) break;
+    }
+    // Backward shift: pull later entries of the probe chain into the hole so lookups never
+    // need tombstones.
+    std::size_t hole = i;
+    for (std::size_t j = (hole + 1) & mask_; used_[j]; j = (j + 1) & mask_) {
+      const std::size_t h = home(slots_[j].first);
+      if (((j - h) & mask_) >= ((j - hole) & mask_)) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    used_[hole] = 0;
+    --size_;
+    return true;
+  }
+
+  void clear() noexcept {
+    if (size_ == 0) return;
+    std::fill(used_.begin(), used_.end(), std::uint8_t{0});
+    size_ = 0;
+  }
+
+  /// Calls f(key, value) for every entry, in no particular order.
+  template <class F>
+  void for_each(F&& f) const {
+    for (std::size_t i = 0; i < slots_.size(); ++i) {
+      if (used_[i]) f(slots_[i].first, slots_[i].second);
+    }
+  }
+
+ private:
+  [[nodiscard]] std::size_t home(const K& key) const noexcept {
+    return static_cast<std::size_t>(Hash{}(key)) & mask_;
+  }
+
+  void rehash(std::size_t new_capacity) {
+    std::vector<std::pair<K, V>> old_slots(new_capacity);
+    std::vector<std::uint8_t> old_used(new_capacity, 0);
+    old_slots.swap(slots_);
+    old_used.swap(used_);
+    mask_ = new_capacity - 1;
+    size_ = 0;
+    for (std::size_t i = 0; i < old_slots.size(); ++i) {
+      if (old_used[i]) insert(old_slots[i].first, old_slots[i].second);
+    }
+  }
+
+  std::vector<std::pair<K, V>> slots_;
+  std::vector<std::uint8_t> used_;
+  std::size_t size_ = 0;
+  std::size_t mask_ = 0;
+};
+
+/// Finalizer of splitmix64: a cheap, well-mixing hash for integer keys.
+inline std::uint64_t mix64(std::uint64_t x) noexcept {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ULL;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebULL;
+  x ^= x >> 31;
+  return x;
+}
+
+struct IntHash {
+  template <class I>
+  std::size_t operator()(I value) const noexcept {
+    return static_cast<std::size_t>(mix64(static_cast<std::uint64_t>(value)));
+  }
+};
+
+}  // namespace kvoffload::detail

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "kvoffload/detail/function_ref.hpp"
+#include "kvoffload/export.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvoffload {
+
+/// Orders the resident host blocks for eviction. The HostBlockManager owns one and tells it
+/// about every block that enters or leaves; the policy never decides on its own which blocks
+/// are protected (being written, read, or stored right now): the manager passes that as a
+/// predicate. Keys are passed along so that policies with history (ARC's ghost lists) can
+/// remember blocks after they leave. Not thread-safe; called only by the manager.
+class KVOFFLOAD_EXPORT EvictionPolicy {
+ public:
+  virtual ~EvictionPolicy();
+
+  /// A new block (just prepared for a store) enters as the most recent.
+  virtual void insert(HostBlockId id, const Key& key) = 0;
+  /// The engine used these blocks again. Walked from last to first, so after the call
+  /// ids.front() is the most valuable: a request's first block outlives its tail.
+  virtual void touch(std::span<const HostBlockId> ids) = 0;
+  /// Appends to `victims`, least valuable first, `count` distinct blocks for which
+  /// can_evict(id) is true. Returns false, with `victims` as it was, if there are fewer.
+  /// Changes nothing: the manager calls evict() for each victim it takes.
+  virtual bool select_victims(std::size_t count, detail::function_ref<bool(HostBlockId)> can_evict,
+                              std::vector<HostBlockId>& victims) = 0;
+  /// The block is evicted to make room.
+  virtual void evict(HostBlockId id, const Key& key) = 0;
+  /// The block is dropped without eviction (its store failed).
+  virtual void erase(HostBlockId id) = 0;
+  /// Forget everything.
+  virtual void reset() = 0;
+};
+
+/// "lru" (and, from the ARC work on, "arc"). Throws invalid_argument naming the field
+/// "policy" for an unknown name.
+KVOFFLOAD_EXPORT std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name,
+                                                                      std::size_t capacity);
+
+}  // namespace kvoffload

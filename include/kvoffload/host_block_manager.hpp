@@ -1,0 +1,122 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvoffload/config.hpp"
+#include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/eviction_policy.hpp"
+#include "kvoffload/export.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvoffload {
+
+enum class LookupResult : std::uint8_t { miss, pending, hit };
+
+/// "stored" (removed == false) or "removed" keys, in the order the manager changed them.
+struct ManagerEvent {
+  bool removed = false;
+  std::vector<Key> keys;
+};
+
+struct ManagerStats {
+  std::uint64_t hits = 0;      ///< lookups of ready keys
+  std::uint64_t misses = 0;    ///< lookups of absent keys
+  std::uint64_t pending = 0;   ///< lookups of keys being written
+  std::uint64_t evictions = 0;        ///< blocks evicted to make room
+  std::uint64_t stores = 0;           ///< blocks stored successfully
+  std::uint64_t failed_stores = 0;    ///< blocks whose store failed
+  std::uint64_t store_rejections = 0; ///< prepare_store calls that could not make room
+  std::uint64_t loads = 0;            ///< blocks handed to loads
+};
+
+/// The host block manager of SEMANTICS 9: which key lives in which host block, block states
+/// (writing, ready, readers), eviction through an EvictionPolicy, and events. It hands out
+/// block ids only; the memory behind them is the pool's business.
+///
+/// Every operation costs O(keys passed) plus O(blocks evicted) and allocates nothing per key
+/// in steady state. Not thread-safe: the scheduler calls it from one thread.
+class KVOFFLOAD_EXPORT HostBlockManager {
+ public:
+  /// Throws invalid_argument naming the field for a bad config.
+  explicit HostBlockManager(const ManagerConfig& config);
+  ~HostBlockManager();
+  HostBlockManager(const HostBlockManager&) = delete;
+  HostBlockManager& operator=(const HostBlockManager&) = delete;
+
+  /// Miss if absent, pending if being written, hit if ready. Counts in stats().
+  LookupResult lookup(const Key& key);
+  /// Like lookup() but counts nothing.
+  [[nodiscard]] LookupResult peek(const Key& key) const;
+
+  /// Prepares blocks for storing `keys` (distinct). Keys already present are dropped; for the
+  /// rest, room is made by evicting ready, unread blocks whose key is not in `keys`, in policy
+  /// order, all or nothing. On success returns true and fills keys_to_store / block_ids (in
+  /// the order given; empty if every key was present); the new blocks are `writing`. Returns
+  /// false and changes nothing if room cannot be made.
+  bool prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
+                     std::vector<HostBlockId>& block_ids);
+  /// Ends the stores of `keys`: with ok, writing blocks become ready (one "stored" event);
+  /// without, writing blocks are removed and freed. Keys not writing are ignored.
+  void complete_store(std::span<const Key> keys, bool ok);
+
+  /// True if every key is ready (what prepare_load requires).
+  [[nodiscard]] bool all_ready(std::span<const Key> keys) const;
+  /// Adds a reader to each key's block and appends the ids in key order. Throws
+  /// invalid_argument naming the key, changing nothing, unless all are ready.
+  void prepare_load(std::span<const Key> keys, std::vector<HostBlockId>& block_ids);
+  /// Removes the reader prepare_load added. Absent keys are ignored (after reset()).
+  void complete_load(std::span<const Key> keys);
+
+  /// Policy recency update for the present keys among `keys` (SEMANTICS 10).
+  void touch(std::span<const Key> keys);
+  /// Forgets every block; ids become never-used again. Emits no event.
+  void reset();
+
+  /// Events since the last call, oldest first.
+  std::vector<ManagerEvent> take_events();
+
+  [[nodiscard]] const ManagerStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] std::int64_t capacity() const noexcept { return capacity_; }
+  [[nodiscard]] std::int64_t num_used() const noexcept;
+  [[nodiscard]] std::int64_t num_writing() const noexcept { return num_writing_; }
+  /// Blocks with at least one reader.
+  [[nodiscard]] std::int64_t num_being_read() const noexcept { return num_being_read_; }
+  /// The key held by block `id`, or nullptr if the block is free.
+  [[nodiscard]] const Key* key_of(HostBlockId id) const noexcept;
+  /// The block of `key`, or -1.
+  [[nodiscard]] HostBlockId block_of(const Key& key) const noexcept;
+  /// Readers of block `id` (0 for a free block).
+  [[nodiscard]] std::int32_t readers(HostBlockId id) const noexcept;
+  [[nodiscard]] EvictionPolicy& policy() noexcept { return *policy_; }
+
+ private:
+  enum class State : std::uint8_t { free, writing, ready };
+  struct Block {
+    Key key;
+    State state = State::free;
+    std::int32_t readers = 0;
+    std::uint32_t protect_epoch = 0;
+  };
+
+  HostBlockId allocate_id() noexcept;
+  void free_id(HostBlockId id);
+
+  std::int64_t capacity_;
+  bool enable_events_;
+  std::unique_ptr<EvictionPolicy> policy_;
+  std::vector<Block> blocks_;
+  detail::FlatHashMap<Key, HostBlockId, KeyHash> index_;
+  HostBlockId next_never_used_ = 0;
+  std::vector<HostBlockId> freed_;  // a stack: most recently freed on top
+  std::uint32_t epoch_ = 0;
+  std::int64_t num_writing_ = 0;
+  std::int64_t num_being_read_ = 0;
+  std::vector<ManagerEvent> events_;
+  ManagerStats stats_;
+  std::vector<HostBlockId> scratch_ids_;
+};
+
+}  // namespace kvoffload

@@ -1,0 +1,42 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvoffload {
+
+/// The GPU side of a transfer: the source of a store, the destination of a load
+/// (SEMANTICS 6). block_ids is group-major; group g contributes group_sizes[g] ids, the first
+/// of which is sub-block block_indices[g] of the request's block list for that group.
+struct GpuSpec {
+  std::vector<GpuBlockId> block_ids;
+  std::vector<std::int64_t> group_sizes;
+  std::vector<std::int64_t> block_indices;
+};
+
+enum class JobKind : std::uint8_t { load, store };
+
+/// One transfer between GPU blocks and host blocks. keys and host_block_ids have the same
+/// order (group-major, offloaded-block order within a group).
+struct TransferJob {
+  JobId id = 0;
+  JobKind kind = JobKind::store;
+  std::string request_id;
+  std::vector<Key> keys;
+  GpuSpec gpu;
+  std::vector<HostBlockId> host_block_ids;
+};
+
+/// Checks the invariants SEMANTICS 6 states for every GPU spec: sum(group_sizes) ==
+/// len(block_ids), one size and one index per group, no null id, and per group
+/// cdiv(group_sizes[g] + block_indices[g] % f, f) == the number of that group's keys (host
+/// blocks), with keys grouped by ascending group. Throws invalid_argument naming the job and
+/// group. The copy planner relies on exactly these.
+KVOFFLOAD_EXPORT void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
+                                           std::int64_t block_size_factor);
+
+}  // namespace kvoffload

@@ -1,0 +1,136 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvoffload/config.hpp"
+#include "kvoffload/export.hpp"
+#include "kvoffload/host_block_manager.hpp"
+#include "kvoffload/job.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvoffload {
+
+/// The GPU blocks the engine allocated for one group of a request (on_allocated).
+struct AllocatedGroup {
+  std::vector<GpuBlockId> block_ids;     ///< the request's blocks of this group, nulls included
+  std::int64_t num_computed_blocks = 0;  ///< leading blocks that need no load
+};
+
+/// One request the engine scheduled this step (build_step).
+struct ScheduledRequest {
+  std::string request_id;
+  std::int64_t num_computed_tokens = 0;
+  std::int64_t num_scheduled_tokens = 0;
+  std::vector<std::vector<GpuBlockId>> new_block_ids;  ///< one list per group
+  bool resumed = false;  ///< resumed after preemption: its block list starts over
+};
+
+struct StepResult {
+  std::vector<TransferJob> load_jobs;
+  std::vector<TransferJob> store_jobs;
+  std::vector<JobId> flush;  ///< in-flight stores that must finish first, ascending
+};
+
+/// A worker's report on a job (on_completed). With several workers a job completes once the
+/// counts reach num_workers; it fails if any report failed.
+struct JobReport {
+  JobId job = 0;
+  std::int64_t count = 1;
+  bool ok = true;
+};
+
+struct CompletedJob {
+  JobId job = 0;
+  JobKind kind = JobKind::store;
+  std::string request_id;
+  bool ok = true;  ///< a failed load means the engine must recompute those tokens
+};
+
+struct SchedulerStats {
+  std::uint64_t lookups = 0;
+  std::uint64_t hit_tokens = 0;
+  std::uint64_t deferrals = 0;         ///< lookups answered "retry later"
+  std::uint64_t load_jobs = 0;
+  std::uint64_t store_jobs = 0;
+  std::uint64_t failed_loads = 0;
+  std::uint64_t failed_stores = 0;
+  std::uint64_t stores_without_room = 0;  ///< store attempts skipped: no room in the pool
+};
+
+/// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are
+/// stored to host memory and loaded back, for models with full-attention, sliding-window and
+/// mamba groups, and counts exactly the GPU blocks it emits.
+///
+/// Errors: every public function throws kvoffload::invalid_argument for bad input (the list
+/// of SEMANTICS 8b and a few more), with a message naming the request, group, job or field;
+/// the scheduler is then unchanged.
+/// Threads: single-threaded by contract; one thread (the engine's scheduler) calls it.
+class KVOFFLOAD_EXPORT Scheduler {
+ public:
+  explicit Scheduler(const SchedulerConfig& config);
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+  Scheduler(Scheduler&&) noexcept;
+  Scheduler& operator=(Scheduler&&) noexcept;
+
+  /// Tells the scheduler a request's token count and its block hashes so far (the full list:
+  /// it must extend the previous one). Creates the request's record on first sight.
+  void update_request(std::string_view request_id, std::int64_t num_tokens,
+                      std::span<const BlockHash> block_hashes, bool remote_decode = false);
+  /// Like update_request, but `new_hashes` are appended to the ones already known.
+  void extend_request(std::string_view request_id, std::int64_t num_tokens,
+                      std::span<const BlockHash> new_hashes);
+
+  /// SEMANTICS 4: tokens that can be loaded from host memory (0: nothing), or nullopt: retry
+  /// later (keys are being stored or loaded right now).
+  std::optional<std::int64_t> lookup(std::string_view request_id,
+                                     std::int64_t num_computed_tokens);
+
+  /// SEMANTICS 5: the engine allocated GPU blocks; with external tokens this plans the load
+  /// job that the next build_step emits.
+  void on_allocated(std::string_view request_id, std::span<const AllocatedGroup> groups,
+                    std::int64_t num_external_tokens);
+
+  /// SEMANTICS 6: the load jobs planned since the last step, the store jobs of this step (in
+  /// the order of `scheduled`), and the stores to flush first.
+  StepResult build_step(std::span<const ScheduledRequest> scheduled,
+                        std::span<const std::string> preempted = {});
+
+  /// SEMANTICS 8: worker reports. Returns the jobs that completed with this call, in report
+  /// order. Reports of jobs issued before the last reset_cache() are ignored.
+  std::vector<CompletedJob> on_completed(std::span<const JobReport> reports);
+
+  /// SEMANTICS 8: the request is finished. Unknown or already finished requests are ignored,
+  /// so the engine may call it for every request it ends.
+  void on_finished(std::string_view request_id);
+
+  /// SEMANTICS 8: drops the host cache; in-flight jobs go to the next flush set and their
+  /// reports will be ignored.
+  void reset_cache();
+
+  /// The manager's events since the last call, oldest first.
+  std::vector<ManagerEvent> take_events();
+
+  [[nodiscard]] const SchedulerStats& stats() const noexcept;
+  [[nodiscard]] const HostBlockManager& manager() const noexcept;
+  [[nodiscard]] const std::vector<GroupLayout>& layouts() const noexcept;
+  [[nodiscard]] const SchedulerConfig& config() const noexcept;
+  /// Requests with a record (looked up or only updated, and not yet forgotten).
+  [[nodiscard]] std::size_t num_requests() const noexcept;
+  /// Jobs created and not yet completed (load jobs not yet emitted included).
+  [[nodiscard]] std::size_t num_jobs_in_flight() const noexcept;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kvoffload

@@ -1,0 +1,85 @@
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kvoffload/export.hpp"
+
+namespace kvoffload {
+
+/// A GPU block id as the engine numbers them. Block 0 is the null block (SEMANTICS: a block
+/// outside the sliding window, or not allocated); it is never copied.
+using GpuBlockId = std::int32_t;
+/// An offloaded block slot in the host pool, 0..host_blocks-1.
+using HostBlockId = std::int32_t;
+/// Transfer job ids increase from 0 for the lifetime of a scheduler.
+using JobId = std::int64_t;
+
+inline constexpr GpuBlockId null_block = 0;
+
+/// An opaque content hash of 1 to 32 bytes, stored inline so keys never touch the heap.
+/// Bytes past size() are zero, so whole-array comparison is equality.
+class KVOFFLOAD_EXPORT BlockHash {
+ public:
+  static constexpr std::size_t max_size = 32;
+
+  BlockHash() = default;
+
+  /// Throws invalid_argument unless 1 <= bytes.size() <= 32.
+  static BlockHash from_bytes(std::span<const std::uint8_t> bytes);
+  /// Parses 2 to 64 lowercase or uppercase hex digits (an even count). Throws
+  /// invalid_argument naming the problem.
+  static BlockHash from_hex(std::string_view hex);
+  /// Lowercase hex, two digits per byte.
+  [[nodiscard]] std::string to_hex() const;
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] const std::uint8_t* data() const noexcept { return bytes_.data(); }
+
+  friend bool operator==(const BlockHash& a, const BlockHash& b) noexcept {
+    return a.size_ == b.size_ && a.bytes_ == b.bytes_;
+  }
+
+  /// A 64-bit hash of the bytes for hash tables.
+  [[nodiscard]] std::uint64_t fingerprint() const noexcept {
+    std::uint64_t w[4];
+    std::memcpy(w, bytes_.data(), sizeof(w));
+    std::uint64_t h = (w[0] ^ (0x9e3779b97f4a7c15ULL * (size_ + 1U))) * 0xff51afd7ed558ccdULL;
+    h = (h ^ (h >> 32) ^ w[1]) * 0xc4ceb9fe1a85ec53ULL;
+    h = (h ^ (h >> 29) ^ w[2]) * 0xff51afd7ed558ccdULL;
+    h = (h ^ (h >> 32) ^ w[3]) * 0xc4ceb9fe1a85ec53ULL;
+    return h ^ (h >> 33);
+  }
+
+ private:
+  std::array<std::uint8_t, max_size> bytes_{};
+  std::uint8_t size_ = 0;
+};
+
+/// A host-cache key: the hash of the last hash block an offloaded block covers, tagged with
+/// the KV-cache group (SEMANTICS 2).
+struct Key {
+  BlockHash hash;
+  std::uint32_t group = 0;
+
+  friend bool operator==(const Key& a, const Key& b) noexcept {
+    return a.group == b.group && a.hash == b.hash;
+  }
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& key) const noexcept {
+    return static_cast<std::size_t>(key.hash.fingerprint() ^
+                                    (0x9e3779b97f4a7c15ULL * (key.group + 1ULL)));
+  }
+};
+
+/// "<hex>/<group>", for messages.
+KVOFFLOAD_EXPORT std::string to_string(const Key& key);
+
+}  // namespace kvoffload

@@ -1,0 +1,87 @@
+#include "kvoffload/config.hpp"
+
+#include "expects.hpp"
+
+namespace kvoffload {
+
+std::string_view to_string(GroupKind kind) noexcept {
+  switch (kind) {
+    case GroupKind::full_attention: return "full_attention";
+    case GroupKind::sliding_window: return "sliding_window";
+    case GroupKind::mamba: return "mamba";
+  }
+  return "unknown";
+}
+
+GroupKind parse_group_kind(std::string_view name, std::string_view field) {
+  if (name == "full_attention") return GroupKind::full_attention;
+  if (name == "sliding_window") return GroupKind::sliding_window;
+  if (name == "mamba") return GroupKind::mamba;
+  throw invalid_argument(fmt::format(
+      "{}: unknown group kind \"{}\" (full_attention, sliding_window or mamba)", field, name));
+}
+
+void validate(const ManagerConfig& config) {
+  KVOFFLOAD_EXPECTS(config.host_blocks >= 1, "host_blocks must be at least 1, got {}",
+                    config.host_blocks);
+  KVOFFLOAD_EXPECTS(config.host_blocks <= (std::int64_t{1} << 31) - 2,
+                    "host_blocks {} is too large (at most 2^31 - 2)", config.host_blocks);
+  KVOFFLOAD_EXPECTS(config.policy == "lru", "policy: unknown eviction policy \"{}\" (lru)",
+                    config.policy);
+}
+
+std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
+  KVOFFLOAD_EXPECTS(!config.groups.empty(), "groups: a model needs at least one group");
+  KVOFFLOAD_EXPECTS(config.groups.size() <= 64, "groups: at most 64 groups, got {}",
+                    config.groups.size());
+  const std::int64_t f = config.block_size_factor;
+  const std::int64_t h = config.hash_block_size;
+  KVOFFLOAD_EXPECTS(f >= 1 && f <= 4096, "block_size_factor must be 1 to 4096, got {}", f);
+  KVOFFLOAD_EXPECTS(h >= 1, "hash_block_size must be at least 1, got {}", h);
+  KVOFFLOAD_EXPECTS(config.num_workers >= 1, "num_workers must be at least 1, got {}",
+                    config.num_workers);
+  validate(config.manager);
+
+  std::vector<GroupLayout> layouts;
+  layouts.reserve(config.groups.size());
+  for (std::size_t g = 0; g < config.groups.size(); ++g) {
+    const GroupConfig& group = config.groups[g];
+    KVOFFLOAD_EXPECTS(group.gpu_block_size >= 1 && group.gpu_block_size <= (1 << 20),
+                      "groups[{}].gpu_block_size must be 1 to 2^20, got {}", g,
+                      group.gpu_block_size);
+    GroupLayout layout;
+    layout.kind = group.kind;
+    layout.gpu_block_size = group.gpu_block_size;
+    layout.offloaded_block_size = group.gpu_block_size * f;
+    KVOFFLOAD_EXPECTS(layout.offloaded_block_size % h == 0,
+                      "groups[{}]: offloaded block size {} (gpu_block_size {} x "
+                      "block_size_factor {}) is not a multiple of hash_block_size {}",
+                      g, layout.offloaded_block_size, group.gpu_block_size, f, h);
+    layout.hash_factor = layout.offloaded_block_size / h;
+    switch (group.kind) {
+      case GroupKind::full_attention:
+        KVOFFLOAD_EXPECTS(group.sliding_window == 0,
+                          "groups[{}].sliding_window is only for sliding_window groups", g);
+        layout.window_blocks = 0;
+        break;
+      case GroupKind::sliding_window:
+        KVOFFLOAD_EXPECTS(group.sliding_window > 0,
+                          "groups[{}].sliding_window must be positive, got {}", g,
+                          group.sliding_window);
+        layout.window_blocks = (group.sliding_window + layout.offloaded_block_size - 1) /
+                               layout.offloaded_block_size;
+        break;
+      case GroupKind::mamba:
+        KVOFFLOAD_EXPECTS(group.sliding_window == 0,
+                          "groups[{}].sliding_window is only for sliding_window groups", g);
+        layout.window_blocks = 1;
+        break;
+    }
+    layouts.push_back(layout);
+  }
+  return layouts;
+}
+
+void SchedulerConfig::validate() const { (void)derive_layouts(*this); }
+
+}  // namespace kvoffload

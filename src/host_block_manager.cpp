@@ -1,0 +1,222 @@
+#include "kvoffload/host_block_manager.hpp"
+
+#include "expects.hpp"
+
+namespace kvoffload {
+
+HostBlockManager::HostBlockManager(const ManagerConfig& config)
+    : capacity_((validate(config), config.host_blocks)),
+      enable_events_(config.enable_events),
+      policy_(make_eviction_policy(config.policy, static_cast<std::size_t>(capacity_))),
+      blocks_(static_cast<std::size_t>(capacity_)),
+      index_(static_cast<std::size_t>(capacity_)) {
+  freed_.reserve(static_cast<std::size_t>(capacity_));
+}
+
+HostBlockManager::~HostBlockManager() = default;
+
+std::int64_t HostBlockManager::num_used() const noexcept {
+  return static_cast<std::int64_t>(index_.size());
+}
+
+LookupResult HostBlockManager::peek(const Key& key) const {
+  const HostBlockId* id = index_.find(key);
+  if (id == nullptr) return LookupResult::miss;
+  return blocks_[static_cast<std::size_t>(*id)].state == State::writing ? LookupResult::pending
+                                                                        : LookupResult::hit;
+}
+
+LookupResult HostBlockManager::lookup(const Key& key) {
+  const LookupResult r = peek(key);
+  switch (r) {
+    case LookupResult::miss: ++stats_.misses; break;
+    case LookupResult::pending: ++stats_.pending; break;
+    case LookupResult::hit: ++stats_.hits; break;
+  }
+  return r;
+}
+
+HostBlockId HostBlockManager::allocate_id() noexcept {
+  // Never-used ids first, in increasing order, then the most recently freed (SEMANTICS 9).
+  if (next_never_used_ < capacity_) return next_never_used_++;
+  const HostBlockId id = freed_.back();
+  freed_.pop_back();
+  return id;
+}
+
+void HostBlockManager::free_id(HostBlockId id) {
+  Block& block = blocks_[static_cast<std::size_t>(id)];
+  index_.erase(block.key);
+  block.state = State::free;
+  block.readers = 0;
+  freed_.push_back(id);
+}
+
+bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
+                                     std::vector<HostBlockId>& block_ids) {
+  keys_to_store.clear();
+  block_ids.clear();
+  // Mark the blocks of keys already present: they are dropped from the store and must not be
+  // evicted to make room for the others (they would be lost while the engine counts on them).
+  if (++epoch_ == 0) {
+    for (Block& b : blocks_) b.protect_epoch = 0;
+    epoch_ = 1;
+  }
+  for (const Key& key : keys) {
+    if (const HostBlockId* id = index_.find(key)) {
+      blocks_[static_cast<std::size_t>(*id)].protect_epoch = epoch_;
+    } else {
+      keys_to_store.push_back(key);
+    }
+  }
+  if (keys_to_store.empty()) return true;
+
+  const auto free_now =
+      static_cast<std::size_t>(capacity_ - next_never_used_) + freed_.size();
+  if (keys_to_store.size() > free_now) {
+    const std::size_t needed = keys_to_store.size() - free_now;
+    scratch_ids_.clear();
+    const bool found = needed <= static_cast<std::size_t>(capacity_) &&
+                       policy_->select_victims(
+                           needed,
+                           [this](HostBlockId id) {
+                             const Block& b = blocks_[static_cast<std::size_t>(id)];
+                             return b.state == State::ready && b.readers == 0 &&
+                                    b.protect_epoch != epoch_;
+                           },
+                           scratch_ids_);
+    if (!found) {
+      ++stats_.store_rejections;
+      keys_to_store.clear();
+      return false;
+    }
+    ManagerEvent removed{true, {}};
+    if (enable_events_) removed.keys.reserve(scratch_ids_.size());
+    for (const HostBlockId id : scratch_ids_) {
+      const Key key = blocks_[static_cast<std::size_t>(id)].key;
+      policy_->evict(id, key);
+      free_id(id);
+      if (enable_events_) removed.keys.push_back(key);
+    }
+    stats_.evictions += scratch_ids_.size();
+    if (enable_events_) events_.push_back(std::move(removed));
+  }
+
+  block_ids.reserve(keys_to_store.size());
+  std::size_t kept = 0;
+  for (std::size_t k = 0; k < keys_to_store.size(); ++k) {
+    const Key key = keys_to_store[k];
+    if (index_.contains(key)) continue;  // a duplicate within `keys`: store it once
+    keys_to_store[kept++] = key;
+    const HostBlockId id = allocate_id();
+    Block& block = blocks_[static_cast<std::size_t>(id)];
+    block.key = key;
+    block.state = State::writing;
+    block.readers = 0;
+    index_.insert(key, id);
+    policy_->insert(id, key);
+    block_ids.push_back(id);
+  }
+  keys_to_store.resize(kept);
+  num_writing_ += static_cast<std::int64_t>(kept);
+  return true;
+}
+
+void HostBlockManager::complete_store(std::span<const Key> keys, bool ok) {
+  ManagerEvent stored{false, {}};
+  for (const Key& key : keys) {
+    const HostBlockId* found = index_.find(key);
+    if (found == nullptr) continue;
+    const HostBlockId id = *found;
+    Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.state != State::writing) continue;
+    --num_writing_;
+    if (ok) {
+      block.state = State::ready;
+      ++stats_.stores;
+      if (enable_events_) stored.keys.push_back(key);
+    } else {
+      // A failed store is never a hit: the block goes away at once.
+      policy_->erase(id);
+      free_id(id);
+      ++stats_.failed_stores;
+    }
+  }
+  if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));
+}
+
+bool HostBlockManager::all_ready(std::span<const Key> keys) const {
+  for (const Key& key : keys) {
+    if (peek(key) != LookupResult::hit) return false;
+  }
+  return true;
+}
+
+void HostBlockManager::prepare_load(std::span<const Key> keys,
+                                    std::vector<HostBlockId>& block_ids) {
+  for (const Key& key : keys) {
+    const LookupResult r = peek(key);
+    KVOFFLOAD_EXPECTS(r == LookupResult::hit, "key {} cannot be loaded: it is {}",
+                      to_string(key), r == LookupResult::miss ? "not in the host cache"
+                                                             : "still being stored");
+  }
+  for (const Key& key : keys) {
+    const HostBlockId id = *index_.find(key);
+    Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.readers++ == 0) ++num_being_read_;
+    block_ids.push_back(id);
+  }
+  stats_.loads += keys.size();
+}
+
+void HostBlockManager::complete_load(std::span<const Key> keys) {
+  for (const Key& key : keys) {
+    const HostBlockId* id = index_.find(key);
+    if (id == nullptr) continue;
+    Block& block = blocks_[static_cast<std::size_t>(*id)];
+    if (block.readers > 0 && --block.readers == 0) --num_being_read_;
+  }
+}
+
+void HostBlockManager::touch(std::span<const Key> keys) {
+  scratch_ids_.clear();
+  for (const Key& key : keys) {
+    if (const HostBlockId* id = index_.find(key)) scratch_ids_.push_back(*id);
+  }
+  if (!scratch_ids_.empty()) policy_->touch(scratch_ids_);
+}
+
+void HostBlockManager::reset() {
+  index_.clear();
+  for (Block& b : blocks_) b = Block{};
+  freed_.clear();
+  next_never_used_ = 0;
+  epoch_ = 0;
+  num_writing_ = 0;
+  num_being_read_ = 0;
+  policy_->reset();
+}
+
+std::vector<ManagerEvent> HostBlockManager::take_events() {
+  std::vector<ManagerEvent> out;
+  out.swap(events_);
+  return out;
+}
+
+const Key* HostBlockManager::key_of(HostBlockId id) const noexcept {
+  if (id < 0 || id >= capacity_) return nullptr;
+  const Block& b = blocks_[static_cast<std::size_t>(id)];
+  return b.state == State::free ? nullptr : &b.key;
+}
+
+HostBlockId HostBlockManager::block_of(const Key& key) const noexcept {
+  const HostBlockId* id = index_.find(key);
+  return id == nullptr ? -1 : *id;
+}
+
+std::int32_t HostBlockManager::readers(HostBlockId id) const noexcept {
+  if (id < 0 || id >= capacity_) return 0;
+  return blocks_[static_cast<std::size_t>(id)].readers;
+}
+
+}  // namespace kvoffload

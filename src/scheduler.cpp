@@ -1,0 +1,377 @@
+// SEMANTICS 3, 5-8: requests, load planning, store jobs with exact block counting,
+// completion, finish and reset. Lookup is in scheduler_lookup.cpp, input checks in
+// scheduler_validate.cpp.
+
+#include "kvoffload/scheduler.hpp"
+
+#include <algorithm>
+
+#include "expects.hpp"
+#include "logging.hpp"
+#include "scheduler_impl.hpp"
+
+namespace kvoffload {
+namespace {
+
+constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+Scheduler::Impl::Impl(const SchedulerConfig& cfg)
+    : config(cfg),
+      layouts(derive_layouts(cfg)),
+      f(cfg.block_size_factor),
+      manager(cfg.manager) {
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    if (!layouts[g].windowed()) lookup_order.push_back(g);
+  }
+  std::vector<std::size_t> windowed;
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    if (layouts[g].windowed()) windowed.push_back(g);
+  }
+  std::stable_sort(windowed.begin(), windowed.end(), [this](std::size_t a, std::size_t b) {
+    return layouts[a].window_blocks > layouts[b].window_blocks;
+  });
+  any_windowed = !windowed.empty();
+  lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
+}
+
+void Scheduler::Impl::check([[maybe_unused]] const TransferJob& job) const {
+#ifndef NDEBUG
+  check_job_invariants(job, static_cast<std::int64_t>(layouts.size()), f);
+#endif
+}
+
+void Scheduler::Impl::touch(const RequestState& r) {
+  // One call with the groups from last to first: the policy walks it from the back, so this
+  // equals touching group 0, then group 1, ... (what vLLM does, one call per group), and
+  // leaves the last group's first key the most recent of the request.
+  touch_keys.clear();
+  for (std::size_t g = layouts.size(); g-- > 0;) {
+    const std::int64_t nk = num_keys(r, g);
+    const std::int64_t skip =
+        layouts[g].windowed()
+            ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
+            : 0;
+    for (std::int64_t i = skip; i < nk; ++i) touch_keys.push_back(key(r, g, i));
+  }
+  manager.touch(touch_keys);
+}
+
+void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                                   std::int64_t num_external_tokens) {
+  if (num_external_tokens == 0) return;
+  const std::int64_t cached = r.num_local_tokens + num_external_tokens;
+  TransferJob job;
+  job.id = next_job;
+  job.kind = JobKind::load;
+  job.request_id = r.id;
+  job.gpu.group_sizes.assign(layouts.size(), 0);
+  job.gpu.block_indices.assign(layouts.size(), 0);
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const GroupLayout& layout = layouts[g];
+    const std::int64_t n_gpu = cdiv(cached, layout.gpu_block_size);
+    const std::int64_t local = groups[g].num_computed_blocks;
+    const std::int64_t pending = n_gpu - local;
+    const std::int64_t n_off = cdiv(cached, layout.offloaded_block_size);
+    if (pending > 0) {
+      for (std::int64_t i = local / f; i < n_off; ++i) job.keys.push_back(key(r, g, i));
+      const auto& ids = groups[g].block_ids;
+      job.gpu.block_ids.insert(job.gpu.block_ids.end(), ids.begin() + local, ids.begin() + n_gpu);
+      job.gpu.group_sizes[g] = pending;
+      job.gpu.block_indices[g] = local;
+    }
+    if (!r.remote_decode) r.groups[g].next_stored = n_off;
+  }
+  if (job.keys.empty()) return;  // every group had its blocks locally: nothing to load
+
+  ++next_job;
+  manager.prepare_load(job.keys, job.host_block_ids);
+  for (const GpuBlockId id : job.gpu.block_ids) collect_flush(id);
+  if (config.prefix_caching) {
+    for (const Key& k : job.keys) ++*being_loaded.insert(k, 0).first;
+  }
+  check(job);
+  JobState& state = jobs[job.id];
+  state.id = job.id;
+  state.kind = JobKind::load;
+  state.request = &r;
+  state.keys = job.keys;
+  state.remaining = config.num_workers;
+  r.jobs.push_back(job.id);
+  r.load_in_flight = true;
+  ++stats.load_jobs;
+  pending_loads.push_back(std::move(job));
+}
+
+void Scheduler::Impl::build_store(const ScheduledRequest& e, StepResult& out) {
+  RequestState& r = *requests.find(std::string_view(e.request_id))->second;
+  const std::size_t G = layouts.size();
+  for (std::size_t g = 0; g < G; ++g) {
+    std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    if (e.resumed) ids.clear();
+    for (const GpuBlockId id : e.new_block_ids[g]) {
+      ids.push_back(id);
+      collect_flush(id);
+    }
+  }
+  const std::int64_t offloadable =
+      std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
+  const auto advance = [&] {
+    for (std::size_t g = 0; g < G; ++g) {
+      r.groups[g].next_stored = offloadable / layouts[g].offloaded_block_size;
+    }
+  };
+
+  // First pass: an offloaded block is a candidate unless it is entirely null, which its last
+  // sub-block tells (null blocks are a leading run).
+  candidates.clear();
+  for (std::size_t g = 0; g < G; ++g) {
+    const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
+      if (ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) {
+        candidates.push_back(key(r, g, i));
+      }
+    }
+  }
+  if (candidates.empty()) return advance();
+  if (!manager.prepare_store(candidates, keys_to_store, host_ids)) {
+    ++stats.stores_without_room;
+    if (no_room_warnings++ % 1000 == 0) {
+      detail::logger().warn(
+          "request \"{}\": no room in the host cache for {} block(s); will retry next step "
+          "({} such skips so far)",
+          r.id, candidates.size(), no_room_warnings);
+    }
+    return;  // next_stored stays: retried next step
+  }
+  if (keys_to_store.empty()) return advance();
+
+  touch(r);
+  TransferJob job;
+  job.id = next_job++;
+  job.kind = JobKind::store;
+  job.request_id = r.id;
+  job.keys = keys_to_store;
+  job.host_block_ids = host_ids;
+  job.gpu.group_sizes.assign(G, 0);
+  job.gpu.block_indices.assign(G, 0);
+  JobState& state = jobs[job.id];
+  state.id = job.id;
+  state.kind = JobKind::store;
+  state.request = &r;
+  state.remaining = config.num_workers;
+
+  // Second pass: copy the stored blocks' sub-blocks, counting exactly the ids emitted; null
+  // sub-blocks (outside the window) are skipped and counted nowhere.
+  std::size_t cursor = 0;
+  for (std::size_t g = 0; g < G; ++g) {
+    const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    std::vector<GpuBlockId>& registered =
+        layouts[g].windowed() ? state.windowed_ids : state.full_ids;
+    bool first = true;
+    for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
+      if (ids[static_cast<std::size_t>(i * f + f - 1)] == null_block) continue;
+      if (cursor == keys_to_store.size() || !(keys_to_store[cursor] == key(r, g, i))) continue;
+      ++cursor;
+      for (std::int64_t j = 0; j < f; ++j) {
+        const GpuBlockId id = ids[static_cast<std::size_t>(i * f + j)];
+        if (id == null_block) continue;  // validate_step rejected a null after a real id
+        job.gpu.block_ids.push_back(id);
+        registered.push_back(id);
+        if (first) {
+          job.gpu.block_indices[g] = i * f + j;
+          first = false;
+        }
+        ++job.gpu.group_sizes[g];
+      }
+    }
+  }
+  KVOFFLOAD_ASSERT(cursor == keys_to_store.size(), "store job {}: {} of {} keys placed", job.id,
+                   cursor, keys_to_store.size());
+  advance();
+  for (const GpuBlockId id : state.windowed_ids) registrations.add(id, job.id);
+  state.keys = std::move(keys_to_store);
+  keys_to_store.clear();
+  r.jobs.push_back(job.id);
+  ++stats.store_jobs;
+  check(job);
+  out.store_jobs.push_back(std::move(job));
+}
+
+void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
+  RequestState& r = *job.request;
+  if (job.kind == JobKind::store) {
+    manager.complete_store(job.keys, job.ok);
+    if (!job.ok) ++stats.failed_stores;
+    for (const GpuBlockId id : job.windowed_ids) registrations.remove(id, job.id);
+    if (job.full_registered) {
+      for (const GpuBlockId id : job.full_ids) registrations.remove(id, job.id);
+    }
+  } else {
+    manager.complete_load(job.keys);
+    if (config.prefix_caching) {
+      for (const Key& k : job.keys) {
+        std::int32_t* count = being_loaded.find(k);
+        if (count != nullptr && --*count == 0) being_loaded.erase(k);
+      }
+    }
+    if (!job.ok) ++stats.failed_loads;
+    r.load_in_flight = false;
+  }
+  done.push_back(CompletedJob{job.id, job.kind, r.id, job.ok});
+  r.jobs.erase(std::find(r.jobs.begin(), r.jobs.end(), job.id));
+  jobs.erase(job.id);
+  if (r.finished && r.jobs.empty()) forget(r);
+}
+
+void Scheduler::Impl::forget(RequestState& r) {
+  auto it = requests.find(std::string_view(r.id));
+  if (it != requests.end()) requests.erase(it);
+}
+
+// ---- public API ----------------------------------------------------------------------------
+
+Scheduler::Scheduler(const SchedulerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Scheduler::~Scheduler() = default;
+Scheduler::Scheduler(Scheduler&&) noexcept = default;
+Scheduler& Scheduler::operator=(Scheduler&&) noexcept = default;
+
+void Scheduler::update_request(std::string_view request_id, std::int64_t num_tokens,
+                               std::span<const BlockHash> block_hashes, bool remote_decode) {
+  KVOFFLOAD_EXPECTS(!request_id.empty(), "request: the request id is empty");
+  KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
+                    num_tokens);
+  auto it = impl_->requests.find(request_id);
+  if (it == impl_->requests.end()) {
+    for (std::size_t i = 0; i < block_hashes.size(); ++i) {
+      KVOFFLOAD_EXPECTS(block_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
+                        request_id, i);
+    }
+    auto r = std::make_unique<RequestState>();
+    r->id = std::string(request_id);
+    r->groups.resize(impl_->layouts.size());
+    it = impl_->requests.emplace(r->id, std::move(r)).first;
+  } else {
+    impl_->validate_hashes(*it->second, block_hashes);
+  }
+  RequestState& r = *it->second;
+  r.num_tokens = num_tokens;
+  r.remote_decode = remote_decode;
+  r.hashes.insert(r.hashes.end(), block_hashes.begin() + static_cast<std::ptrdiff_t>(r.hashes.size()),
+                  block_hashes.end());
+}
+
+void Scheduler::extend_request(std::string_view request_id, std::int64_t num_tokens,
+                               std::span<const BlockHash> new_hashes) {
+  RequestState& r = impl_->find_record(request_id, "request");
+  KVOFFLOAD_EXPECTS(!r.finished, "request \"{}\" is finished and cannot be updated", r.id);
+  KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
+                    num_tokens);
+  for (std::size_t i = 0; i < new_hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(new_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
+                      request_id, r.hashes.size() + i);
+  }
+  r.num_tokens = num_tokens;
+  r.hashes.insert(r.hashes.end(), new_hashes.begin(), new_hashes.end());
+}
+
+std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
+                                              std::int64_t num_computed_tokens) {
+  RequestState& r = impl_->find_record(request_id, "lookup");
+  KVOFFLOAD_EXPECTS(!r.finished, "lookup: request \"{}\" is finished", request_id);
+  KVOFFLOAD_EXPECTS(num_computed_tokens >= 0,
+                    "lookup: request \"{}\": num_computed_tokens is negative ({})", request_id,
+                    num_computed_tokens);
+  return impl_->lookup(r, num_computed_tokens);
+}
+
+void Scheduler::on_allocated(std::string_view request_id, std::span<const AllocatedGroup> groups,
+                             std::int64_t num_external_tokens) {
+  RequestState& r = impl_->find_looked_up(request_id, "alloc");
+  impl_->validate_allocated(r, groups, num_external_tokens);
+  impl_->on_allocated(r, groups, num_external_tokens);
+}
+
+StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
+                                 std::span<const std::string> preempted) {
+  Impl& s = *impl_;
+  s.validate_step(scheduled, preempted);
+  StepResult out;
+  for (const std::string& id : preempted) {
+    const RequestState& r = *s.requests.find(std::string_view(id))->second;
+    for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
+  }
+  out.load_jobs.swap(s.pending_loads);
+  for (const ScheduledRequest& e : scheduled) s.build_store(e, out);
+  std::sort(s.flush.begin(), s.flush.end());
+  s.flush.erase(std::unique(s.flush.begin(), s.flush.end()), s.flush.end());
+  out.flush.swap(s.flush);
+  return out;
+}
+
+std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> reports) {
+  Impl& s = *impl_;
+  s.validate_reports(reports);
+  std::vector<CompletedJob> done;
+  for (const JobReport& report : reports) {
+    auto it = s.jobs.find(report.job);
+    if (it == s.jobs.end()) continue;  // stale: issued before reset_cache()
+    JobState& job = it->second;
+    job.remaining -= report.count;
+    job.ok = job.ok && report.ok;
+    if (job.remaining == 0) s.complete(job, done);
+  }
+  return done;
+}
+
+void Scheduler::on_finished(std::string_view request_id) {
+  Impl& s = *impl_;
+  auto it = s.requests.find(request_id);
+  if (it == s.requests.end() || it->second->finished) return;
+  RequestState& r = *it->second;
+  r.finished = true;
+  if (r.jobs.empty()) return s.forget(r);
+  // The engine may free and reuse these blocks at once: a later allocation of them must
+  // flush the stores still reading them.
+  for (const JobId id : r.jobs) {
+    JobState& job = s.jobs.at(id);
+    if (job.kind != JobKind::store || job.full_registered) continue;
+    for (const GpuBlockId block : job.full_ids) s.registrations.add(block, id);
+    job.full_registered = true;
+  }
+}
+
+void Scheduler::reset_cache() {
+  Impl& s = *impl_;
+  for (const auto& [id, job] : s.jobs) s.flush.push_back(id);
+  if (!s.pending_loads.empty()) {
+    detail::logger().warn("reset_cache: dropping {} planned load job(s) before they ran",
+                          s.pending_loads.size());
+  }
+  s.pending_loads.clear();
+  s.jobs.clear();
+  s.manager.reset();
+  s.being_loaded.clear();
+  s.registrations.clear();
+  s.stale_below = s.next_job;
+  for (auto it = s.requests.begin(); it != s.requests.end();) {
+    RequestState& r = *it->second;
+    r.jobs.clear();
+    r.load_in_flight = false;
+    for (GroupState& g : r.groups) g.next_stored = 0;
+    it = r.finished ? s.requests.erase(it) : std::next(it);
+  }
+}
+
+std::vector<ManagerEvent> Scheduler::take_events() { return impl_->manager.take_events(); }
+const SchedulerStats& Scheduler::stats() const noexcept { return impl_->stats; }
+const HostBlockManager& Scheduler::manager() const noexcept { return impl_->manager; }
+const std::vector<GroupLayout>& Scheduler::layouts() const noexcept { return impl_->layouts; }
+const SchedulerConfig& Scheduler::config() const noexcept { return impl_->config; }
+std::size_t Scheduler::num_requests() const noexcept { return impl_->requests.size(); }
+std::size_t Scheduler::num_jobs_in_flight() const noexcept { return impl_->jobs.size(); }
+
+}  // namespace kvoffload

@@ -1,0 +1,120 @@
+#pragma once
+
+// Internal: the scheduler's state, shared by scheduler.cpp (steps, completion),
+// scheduler_lookup.cpp (SEMANTICS 4) and scheduler_validate.cpp (SEMANTICS 8b).
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/scheduler.hpp"
+#include "registrations.hpp"
+
+namespace kvoffload {
+
+struct GroupState {
+  std::vector<GpuBlockId> block_ids;  // the request's GPU blocks of this group, nulls included
+  std::int64_t next_stored = 0;       // next offloaded block to store
+  std::int64_t num_hit_blocks = 0;    // offloaded blocks hit at the first lookup
+};
+
+struct RequestState {
+  std::string id;
+  std::int64_t num_tokens = 0;
+  std::vector<BlockHash> hashes;
+  bool remote_decode = false;
+  bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up
+  bool finished = false;
+  bool load_in_flight = false;
+  std::int64_t num_local_tokens = 0;
+  std::vector<GroupState> groups;
+  std::vector<JobId> jobs;  // in flight: one load, or any number of stores
+};
+
+struct JobState {
+  JobId id = 0;
+  JobKind kind = JobKind::store;
+  RequestState* request = nullptr;
+  std::vector<Key> keys;
+  std::int64_t remaining = 0;  // worker reports still expected
+  bool ok = true;
+  std::vector<GpuBlockId> windowed_ids;  // store sources registered at once
+  std::vector<GpuBlockId> full_ids;      // store sources registered when the request finishes
+  bool full_registered = false;
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+
+struct Scheduler::Impl {
+  explicit Impl(const SchedulerConfig& config);
+
+  // scheduler_validate.cpp: each throws invalid_argument, changing nothing.
+  RequestState& find_record(std::string_view id, std::string_view op);
+  RequestState& find_looked_up(std::string_view id, std::string_view op);
+  void validate_hashes(const RequestState& r, std::span<const BlockHash> hashes) const;
+  void validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                          std::int64_t num_external_tokens);
+  void validate_step(std::span<const ScheduledRequest> scheduled,
+                     std::span<const std::string> preempted);
+  void validate_reports(std::span<const JobReport> reports);
+
+  // scheduler_lookup.cpp
+  std::optional<std::int64_t> lookup(RequestState& r, std::int64_t num_computed_tokens);
+
+  // scheduler.cpp
+  void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                    std::int64_t num_external_tokens);
+  void build_store(const ScheduledRequest& entry, StepResult& out);
+  void complete(JobState& job, std::vector<CompletedJob>& done);
+  void forget(RequestState& r);
+  void touch(const RequestState& r);
+  void collect_flush(GpuBlockId id) {
+    registrations.for_each(id, [this](JobId job) { flush.push_back(job); });
+  }
+  void check(const TransferJob& job) const;
+
+  [[nodiscard]] std::int64_t num_keys(const RequestState& r, std::size_t g) const noexcept {
+    return static_cast<std::int64_t>(r.hashes.size()) / layouts[g].hash_factor;
+  }
+  [[nodiscard]] Key key(const RequestState& r, std::size_t g, std::int64_t i) const noexcept {
+    return Key{r.hashes[static_cast<std::size_t>((i + 1) * layouts[g].hash_factor - 1)],
+               static_cast<std::uint32_t>(g)};
+  }
+
+  SchedulerConfig config;
+  std::vector<GroupLayout> layouts;
+  std::vector<std::size_t> lookup_order;  // SEMANTICS 4.2
+  bool any_windowed = false;
+  std::int64_t f = 1;
+  HostBlockManager manager;
+  SchedulerStats stats;
+
+  std::unordered_map<std::string, std::unique_ptr<RequestState>, StringHash, std::equal_to<>>
+      requests;
+  std::unordered_map<JobId, JobState> jobs;
+  std::vector<TransferJob> pending_loads;  // planned by on_allocated, emitted by the next step
+  std::vector<JobId> flush;                // for the next step
+  JobId next_job = 0;
+  JobId stale_below = 0;  // reports of jobs below this id predate reset_cache()
+  detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
+  Registrations registrations;  // GPU block id -> store jobs still reading it
+
+  // Scratch buffers reused across calls so steps do not allocate per key.
+  std::vector<Key> candidates;
+  std::vector<Key> keys_to_store;
+  std::vector<HostBlockId> host_ids;
+  std::vector<Key> touch_keys;
+  std::vector<RequestState*> step_requests;
+  detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
+  std::uint64_t no_room_warnings = 0;
+};
+
+}  // namespace kvoffload

@@ -1,0 +1,181 @@
+// SEMANTICS 8b: every check on caller input, made before anything changes, so a rejected call
+// leaves the scheduler exactly as it was.
+
+#include <algorithm>
+
+#include "expects.hpp"
+#include "scheduler_impl.hpp"
+
+namespace kvoffload {
+namespace {
+
+constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+
+}  // namespace
+
+RequestState& Scheduler::Impl::find_record(std::string_view id, std::string_view op) {
+  auto it = requests.find(id);
+  KVOFFLOAD_EXPECTS(it != requests.end(), "{}: unknown request \"{}\"", op, id);
+  return *it->second;
+}
+
+RequestState& Scheduler::Impl::find_looked_up(std::string_view id, std::string_view op) {
+  RequestState& r = find_record(id, op);
+  KVOFFLOAD_EXPECTS(r.looked_up, "{}: request \"{}\" was never looked up", op, id);
+  KVOFFLOAD_EXPECTS(!r.finished, "{}: request \"{}\" is finished", op, id);
+  return r;
+}
+
+void Scheduler::Impl::validate_hashes(const RequestState& r,
+                                      std::span<const BlockHash> hashes) const {
+  KVOFFLOAD_EXPECTS(!r.finished, "request \"{}\" is finished and cannot be updated", r.id);
+  KVOFFLOAD_EXPECTS(hashes.size() >= r.hashes.size(),
+                    "request \"{}\": {} block hashes do not extend the {} already given", r.id,
+                    hashes.size(), r.hashes.size());
+  for (std::size_t i = 0; i < r.hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(hashes[i] == r.hashes[i],
+                      "request \"{}\": block hash {} changed from {} to {}: the list must "
+                      "extend the previous one",
+                      r.id, i, r.hashes[i].to_hex(), hashes[i].to_hex());
+  }
+  for (std::size_t i = r.hashes.size(); i < hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(hashes[i].size() >= 1, "request \"{}\": block hash {} is empty", r.id, i);
+  }
+}
+
+void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                                         std::int64_t num_external_tokens) {
+  const std::size_t G = layouts.size();
+  KVOFFLOAD_EXPECTS(groups.size() == G, "alloc: request \"{}\": {} groups given, the model has {}",
+                    r.id, groups.size(), G);
+  KVOFFLOAD_EXPECTS(num_external_tokens >= 0,
+                    "alloc: request \"{}\": num_external_tokens is negative ({})", r.id,
+                    num_external_tokens);
+  if (num_external_tokens == 0) return;
+  KVOFFLOAD_EXPECTS(r.jobs.empty(),
+                    "alloc: request \"{}\" has {} job(s) in flight and cannot load now", r.id,
+                    r.jobs.size());
+  const std::int64_t cached = r.num_local_tokens + num_external_tokens;
+  for (std::size_t g = 0; g < G; ++g) {
+    const GroupLayout& layout = layouts[g];
+    const AllocatedGroup& group = groups[g];
+    const std::int64_t n_gpu = cdiv(cached, layout.gpu_block_size);
+    const std::int64_t local = group.num_computed_blocks;
+    const std::int64_t n_off = cdiv(cached, layout.offloaded_block_size);
+    KVOFFLOAD_EXPECTS(local >= 0 && local <= n_gpu,
+                      "alloc: request \"{}\" group {}: num_computed_blocks {} is outside 0..{}",
+                      r.id, g, local, n_gpu);
+    KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(group.block_ids.size()) >= n_gpu,
+                      "alloc: request \"{}\" group {}: {} block ids, {} tokens need {}", r.id, g,
+                      group.block_ids.size(), cached, n_gpu);
+    const std::int64_t pending = n_gpu - local;
+    if (layout.windowed()) {
+      KVOFFLOAD_EXPECTS(pending <= layout.window_blocks * f,
+                        "alloc: request \"{}\" group {}: {} blocks to load, the window allows {}",
+                        r.id, g, pending, layout.window_blocks * f);
+    }
+    if (pending <= 0) continue;
+    KVOFFLOAD_EXPECTS(n_off <= num_keys(r, g),
+                      "alloc: request \"{}\" group {}: {} tokens need {} offloaded blocks, the "
+                      "request has keys for {}",
+                      r.id, g, cached, n_off, num_keys(r, g));
+    for (std::int64_t i = local; i < n_gpu; ++i) {
+      const GpuBlockId id = group.block_ids[static_cast<std::size_t>(i)];
+      KVOFFLOAD_EXPECTS(id > 0, "alloc: request \"{}\" group {}: block {} to load is {}", r.id, g,
+                        i, id == null_block ? "the null block" : "negative");
+    }
+    for (std::int64_t i = local / f; i < n_off; ++i) {
+      const Key k = key(r, g, i);
+      const LookupResult found = manager.peek(k);
+      KVOFFLOAD_EXPECTS(found == LookupResult::hit,
+                        "alloc: request \"{}\" group {}: key {} (offloaded block {}) is {}, not "
+                        "ready to load",
+                        r.id, g, to_string(k), i,
+                        found == LookupResult::miss ? "not in the host cache" : "being stored");
+    }
+  }
+}
+
+void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
+                                    std::span<const std::string> preempted) {
+  for (const std::string& id : preempted) {
+    auto it = requests.find(std::string_view(id));
+    KVOFFLOAD_EXPECTS(it != requests.end() && it->second->looked_up,
+                      "step: preempted request \"{}\" is unknown", id);
+    KVOFFLOAD_EXPECTS(!it->second->load_in_flight,
+                      "step: request \"{}\" cannot be preempted while its load is in flight", id);
+  }
+  const std::size_t G = layouts.size();
+  step_requests.clear();
+  for (const ScheduledRequest& e : scheduled) {
+    RequestState& r = find_looked_up(e.request_id, "step");
+    step_requests.push_back(&r);
+    KVOFFLOAD_EXPECTS(e.num_computed_tokens >= 0 && e.num_scheduled_tokens >= 0,
+                      "step: request \"{}\": negative num_computed_tokens ({}) or "
+                      "num_scheduled_tokens ({})",
+                      r.id, e.num_computed_tokens, e.num_scheduled_tokens);
+    KVOFFLOAD_EXPECTS(e.new_block_ids.size() == G,
+                      "step: request \"{}\": new_block_ids has {} groups, the model has {}", r.id,
+                      e.new_block_ids.size(), G);
+    const std::int64_t offloadable =
+        std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
+      for (const GpuBlockId id : fresh) {
+        KVOFFLOAD_EXPECTS(id >= 0, "step: request \"{}\" group {}: negative block id {}", r.id, g,
+                          id);
+      }
+      const std::vector<GpuBlockId>& old = r.groups[g].block_ids;
+      const std::size_t base = e.resumed ? 0 : old.size();
+      const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+      const std::int64_t s = r.groups[g].next_stored;
+      if (n <= s) continue;
+      KVOFFLOAD_EXPECTS(num_keys(r, g) >= n,
+                        "step: request \"{}\" group {}: {} offloaded blocks are computed but "
+                        "only {} have block hashes",
+                        r.id, g, n, num_keys(r, g));
+      KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(base + fresh.size()) >= n * f,
+                        "step: request \"{}\" group {}: {} GPU blocks, {} offloaded blocks need {}",
+                        r.id, g, base + fresh.size(), n, n * f);
+      // Null blocks form a leading run (outside the window); a null after a real block would
+      // make the job copy a hole.
+      bool seen_real = false;
+      for (std::int64_t p = s * f; p < n * f; ++p) {
+        const auto pos = static_cast<std::size_t>(p);
+        const GpuBlockId id = pos < base ? old[pos] : fresh[pos - base];
+        if (id != null_block) {
+          seen_real = true;
+        } else {
+          KVOFFLOAD_EXPECTS(!seen_real,
+                            "step: request \"{}\" group {}: null GPU block at position {} after "
+                            "a non-null one",
+                            r.id, g, p);
+        }
+      }
+    }
+  }
+  // A request scheduled twice in one step would be validated against a state the first entry
+  // changes.
+  std::sort(step_requests.begin(), step_requests.end());
+  const auto dup = std::adjacent_find(step_requests.begin(), step_requests.end());
+  KVOFFLOAD_EXPECTS(dup == step_requests.end(), "step: request \"{}\" is scheduled twice",
+                    dup == step_requests.end() ? std::string() : (*dup)->id);
+}
+
+void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
+  report_sums.clear();
+  for (const JobReport& report : reports) {
+    if (report.job < stale_below && report.job >= 0) continue;
+    auto it = jobs.find(report.job);
+    KVOFFLOAD_EXPECTS(it != jobs.end(), "complete: unknown job {}", report.job);
+    KVOFFLOAD_EXPECTS(report.count > 0, "complete: job {}: count must be positive, got {}",
+                      report.job, report.count);
+    auto [sum, inserted] = report_sums.insert(report.job, 0);
+    *sum += report.count;
+    KVOFFLOAD_EXPECTS(*sum <= it->second.remaining,
+                      "complete: job {}: {} reports, but only {} of {} workers have not reported",
+                      report.job, *sum, it->second.remaining, config.num_workers);
+  }
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,13 @@
+#pragma once
+
+#include <iosfwd>
+
+namespace kvoffload::replay {
+
+/// Replays a trace (shared trace-format v1): reads JSON lines from `in`, writes one answer
+/// line per answering op to `out`. Returns the exit status: 0 done, 1 the library rejected an
+/// op (an {"op":"error",...} line was written), 2 a malformed trace ("kvoffload-replay: line N:
+/// ..." on `err`).
+int run(std::istream& in, std::ostream& out, std::ostream& err);
+
+}  // namespace kvoffload::replay
