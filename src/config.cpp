@@ -68,8 +68,8 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
         KVOFFLOAD_EXPECTS(group.sliding_window > 0,
                           "groups[{}].sliding_window must be positive, got {}", g,
                           group.sliding_window);
-        layout.window_blocks = (group.sliding_window + layout.offloaded_block_size - 1) /
-                               layout.offloaded_block_size;
+        layout.window_blocks =
+            (group.sliding_window + layout.offloaded_block_size - 1) / layout.offloaded_block_size;
         break;
       case GroupKind::mamba:
         KVOFFLOAD_EXPECTS(group.sliding_window == 0,
@@ -82,6 +82,8 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
   return layouts;
 }
 
-void SchedulerConfig::validate() const { (void)derive_layouts(*this); }
+void SchedulerConfig::validate() const {
+  (void)derive_layouts(*this);
+}
 
 }  // namespace kvoffload

@@ -8,19 +8,18 @@
 #include "kvoffload/error.hpp"
 
 /// Throws kvoffload::invalid_argument with the fmt-formatted message unless `cond` holds.
-#define KVOFFLOAD_EXPECTS(cond, ...)                                          \
-  do {                                                                        \
-    if (!(cond)) [[unlikely]] {                                               \
-      throw ::kvoffload::invalid_argument(::fmt::format(__VA_ARGS__));        \
-    }                                                                         \
+#define KVOFFLOAD_EXPECTS(cond, ...)                                   \
+  do {                                                                 \
+    if (!(cond)) [[unlikely]] {                                        \
+      throw ::kvoffload::invalid_argument(::fmt::format(__VA_ARGS__)); \
+    }                                                                  \
   } while (0)
 
 /// Throws kvoffload::error: a broken internal invariant (a bug in kvoffload, not the caller).
-#define KVOFFLOAD_ASSERT(cond, ...)                                                     \
-  do {                                                                                  \
-    if (!(cond)) [[unlikely]] {                                                         \
-      throw ::kvoffload::error(::fmt::format("kvoffload internal error at {}:{}: {}",   \
-                                             __FILE__, __LINE__,                        \
-                                             ::fmt::format(__VA_ARGS__)));              \
-    }                                                                                   \
+#define KVOFFLOAD_ASSERT(cond, ...)                                                             \
+  do {                                                                                          \
+    if (!(cond)) [[unlikely]] {                                                                 \
+      throw ::kvoffload::error(::fmt::format("kvoffload internal error at {}:{}: {}", __FILE__, \
+                                             __LINE__, ::fmt::format(__VA_ARGS__)));            \
+    }                                                                                           \
   } while (0)

@@ -71,20 +71,19 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   }
   if (keys_to_store.empty()) return true;
 
-  const auto free_now =
-      static_cast<std::size_t>(capacity_ - next_never_used_) + freed_.size();
+  const auto free_now = static_cast<std::size_t>(capacity_ - next_never_used_) + freed_.size();
   if (keys_to_store.size() > free_now) {
     const std::size_t needed = keys_to_store.size() - free_now;
     scratch_ids_.clear();
-    const bool found = needed <= static_cast<std::size_t>(capacity_) &&
-                       policy_->select_victims(
-                           needed,
-                           [this](HostBlockId id) {
-                             const Block& b = blocks_[static_cast<std::size_t>(id)];
-                             return b.state == State::ready && b.readers == 0 &&
-                                    b.protect_epoch != epoch_;
-                           },
-                           scratch_ids_);
+    const bool found =
+        needed <= static_cast<std::size_t>(capacity_) &&
+        policy_->select_victims(
+            needed,
+            [this](HostBlockId id) {
+              const Block& b = blocks_[static_cast<std::size_t>(id)];
+              return b.state == State::ready && b.readers == 0 && b.protect_epoch != epoch_;
+            },
+            scratch_ids_);
     if (!found) {
       ++stats_.store_rejections;
       keys_to_store.clear();
@@ -156,9 +155,8 @@ void HostBlockManager::prepare_load(std::span<const Key> keys,
                                     std::vector<HostBlockId>& block_ids) {
   for (const Key& key : keys) {
     const LookupResult r = peek(key);
-    KVOFFLOAD_EXPECTS(r == LookupResult::hit, "key {} cannot be loaded: it is {}",
-                      to_string(key), r == LookupResult::miss ? "not in the host cache"
-                                                             : "still being stored");
+    KVOFFLOAD_EXPECTS(r == LookupResult::hit, "key {} cannot be loaded: it is {}", to_string(key),
+                      r == LookupResult::miss ? "not in the host cache" : "still being stored");
   }
   for (const Key& key : keys) {
     const HostBlockId id = *index_.find(key);

@@ -20,15 +20,15 @@ void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
     const std::int64_t size = gpu.group_sizes[g];
     const std::int64_t index = gpu.block_indices[g];
     KVOFFLOAD_EXPECTS(size >= 0 && index >= 0,
-                      "job {} group {}: negative group size {} or block index {}", job.id, g,
-                      size, index);
+                      "job {} group {}: negative group size {} or block index {}", job.id, g, size,
+                      index);
     std::int64_t host_blocks = 0;
     while (key < job.keys.size() && job.keys[key].group == g) {
       ++host_blocks;
       ++key;
     }
-    const std::int64_t expected = (size + index % block_size_factor + block_size_factor - 1) /
-                                  block_size_factor;
+    const std::int64_t expected =
+        (size + index % block_size_factor + block_size_factor - 1) / block_size_factor;
     KVOFFLOAD_EXPECTS(expected == host_blocks,
                       "job {} group {}: {} GPU blocks starting at sub-block {} need {} host "
                       "blocks, the job has {}",
@@ -36,14 +36,14 @@ void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
     total += size;
   }
   KVOFFLOAD_EXPECTS(key == job.keys.size(),
-                    "job {}: keys are not grouped by ascending group (key {} has group {})",
-                    job.id, key, key < job.keys.size() ? job.keys[key].group : 0U);
+                    "job {}: keys are not grouped by ascending group (key {} has group {})", job.id,
+                    key, key < job.keys.size() ? job.keys[key].group : 0U);
   KVOFFLOAD_EXPECTS(total == static_cast<std::int64_t>(gpu.block_ids.size()),
                     "job {}: group sizes add up to {} but there are {} GPU block ids", job.id,
                     total, gpu.block_ids.size());
   for (std::size_t i = 0; i < gpu.block_ids.size(); ++i) {
-    KVOFFLOAD_EXPECTS(gpu.block_ids[i] > 0, "job {}: GPU block id {} at position {} is {}",
-                      job.id, gpu.block_ids[i], i,
+    KVOFFLOAD_EXPECTS(gpu.block_ids[i] > 0, "job {}: GPU block id {} at position {} is {}", job.id,
+                      gpu.block_ids[i], i,
                       gpu.block_ids[i] == null_block ? "the null block" : "negative");
   }
 }

@@ -6,17 +6,13 @@ namespace kvoffload {
 
 EvictionPolicy::~EvictionPolicy() = default;
 
-std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name,
-                                                     std::size_t capacity) {
+std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name, std::size_t capacity) {
   if (name == "lru") return std::make_unique<LruPolicy>(capacity);
   throw invalid_argument(fmt::format("policy: unknown eviction policy \"{}\" (lru)", name));
 }
 
 LruPolicy::LruPolicy(std::size_t capacity)
-    : sentinel_(capacity),
-      prev_(capacity + 1),
-      next_(capacity + 1),
-      linked_(capacity + 1, 0) {
+    : sentinel_(capacity), prev_(capacity + 1), next_(capacity + 1), linked_(capacity + 1, 0) {
   reset();
 }
 
@@ -56,8 +52,7 @@ void LruPolicy::touch(std::span<const HostBlockId> ids) {
   }
 }
 
-bool LruPolicy::select_victims(std::size_t count,
-                               detail::function_ref<bool(HostBlockId)> can_evict,
+bool LruPolicy::select_victims(std::size_t count, detail::function_ref<bool(HostBlockId)> can_evict,
                                std::vector<HostBlockId>& victims) {
   const std::size_t before = victims.size();
   for (std::size_t i = next_[sentinel_]; i != sentinel_ && victims.size() - before < count;

@@ -13,15 +13,14 @@
 namespace kvoffload {
 namespace {
 
-constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 }  // namespace
 
 Scheduler::Impl::Impl(const SchedulerConfig& cfg)
-    : config(cfg),
-      layouts(derive_layouts(cfg)),
-      f(cfg.block_size_factor),
-      manager(cfg.manager) {
+    : config(cfg), layouts(derive_layouts(cfg)), f(cfg.block_size_factor), manager(cfg.manager) {
   for (std::size_t g = 0; g < layouts.size(); ++g) {
     if (!layouts[g].windowed()) lookup_order.push_back(g);
   }
@@ -260,7 +259,8 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
   RequestState& r = *it->second;
   r.num_tokens = num_tokens;
   r.remote_decode = remote_decode;
-  r.hashes.insert(r.hashes.end(), block_hashes.begin() + static_cast<std::ptrdiff_t>(r.hashes.size()),
+  r.hashes.insert(r.hashes.end(),
+                  block_hashes.begin() + static_cast<std::ptrdiff_t>(r.hashes.size()),
                   block_hashes.end());
 }
 
@@ -366,12 +366,26 @@ void Scheduler::reset_cache() {
   }
 }
 
-std::vector<ManagerEvent> Scheduler::take_events() { return impl_->manager.take_events(); }
-const SchedulerStats& Scheduler::stats() const noexcept { return impl_->stats; }
-const HostBlockManager& Scheduler::manager() const noexcept { return impl_->manager; }
-const std::vector<GroupLayout>& Scheduler::layouts() const noexcept { return impl_->layouts; }
-const SchedulerConfig& Scheduler::config() const noexcept { return impl_->config; }
-std::size_t Scheduler::num_requests() const noexcept { return impl_->requests.size(); }
-std::size_t Scheduler::num_jobs_in_flight() const noexcept { return impl_->jobs.size(); }
+std::vector<ManagerEvent> Scheduler::take_events() {
+  return impl_->manager.take_events();
+}
+const SchedulerStats& Scheduler::stats() const noexcept {
+  return impl_->stats;
+}
+const HostBlockManager& Scheduler::manager() const noexcept {
+  return impl_->manager;
+}
+const std::vector<GroupLayout>& Scheduler::layouts() const noexcept {
+  return impl_->layouts;
+}
+const SchedulerConfig& Scheduler::config() const noexcept {
+  return impl_->config;
+}
+std::size_t Scheduler::num_requests() const noexcept {
+  return impl_->requests.size();
+}
+std::size_t Scheduler::num_jobs_in_flight() const noexcept {
+  return impl_->jobs.size();
+}
 
 }  // namespace kvoffload

@@ -7,7 +7,9 @@
 namespace kvoffload {
 namespace {
 
-constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) { return (a + b - 1) / b; }
+constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
+  return (a + b - 1) / b;
+}
 
 /// A scan's answer: a count of offloaded blocks, or "deferred" (it met a key being stored).
 struct ScanResult {
@@ -17,9 +19,8 @@ struct ScanResult {
 
 /// Full attention: keys from the front up to the first miss; a pending key counts as a hit
 /// but defers the answer.
-ScanResult prefix_scan(HostBlockManager& manager, const Scheduler::Impl& s,
-                       const RequestState& r, std::size_t g, std::int64_t start,
-                       std::int64_t end) {
+ScanResult prefix_scan(HostBlockManager& manager, const Scheduler::Impl& s, const RequestState& r,
+                       std::size_t g, std::int64_t start, std::int64_t end) {
   ScanResult res;
   for (std::int64_t i = start; i < end; ++i) {
     const LookupResult found = manager.lookup(s.key(r, g, i));
@@ -32,9 +33,8 @@ ScanResult prefix_scan(HostBlockManager& manager, const Scheduler::Impl& s,
 
 /// Sliding window and mamba: from the back, the rightmost run of window_blocks consecutive
 /// hits; without one, the run that reaches the front. A pending key breaks a run and defers.
-ScanResult suffix_scan(HostBlockManager& manager, const Scheduler::Impl& s,
-                       const RequestState& r, std::size_t g, std::int64_t start,
-                       std::int64_t end) {
+ScanResult suffix_scan(HostBlockManager& manager, const Scheduler::Impl& s, const RequestState& r,
+                       std::size_t g, std::int64_t start, std::int64_t end) {
   const std::int64_t window = s.layouts[g].window_blocks;
   ScanResult res;
   std::int64_t run = 0;

@@ -50,6 +50,8 @@ std::string BlockHash::to_hex() const {
   return out;
 }
 
-std::string to_string(const Key& key) { return fmt::format("{}/{}", key.hash.to_hex(), key.group); }
+std::string to_string(const Key& key) {
+  return fmt::format("{}/{}", key.hash.to_hex(), key.group);
+}
 
 }  // namespace kvoffload

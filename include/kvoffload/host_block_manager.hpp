@@ -22,14 +22,14 @@ struct ManagerEvent {
 };
 
 struct ManagerStats {
-  std::uint64_t hits = 0;      ///< lookups of ready keys
-  std::uint64_t misses = 0;    ///< lookups of absent keys
-  std::uint64_t pending = 0;   ///< lookups of keys being written
-  std::uint64_t evictions = 0;        ///< blocks evicted to make room
-  std::uint64_t stores = 0;           ///< blocks stored successfully
-  std::uint64_t failed_stores = 0;    ///< blocks whose store failed
-  std::uint64_t store_rejections = 0; ///< prepare_store calls that could not make room
-  std::uint64_t loads = 0;            ///< blocks handed to loads
+  std::uint64_t hits = 0;              ///< lookups of ready keys
+  std::uint64_t misses = 0;            ///< lookups of absent keys
+  std::uint64_t pending = 0;           ///< lookups of keys being written
+  std::uint64_t evictions = 0;         ///< blocks evicted to make room
+  std::uint64_t stores = 0;            ///< blocks stored successfully
+  std::uint64_t failed_stores = 0;     ///< blocks whose store failed
+  std::uint64_t store_rejections = 0;  ///< prepare_store calls that could not make room
+  std::uint64_t loads = 0;             ///< blocks handed to loads
 };
 
 /// The host block manager of SEMANTICS 9: which key lives in which host block, block states
@@ -90,7 +90,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   [[nodiscard]] HostBlockId block_of(const Key& key) const noexcept;
   /// Readers of block `id` (0 for a free block).
   [[nodiscard]] std::int32_t readers(HostBlockId id) const noexcept;
-  [[nodiscard]] EvictionPolicy& policy() noexcept { return *policy_; }
+  [[nodiscard]] const EvictionPolicy& policy() const noexcept { return *policy_; }
 
  private:
   enum class State : std::uint8_t { free, writing, ready };

@@ -55,7 +55,7 @@ struct CompletedJob {
 struct SchedulerStats {
   std::uint64_t lookups = 0;
   std::uint64_t hit_tokens = 0;
-  std::uint64_t deferrals = 0;         ///< lookups answered "retry later"
+  std::uint64_t deferrals = 0;  ///< lookups answered "retry later"
   std::uint64_t load_jobs = 0;
   std::uint64_t store_jobs = 0;
   std::uint64_t failed_loads = 0;
@@ -90,8 +90,7 @@ class KVOFFLOAD_EXPORT Scheduler {
 
   /// SEMANTICS 4: tokens that can be loaded from host memory (0: nothing), or nullopt: retry
   /// later (keys are being stored or loaded right now).
-  std::optional<std::int64_t> lookup(std::string_view request_id,
-                                     std::int64_t num_computed_tokens);
+  std::optional<std::int64_t> lookup(std::string_view request_id, std::int64_t num_computed_tokens);
 
   /// SEMANTICS 5: the engine allocated GPU blocks; with external tokens this plans the load
   /// job that the next build_step emits.

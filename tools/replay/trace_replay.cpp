@@ -26,7 +26,9 @@ struct FormatError {
   std::string message;
 };
 
-[[noreturn]] void fail(std::string message) { throw FormatError{std::move(message)}; }
+[[noreturn]] void fail(std::string message) {
+  throw FormatError{std::move(message)};
+}
 
 const json& field(const json& obj, const char* name) {
   auto it = obj.find(name);
@@ -37,7 +39,8 @@ const json& field(const json& obj, const char* name) {
 std::int64_t as_int(const json& v, const std::string& what) {
   if (v.is_number_integer() && !v.is_number_unsigned()) return v.get<std::int64_t>();
   if (v.is_number_unsigned() &&
-      v.get<std::uint64_t>() <= static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
+      v.get<std::uint64_t>() <=
+          static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
     return static_cast<std::int64_t>(v.get<std::uint64_t>());
   }
   fail(what + " must be an integer");
@@ -81,7 +84,8 @@ std::vector<GpuBlockId> get_block_ids(const json& arr, const std::string& what) 
   ids.reserve(arr.size());
   for (const json& v : arr) {
     const std::int64_t id = as_int(v, what + " entries");
-    if (id < std::numeric_limits<GpuBlockId>::min() || id > std::numeric_limits<GpuBlockId>::max()) {
+    if (id < std::numeric_limits<GpuBlockId>::min() ||
+        id > std::numeric_limits<GpuBlockId>::max()) {
       fail(what + " entries must be 32-bit integers");
     }
     ids.push_back(static_cast<GpuBlockId>(id));
@@ -99,14 +103,17 @@ std::vector<BlockHash> get_hashes(const json& obj) {
     if (!v.is_string()) fail(what + " must be a hex string");
     const auto& hex = v.get_ref<const std::string&>();
     bool lower_hex = hex.size() >= 2 && hex.size() <= 64 && hex.size() % 2 == 0;
-    for (const char c : hex) lower_hex = lower_hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+    for (const char c : hex)
+      lower_hex = lower_hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
     if (!lower_hex) fail(what + " must be 2 to 64 lowercase hex digits, an even count");
     hashes.push_back(BlockHash::from_hex(hex));
   }
   return hashes;
 }
 
-ordered key_json(const Key& key) { return ordered::array({key.hash.to_hex(), key.group}); }
+ordered key_json(const Key& key) {
+  return ordered::array({key.hash.to_hex(), key.group});
+}
 
 ordered job_json(const TransferJob& job) {
   ordered keys = ordered::array();
@@ -147,6 +154,21 @@ class Replayer {
  public:
   Replayer(std::ostream& out, std::ostream& err) : out_(out), err_(err) {}
 
+  void print_stats() const {
+    if (!scheduler_) return;
+    const SchedulerStats& s = scheduler_->stats();
+    const HostBlockManager& m = scheduler_->manager();
+    const ManagerStats& ms = m.stats();
+    err_ << "kvoffload-replay: " << s.lookups << " lookups (" << s.hit_tokens << " tokens hit, "
+         << s.deferrals << " deferred), " << s.load_jobs << " load jobs, " << s.store_jobs
+         << " store jobs (" << s.failed_stores << " failed, " << s.stores_without_room
+         << " skipped for room)\n"
+         << "kvoffload-replay: host cache " << m.num_used() << "/" << m.capacity()
+         << " blocks used, " << ms.stores << " blocks stored, " << ms.loads << " loaded, "
+         << ms.evictions << " evicted; key lookups " << ms.hits << " hit, " << ms.misses
+         << " miss, " << ms.pending << " pending\n";
+  }
+
   int run(std::istream& in) {
     std::string text;
     std::int64_t line_no = 0;
@@ -180,7 +202,7 @@ class Replayer {
       // factor of 0) are the library's to reject.
       return guarded(line_no, [&] { scheduler_.emplace(parse_config(j)); });
     }
-    static const char* const known[] = {"request", "lookup", "alloc",        "step",
+    static const char* const known[] = {"request",  "lookup", "alloc",       "step",
                                         "complete", "finish", "reset_cache", "events"};
     if (std::find(std::begin(known), std::end(known), op) == std::end(known)) {
       fail("unknown op \"" + op + "\"");
@@ -319,10 +341,11 @@ class Replayer {
 
 }  // namespace
 
-int run(std::istream& in, std::ostream& out, std::ostream& err) {
+int run(std::istream& in, std::ostream& out, std::ostream& err, bool stats) {
   Replayer replayer(out, err);
   const int status = replayer.run(in);
   out.flush();
+  if (stats) replayer.print_stats();
   return status;
 }
 

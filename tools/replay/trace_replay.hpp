@@ -8,6 +8,7 @@ namespace kvoffload::replay {
 /// line per answering op to `out`. Returns the exit status: 0 done, 1 the library rejected an
 /// op (an {"op":"error",...} line was written), 2 a malformed trace ("kvoffload-replay: line N:
 /// ..." on `err`).
-int run(std::istream& in, std::ostream& out, std::ostream& err);
+/// With `stats`, a summary of the scheduler's and manager's counters goes to `err` at the end.
+int run(std::istream& in, std::ostream& out, std::ostream& err, bool stats = false);
 
 }  // namespace kvoffload::replay

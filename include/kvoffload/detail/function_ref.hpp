@@ -14,9 +14,9 @@ template <class R, class... Args>
 class function_ref<R(Args...)> {
  public:
   template <class F>
-    requires(!std::is_same_v<std::remove_cvref_t<F>, function_ref> &&
-             std::is_invocable_r_v<R, F&, Args...>)
-  function_ref(F&& f) noexcept  // NOLINT(google-explicit-constructor): used like a lambda
+  requires(!std::is_same_v<std::remove_cvref_t<F>, function_ref> &&
+           std::is_invocable_r_v<R, F&, Args...>) function_ref(F&& f)
+  noexcept  // NOLINT(google-explicit-constructor): used like a lambda
       : object_(const_cast<void*>(static_cast<const void*>(&f))),
         call_([](void* object, Args... args) -> R {
           return (*static_cast<std::remove_reference_t<F>*>(object))(std::forward<Args>(args)...);

@@ -1,0 +1,146 @@
+// The replay tool in-process: the shared example traces reproduce their expected output line
+// by line (as JSON values), and bad traces give the documented exit codes and messages.
+
+#include <fstream>
+#include <sstream>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+#include <nlohmann/json.hpp>
+
+#include "replay/trace_replay.hpp"
+
+using Catch::Matchers::ContainsSubstring;
+using Catch::Matchers::StartsWith;
+
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  REQUIRE(in.good());
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& text) {
+  std::vector<nlohmann::json> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (!line.empty()) out.push_back(nlohmann::json::parse(line));
+  }
+  return out;
+}
+
+struct Run {
+  int status;
+  std::string out, err;
+};
+
+Run replay(const std::string& trace) {
+  std::istringstream in(trace);
+  std::ostringstream out, err;
+  const int status = kvoffload::replay::run(in, out, err);
+  return {status, out.str(), err.str()};
+}
+
+const std::string config =
+    R"({"op":"config","groups":[{"kind":"full_attention","gpu_block_size":16}],)"
+    R"("block_size_factor":1,"hash_block_size":16,"host_blocks":4})";
+
+}  // namespace
+
+TEST_CASE("Replay reproduces the shared example traces", "[replay]") {
+  for (const std::string name : {"seed-straddle", "hybrid-small"}) {
+    INFO(name);
+    const std::string dir = std::string(KVOFFLOAD_TEST_DATA_DIR) + "/traces/";
+    const Run r = replay(read_file(dir + name + ".jsonl"));
+    CHECK(r.status == 0);
+    CHECK(r.err.empty());
+    const auto got = json_lines(r.out);
+    const auto want = json_lines(read_file(dir + name + ".expected.jsonl"));
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("output line " << i + 1);
+      CHECK(got[i] == want[i]);
+    }
+  }
+}
+
+TEST_CASE("Replay rejects malformed traces with status 2 and the line number", "[replay]") {
+  struct Case {
+    std::string trace;
+    std::string message;
+  };
+  const Case cases[] = {
+      {"not json", "kvoffload-replay: line 1: not valid JSON"},
+      {"[1,2]", "kvoffload-replay: line 1: not a JSON object"},
+      {R"({"op":"lookup","req":"r","num_computed_tokens":0})",
+       "kvoffload-replay: line 1: the first op must be config"},
+      {config + "\n" + config, "kvoffload-replay: line 2: a second config op"},
+      {config + "\n{\"op\":\"fly\"}", "kvoffload-replay: line 2: unknown op \"fly\""},
+      {config + "\n{\"req\":\"r\"}", "kvoffload-replay: line 2: missing field \"op\""},
+      {config + "\n{\"op\":\"lookup\",\"req\":\"r\"}",
+       "kvoffload-replay: line 2: missing field \"num_computed_tokens\""},
+      {config + "\n{\"op\":\"lookup\",\"req\":\"r\",\"num_computed_tokens\":\"0\"}",
+       "kvoffload-replay: line 2: field \"num_computed_tokens\" must be an integer"},
+      {config + "\n{\"op\":\"lookup\",\"req\":7,\"num_computed_tokens\":0}",
+       "kvoffload-replay: line 2: field \"req\" must be a string"},
+      {config + "\n{\"op\":\"request\",\"req\":\"r\",\"num_tokens\":16,\"block_hashes\":[\"AB\"]}",
+       "kvoffload-replay: line 2: block_hashes[0] must be 2 to 64 lowercase hex digits"},
+      {config + "\n{\"op\":\"complete\",\"jobs\":[{\"job\":0,\"ok\":1}]}",
+       "kvoffload-replay: line 2: field \"ok\" must be a boolean"},
+      {"", "kvoffload-replay: line 1: the trace is empty"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.trace);
+    const Run r = replay(c.trace);
+    CHECK(r.status == 2);
+    CHECK_THAT(r.err, StartsWith(c.message));
+    CHECK(r.out.empty());
+  }
+}
+
+TEST_CASE("Replay reports library rejections as an error line and status 1", "[replay]") {
+  const std::string request =
+      R"({"op":"request","req":"r","num_tokens":32,"block_hashes":["aa","bb"]})";
+  struct Case {
+    std::string ops;
+    int line;
+    std::string message;
+  };
+  const Case cases[] = {
+      {R"({"op":"lookup","req":"ghost","num_computed_tokens":0})", 2, "\"ghost\""},
+      {R"({"op":"complete","jobs":[{"job":5}]})", 2, "unknown job 5"},
+      {request + "\n" + R"({"op":"lookup","req":"r","num_computed_tokens":0})" + "\n" +
+           R"({"op":"alloc","req":"r","num_external_tokens":0,"groups":[{"block_ids":[],"num_computed_blocks":0}]})" +
+           "\n" +
+           R"({"op":"step","requests":[{"req":"r","num_computed_tokens":0,"num_scheduled_tokens":32,"new_block_ids":[[5,0]]}]})",
+       5, "null GPU block at position 1"},
+      {request + "\n" + R"({"op":"lookup","req":"r","num_computed_tokens":0})" + "\n" +
+           R"({"op":"alloc","req":"r","num_external_tokens":0,"groups":[{"block_ids":[],"num_computed_blocks":0}]})" +
+           "\n" +
+           R"({"op":"step","requests":[{"req":"r","num_computed_tokens":0,"num_scheduled_tokens":32,"new_block_ids":[[5,6]]}]})" +
+           "\n" + R"({"op":"complete","jobs":[{"job":0,"count":2}]})",
+       6, "job 0"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.ops);
+    const Run r = replay(config + "\n" + c.ops + "\n{\"op\":\"events\"}");
+    CHECK(r.status == 1);
+    const auto lines = json_lines(r.out);
+    REQUIRE_FALSE(lines.empty());
+    const auto& last = lines.back();  // nothing after the rejected op runs
+    CHECK(last["op"] == "error");
+    CHECK(last["line"] == c.line);
+    CHECK_THAT(last["message"].get<std::string>(), ContainsSubstring(c.message));
+  }
+}
+
+TEST_CASE("Replay rejects a bad configuration value through the library", "[replay]") {
+  const Run r = replay(
+      R"({"op":"config","groups":[{"kind":"full_attention","gpu_block_size":16}],"block_size_factor":0,"hash_block_size":16,"host_blocks":4})");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, ContainsSubstring("block_size_factor"));
+}
