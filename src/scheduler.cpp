@@ -103,8 +103,7 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
   pending_loads.push_back(std::move(job));
 }
 
-void Scheduler::Impl::build_store(const ScheduledRequest& e, StepResult& out) {
-  RequestState& r = *requests.find(std::string_view(e.request_id))->second;
+void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e, StepResult& out) {
   const std::size_t G = layouts.size();
   for (std::size_t g = 0; g < G; ++g) {
     std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
@@ -164,12 +163,11 @@ void Scheduler::Impl::build_store(const ScheduledRequest& e, StepResult& out) {
 
   // Second pass: copy the stored blocks' sub-blocks, counting exactly the ids emitted; null
   // sub-blocks (outside the window) are skipped and counted nowhere.
+  job.gpu.block_ids.reserve(keys_to_store.size() * static_cast<std::size_t>(f));
   std::size_t cursor = 0;
   for (std::size_t g = 0; g < G; ++g) {
     const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    std::vector<GpuBlockId>& registered =
-        layouts[g].windowed() ? state.windowed_ids : state.full_ids;
     bool first = true;
     for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
       if (ids[static_cast<std::size_t>(i * f + f - 1)] == null_block) continue;
@@ -179,7 +177,6 @@ void Scheduler::Impl::build_store(const ScheduledRequest& e, StepResult& out) {
         const GpuBlockId id = ids[static_cast<std::size_t>(i * f + j)];
         if (id == null_block) continue;  // validate_step rejected a null after a real id
         job.gpu.block_ids.push_back(id);
-        registered.push_back(id);
         if (first) {
           job.gpu.block_indices[g] = i * f + j;
           first = false;
@@ -191,7 +188,9 @@ void Scheduler::Impl::build_store(const ScheduledRequest& e, StepResult& out) {
   KVOFFLOAD_ASSERT(cursor == keys_to_store.size(), "store job {}: {} of {} keys placed", job.id,
                    cursor, keys_to_store.size());
   advance();
-  for (const GpuBlockId id : state.windowed_ids) registrations.add(id, job.id);
+  state.source_ids = job.gpu.block_ids;
+  state.group_sizes = job.gpu.group_sizes;
+  for_each_source(state, true, [&](GpuBlockId id) { registrations.add(id, job.id); });
   state.keys = std::move(keys_to_store);
   keys_to_store.clear();
   r.jobs.push_back(job.id);
@@ -205,9 +204,9 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   if (job.kind == JobKind::store) {
     manager.complete_store(job.keys, job.ok);
     if (!job.ok) ++stats.failed_stores;
-    for (const GpuBlockId id : job.windowed_ids) registrations.remove(id, job.id);
+    for_each_source(job, true, [&](GpuBlockId id) { registrations.remove(id, job.id); });
     if (job.full_registered) {
-      for (const GpuBlockId id : job.full_ids) registrations.remove(id, job.id);
+      for_each_source(job, false, [&](GpuBlockId id) { registrations.remove(id, job.id); });
     }
   } else {
     manager.complete_load(job.keys);
@@ -305,7 +304,9 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
     for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
   }
   out.load_jobs.swap(s.pending_loads);
-  for (const ScheduledRequest& e : scheduled) s.build_store(e, out);
+  for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    s.build_store(*s.step_requests[i], scheduled[i], out);
+  }
   std::sort(s.flush.begin(), s.flush.end());
   s.flush.erase(std::unique(s.flush.begin(), s.flush.end()), s.flush.end());
   out.flush.swap(s.flush);
@@ -339,7 +340,7 @@ void Scheduler::on_finished(std::string_view request_id) {
   for (const JobId id : r.jobs) {
     JobState& job = s.jobs.at(id);
     if (job.kind != JobKind::store || job.full_registered) continue;
-    for (const GpuBlockId block : job.full_ids) s.registrations.add(block, id);
+    s.for_each_source(job, false, [&](GpuBlockId block) { s.registrations.add(block, id); });
     job.full_registered = true;
   }
 }

@@ -29,6 +29,7 @@ struct RequestState {
   bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up
   bool finished = false;
   bool load_in_flight = false;
+  std::uint64_t step_stamp = 0;  // the last build_step that validated this request
   std::int64_t num_local_tokens = 0;
   std::vector<GroupState> groups;
   std::vector<JobId> jobs;  // in flight: one load, or any number of stores
@@ -41,8 +42,10 @@ struct JobState {
   std::vector<Key> keys;
   std::int64_t remaining = 0;  // worker reports still expected
   bool ok = true;
-  std::vector<GpuBlockId> windowed_ids;  // store sources registered at once
-  std::vector<GpuBlockId> full_ids;      // store sources registered when the request finishes
+  // A store's source ids and per-group counts: window-group ids are registered (fenced) at
+  // once, full-attention ids when the request finishes.
+  std::vector<GpuBlockId> source_ids;
+  std::vector<std::int64_t> group_sizes;
   bool full_registered = false;
 };
 
@@ -72,7 +75,7 @@ struct Scheduler::Impl {
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                     std::int64_t num_external_tokens);
-  void build_store(const ScheduledRequest& entry, StepResult& out);
+  void build_store(RequestState& r, const ScheduledRequest& entry, StepResult& out);
   void complete(JobState& job, std::vector<CompletedJob>& done);
   void forget(RequestState& r);
   void touch(const RequestState& r);
@@ -80,6 +83,19 @@ struct Scheduler::Impl {
     registrations.for_each(id, [this](JobId job) { flush.push_back(job); });
   }
   void check(const TransferJob& job) const;
+  /// Calls f(block) for each source id of a store job in groups that are (windowed == true)
+  /// or are not windowed.
+  template <class F>
+  void for_each_source(const JobState& job, bool windowed, F&& f) const {
+    std::size_t at = 0;
+    for (std::size_t g = 0; g < job.group_sizes.size(); ++g) {
+      const auto n = static_cast<std::size_t>(job.group_sizes[g]);
+      if (layouts[g].windowed() == windowed) {
+        for (std::size_t i = at; i < at + n; ++i) f(job.source_ids[i]);
+      }
+      at += n;
+    }
+  }
 
   [[nodiscard]] std::int64_t num_keys(const RequestState& r, std::size_t g) const noexcept {
     return static_cast<std::int64_t>(r.hashes.size()) / layouts[g].hash_factor;
@@ -112,7 +128,8 @@ struct Scheduler::Impl {
   std::vector<Key> keys_to_store;
   std::vector<HostBlockId> host_ids;
   std::vector<Key> touch_keys;
-  std::vector<RequestState*> step_requests;
+  std::vector<RequestState*> step_requests;  // validate_step's lookups, in entry order
+  std::uint64_t step_stamp = 0;
   detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
   std::uint64_t no_room_warnings = 0;
 };

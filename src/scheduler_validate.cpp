@@ -109,8 +109,13 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
   }
   const std::size_t G = layouts.size();
   step_requests.clear();
+  // A request scheduled twice in one step would be validated against a state its first entry
+  // changes: each request is stamped with the step being validated.
+  ++step_stamp;
   for (const ScheduledRequest& e : scheduled) {
     RequestState& r = find_looked_up(e.request_id, "step");
+    KVOFFLOAD_EXPECTS(r.step_stamp != step_stamp, "step: request \"{}\" is scheduled twice", r.id);
+    r.step_stamp = step_stamp;
     step_requests.push_back(&r);
     KVOFFLOAD_EXPECTS(e.num_computed_tokens >= 0 && e.num_scheduled_tokens >= 0,
                       "step: request \"{}\": negative num_computed_tokens ({}) or "
@@ -156,12 +161,6 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
       }
     }
   }
-  // A request scheduled twice in one step would be validated against a state the first entry
-  // changes.
-  std::sort(step_requests.begin(), step_requests.end());
-  const auto dup = std::adjacent_find(step_requests.begin(), step_requests.end());
-  KVOFFLOAD_EXPECTS(dup == step_requests.end(), "step: request \"{}\" is scheduled twice",
-                    dup == step_requests.end() ? std::string() : (*dup)->id);
 }
 
 void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
