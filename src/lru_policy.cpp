@@ -1,5 +1,7 @@
 #include "kvoffload/lru_policy.hpp"
 
+#include <ranges>
+
 #include "expects.hpp"
 
 namespace kvoffload {
@@ -44,8 +46,8 @@ void LruPolicy::insert(HostBlockId id, const Key& /*key*/) {
 }
 
 void LruPolicy::touch(std::span<const HostBlockId> ids) {
-  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
-    const auto i = static_cast<std::size_t>(*it);
+  for (const HostBlockId id : std::views::reverse(ids)) {
+    const auto i = static_cast<std::size_t>(id);
     if (!linked_[i]) continue;
     unlink(i);
     link_most_recent(i);
