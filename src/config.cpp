@@ -26,8 +26,16 @@ void validate(const ManagerConfig& config) {
                     config.host_blocks);
   KVOFFLOAD_EXPECTS(config.host_blocks <= (std::int64_t{1} << 31) - 2,
                     "host_blocks {} is too large (at most 2^31 - 2)", config.host_blocks);
-  KVOFFLOAD_EXPECTS(config.policy == "lru", "policy: unknown eviction policy \"{}\" (lru)",
-                    config.policy);
+  KVOFFLOAD_EXPECTS(config.store_threshold == 0 || config.store_threshold >= 2,
+                    "store_threshold must be 0 (off) or at least 2, got {}",
+                    config.store_threshold);
+  KVOFFLOAD_EXPECTS(config.threshold_tracker_keys >= 0,
+                    "threshold_tracker_keys must not be negative, got {}",
+                    config.threshold_tracker_keys);
+  KVOFFLOAD_EXPECTS(config.block_bytes >= 0, "block_bytes must not be negative, got {}",
+                    config.block_bytes);
+  KVOFFLOAD_EXPECTS(config.policy == "lru" || config.policy == "arc",
+                    "policy: unknown eviction policy \"{}\" (lru or arc)", config.policy);
 }
 
 std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {

@@ -7,10 +7,37 @@ namespace kvoffload {
 HostBlockManager::HostBlockManager(const ManagerConfig& config)
     : capacity_((validate(config), config.host_blocks)),
       enable_events_(config.enable_events),
+      store_threshold_(config.store_threshold),
+      block_bytes_(config.block_bytes),
       policy_(make_eviction_policy(config.policy, static_cast<std::size_t>(capacity_))),
       blocks_(static_cast<std::size_t>(capacity_)),
       index_(static_cast<std::size_t>(capacity_)) {
   freed_.reserve(static_cast<std::size_t>(capacity_));
+  if (store_threshold_ > 0) {
+    tracker_keys_ = config.threshold_tracker_keys > 0
+                        ? static_cast<std::size_t>(config.threshold_tracker_keys)
+                        : std::max<std::size_t>(1024, 4 * static_cast<std::size_t>(capacity_));
+    counts_.reserve(tracker_keys_);
+    previous_counts_.reserve(tracker_keys_);
+  }
+}
+
+void HostBlockManager::count_lookup(const Key& key) {
+  auto [count, inserted] = counts_.insert(key, 0);
+  if (inserted) {
+    if (const std::uint32_t* old = previous_counts_.find(key)) *count = *old;
+  }
+  ++*count;
+  if (counts_.size() >= tracker_keys_) {
+    std::swap(counts_, previous_counts_);
+    counts_.clear();
+  }
+}
+
+std::uint32_t HostBlockManager::lookup_count(const Key& key) const noexcept {
+  if (const std::uint32_t* c = counts_.find(key)) return *c;
+  if (const std::uint32_t* c = previous_counts_.find(key)) return *c;
+  return 0;
 }
 
 HostBlockManager::~HostBlockManager() = default;
@@ -27,6 +54,7 @@ LookupResult HostBlockManager::peek(const Key& key) const {
 }
 
 LookupResult HostBlockManager::lookup(const Key& key) {
+  if (store_threshold_ > 0) count_lookup(key);
   const LookupResult r = peek(key);
   switch (r) {
     case LookupResult::miss: ++stats_.misses; break;
@@ -65,6 +93,9 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   for (const Key& key : keys) {
     if (const HostBlockId* id = index_.find(key)) {
       blocks_[static_cast<std::size_t>(*id)].protect_epoch = epoch_;
+    } else if (store_threshold_ > 0 &&
+               lookup_count(key) < static_cast<std::uint32_t>(store_threshold_)) {
+      ++stats_.stores_skipped;  // not popular enough yet
     } else {
       keys_to_store.push_back(key);
     }
@@ -181,7 +212,11 @@ void HostBlockManager::touch(std::span<const Key> keys) {
   for (const Key& key : keys) {
     if (const HostBlockId* id = index_.find(key)) scratch_ids_.push_back(*id);
   }
-  if (!scratch_ids_.empty()) policy_->touch(scratch_ids_);
+  if (!scratch_ids_.empty()) {
+    policy_->touch(scratch_ids_, [this](HostBlockId id) {
+      return blocks_[static_cast<std::size_t>(id)].state == State::ready;
+    });
+  }
 }
 
 void HostBlockManager::reset() {
@@ -192,6 +227,8 @@ void HostBlockManager::reset() {
   epoch_ = 0;
   num_writing_ = 0;
   num_being_read_ = 0;
+  counts_.clear();
+  previous_counts_.clear();
   policy_->reset();
 }
 

@@ -3,6 +3,7 @@
 #include <ranges>
 
 #include "expects.hpp"
+#include "kvoffload/arc_policy.hpp"
 
 namespace kvoffload {
 
@@ -10,56 +11,40 @@ EvictionPolicy::~EvictionPolicy() = default;
 
 std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name, std::size_t capacity) {
   if (name == "lru") return std::make_unique<LruPolicy>(capacity);
-  throw invalid_argument(fmt::format("policy: unknown eviction policy \"{}\" (lru)", name));
+  if (name == "arc") return std::make_unique<ArcPolicy>(capacity);
+  throw invalid_argument(fmt::format("policy: unknown eviction policy \"{}\" (lru or arc)", name));
 }
 
-LruPolicy::LruPolicy(std::size_t capacity)
-    : sentinel_(capacity), prev_(capacity + 1), next_(capacity + 1), linked_(capacity + 1, 0) {
-  reset();
+namespace {
+constexpr std::size_t kRecency = 0;
 }
+
+LruPolicy::LruPolicy(std::size_t capacity) : list_(capacity, 1) {}
 
 void LruPolicy::reset() {
-  prev_[sentinel_] = static_cast<std::uint32_t>(sentinel_);
-  next_[sentinel_] = static_cast<std::uint32_t>(sentinel_);
-  std::fill(linked_.begin(), linked_.end(), std::uint8_t{0});
-}
-
-void LruPolicy::unlink(std::size_t id) noexcept {
-  next_[prev_[id]] = next_[id];
-  prev_[next_[id]] = prev_[id];
-  linked_[id] = 0;
-}
-
-void LruPolicy::link_most_recent(std::size_t id) noexcept {
-  const std::uint32_t last = prev_[sentinel_];
-  prev_[id] = last;
-  next_[id] = static_cast<std::uint32_t>(sentinel_);
-  next_[last] = static_cast<std::uint32_t>(id);
-  prev_[sentinel_] = static_cast<std::uint32_t>(id);
-  linked_[id] = 1;
+  list_.clear();
 }
 
 void LruPolicy::insert(HostBlockId id, const Key& /*key*/) {
-  const auto i = static_cast<std::size_t>(id);
-  if (linked_[i]) unlink(i);
-  link_most_recent(i);
+  list_.push_back(kRecency, static_cast<std::uint32_t>(id));
 }
 
-void LruPolicy::touch(std::span<const HostBlockId> ids) {
+void LruPolicy::touch(std::span<const HostBlockId> ids,
+                      detail::function_ref<bool(HostBlockId)> /*ready*/) {
+  // Moving an id twice leaves it where its first occurrence from the front puts it, which is
+  // one access either way.
   for (const HostBlockId id : std::views::reverse(ids)) {
-    const auto i = static_cast<std::size_t>(id);
-    if (!linked_[i]) continue;
-    unlink(i);
-    link_most_recent(i);
+    const auto node = static_cast<std::uint32_t>(id);
+    if (list_.linked(node)) list_.push_back(kRecency, node);
   }
 }
 
 bool LruPolicy::select_victims(std::size_t count, detail::function_ref<bool(HostBlockId)> can_evict,
                                std::vector<HostBlockId>& victims) {
   const std::size_t before = victims.size();
-  for (std::size_t i = next_[sentinel_]; i != sentinel_ && victims.size() - before < count;
-       i = next_[i]) {
-    if (can_evict(static_cast<HostBlockId>(i))) victims.push_back(static_cast<HostBlockId>(i));
+  for (std::uint32_t n = list_.front(kRecency);
+       n != detail::IntrusiveLists::npos && victims.size() - before < count; n = list_.next(n)) {
+    if (can_evict(static_cast<HostBlockId>(n))) victims.push_back(static_cast<HostBlockId>(n));
   }
   if (victims.size() - before < count) {
     victims.resize(before);
@@ -69,19 +54,19 @@ bool LruPolicy::select_victims(std::size_t count, detail::function_ref<bool(Host
 }
 
 void LruPolicy::evict(HostBlockId id, const Key& /*key*/) {
-  const auto i = static_cast<std::size_t>(id);
-  if (linked_[i]) unlink(i);
+  erase(id);
 }
 
 void LruPolicy::erase(HostBlockId id) {
-  const auto i = static_cast<std::size_t>(id);
-  if (linked_[i]) unlink(i);
+  const auto node = static_cast<std::uint32_t>(id);
+  if (list_.linked(node)) list_.remove(node);
 }
 
 std::vector<HostBlockId> LruPolicy::order() const {
   std::vector<HostBlockId> out;
-  for (std::size_t i = next_[sentinel_]; i != sentinel_; i = next_[i]) {
-    out.push_back(static_cast<HostBlockId>(i));
+  for (std::uint32_t n = list_.front(kRecency); n != detail::IntrusiveLists::npos;
+       n = list_.next(n)) {
+    out.push_back(static_cast<HostBlockId>(n));
   }
   return out;
 }

@@ -389,4 +389,27 @@ std::size_t Scheduler::num_jobs_in_flight() const noexcept {
   return impl_->jobs.size();
 }
 
+CacheStats Scheduler::cache_stats() const noexcept {
+  const HostBlockManager& m = impl_->manager;
+  const ManagerStats& ms = m.stats();
+  const auto block_bytes = static_cast<std::uint64_t>(m.block_bytes());
+  CacheStats c;
+  c.blocks_total = m.capacity();
+  c.blocks_used = m.num_used();
+  c.blocks_free = m.capacity() - m.num_used();
+  c.blocks_writing = m.num_writing();
+  c.blocks_being_read = m.num_being_read();
+  c.hits = ms.hits;
+  c.misses = ms.misses;
+  c.deferrals = impl_->stats.deferrals;
+  c.evictions = ms.evictions;
+  c.stores_skipped = ms.stores_skipped;
+  c.stores_without_room = impl_->stats.stores_without_room;
+  c.blocks_stored = ms.stores;
+  c.blocks_loaded = ms.loads;
+  c.bytes_stored = ms.stores * block_bytes;
+  c.bytes_loaded = ms.loads * block_bytes;
+  return c;
+}
+
 }  // namespace kvoffload

@@ -26,7 +26,13 @@ struct GroupConfig {
 /// The host block manager: capacity in offloaded blocks and eviction policy.
 struct ManagerConfig {
   std::int64_t host_blocks = 0;
-  std::string policy = "lru";
+  std::string policy = "lru";  ///< "lru" or "arc"
+  /// Store admission: 0 (off) or N >= 2, a key is stored only once it was looked up N times.
+  std::int64_t store_threshold = 0;
+  /// Keys whose lookups the admission tracker remembers (0: 4 x host_blocks, at least 1024).
+  std::int64_t threshold_tracker_keys = 0;
+  /// Bytes of one host block, for the byte counters of the statistics (0: unknown).
+  std::int64_t block_bytes = 0;
   /// Record "stored"/"removed" events for take_events(). Engines that do not publish KV
   /// events can turn this off to save the copies.
   bool enable_events = true;

@@ -23,9 +23,12 @@ class KVOFFLOAD_EXPORT EvictionPolicy {
 
   /// A new block (just prepared for a store) enters as the most recent.
   virtual void insert(HostBlockId id, const Key& key) = 0;
-  /// The engine used these blocks again. Walked from last to first, so after the call
-  /// ids.front() is the most valuable: a request's first block outlives its tail.
-  virtual void touch(std::span<const HostBlockId> ids) = 0;
+  /// The engine used these blocks again: one access each, however often an id repeats in the
+  /// call. Walked from last to first, so after the call ids.front() is the most valuable: a
+  /// request's first block outlives its tail. ready(id) tells whether a block's store has
+  /// completed (ARC promotes only ready blocks).
+  virtual void touch(std::span<const HostBlockId> ids,
+                     detail::function_ref<bool(HostBlockId)> ready) = 0;
   /// Appends to `victims`, least valuable first, `count` distinct blocks for which
   /// can_evict(id) is true. Returns false, with `victims` as it was, if there are fewer.
   /// Changes nothing: the manager calls evict() for each victim it takes.
@@ -39,8 +42,7 @@ class KVOFFLOAD_EXPORT EvictionPolicy {
   virtual void reset() = 0;
 };
 
-/// "lru" (and, from the ARC work on, "arc"). Throws invalid_argument naming the field
-/// "policy" for an unknown name.
+/// "lru" or "arc". Throws invalid_argument naming the field "policy" for an unknown name.
 KVOFFLOAD_EXPORT std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name,
                                                                       std::size_t capacity);
 

@@ -29,6 +29,7 @@ struct ManagerStats {
   std::uint64_t stores = 0;            ///< blocks stored successfully
   std::uint64_t failed_stores = 0;     ///< blocks whose store failed
   std::uint64_t store_rejections = 0;  ///< prepare_store calls that could not make room
+  std::uint64_t stores_skipped = 0;    ///< keys not stored: looked up fewer than store_threshold
   std::uint64_t loads = 0;             ///< blocks handed to loads
 };
 
@@ -46,16 +47,18 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   HostBlockManager(const HostBlockManager&) = delete;
   HostBlockManager& operator=(const HostBlockManager&) = delete;
 
-  /// Miss if absent, pending if being written, hit if ready. Counts in stats().
+  /// Miss if absent, pending if being written, hit if ready. Counts in stats() and, with a
+  /// store threshold, towards the key's admission.
   LookupResult lookup(const Key& key);
   /// Like lookup() but counts nothing.
   [[nodiscard]] LookupResult peek(const Key& key) const;
 
-  /// Prepares blocks for storing `keys` (distinct). Keys already present are dropped; for the
-  /// rest, room is made by evicting ready, unread blocks whose key is not in `keys`, in policy
-  /// order, all or nothing. On success returns true and fills keys_to_store / block_ids (in
-  /// the order given; empty if every key was present); the new blocks are `writing`. Returns
-  /// false and changes nothing if room cannot be made.
+  /// Prepares blocks for storing `keys` (distinct). Keys already present are dropped, and so,
+  /// with a store threshold, are keys looked up fewer times than it; for the rest, room is made by
+  /// evicting ready, unread blocks whose key is not in `keys`, in policy order, all or nothing. On
+  /// success returns true and fills keys_to_store / block_ids (in the order given; empty if every
+  /// key was present); the new blocks are `writing`. Returns false and changes nothing if room
+  /// cannot be made.
   bool prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
                      std::vector<HostBlockId>& block_ids);
   /// Ends the stores of `keys`: with ok, writing blocks become ready (one "stored" event);
@@ -91,6 +94,9 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// Readers of block `id` (0 for a free block).
   [[nodiscard]] std::int32_t readers(HostBlockId id) const noexcept;
   [[nodiscard]] const EvictionPolicy& policy() const noexcept { return *policy_; }
+  [[nodiscard]] std::int64_t block_bytes() const noexcept { return block_bytes_; }
+  /// Lookups of `key` the admission tracker remembers (0 without a store threshold).
+  [[nodiscard]] std::uint32_t lookup_count(const Key& key) const noexcept;
 
  private:
   enum class State : std::uint8_t { free, writing, ready };
@@ -104,8 +110,17 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   HostBlockId allocate_id() noexcept;
   void free_id(HostBlockId id);
 
+  void count_lookup(const Key& key);
+
   std::int64_t capacity_;
   bool enable_events_;
+  std::int64_t store_threshold_;
+  std::int64_t block_bytes_;
+  // Admission tracker: two generations of lookup counts; when the current one is full it
+  // becomes the previous one, so memory stays bounded and recent counts survive.
+  std::size_t tracker_keys_ = 0;
+  detail::FlatHashMap<Key, std::uint32_t, KeyHash> counts_;
+  detail::FlatHashMap<Key, std::uint32_t, KeyHash> previous_counts_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<Block> blocks_;
   detail::FlatHashMap<Key, HostBlockId, KeyHash> index_;

@@ -63,6 +63,25 @@ struct SchedulerStats {
   std::uint64_t stores_without_room = 0;  ///< store attempts skipped: no room in the pool
 };
 
+/// A snapshot of the host cache and the scheduler's counters (the replay tool's "stats").
+struct CacheStats {
+  std::int64_t blocks_total = 0;
+  std::int64_t blocks_used = 0;
+  std::int64_t blocks_free = 0;
+  std::int64_t blocks_writing = 0;
+  std::int64_t blocks_being_read = 0;
+  std::uint64_t hits = 0;       ///< key lookups that hit
+  std::uint64_t misses = 0;     ///< key lookups that missed
+  std::uint64_t deferrals = 0;  ///< request lookups answered "retry later"
+  std::uint64_t evictions = 0;
+  std::uint64_t stores_skipped = 0;  ///< keys below the store threshold
+  std::uint64_t stores_without_room = 0;
+  std::uint64_t blocks_stored = 0;
+  std::uint64_t blocks_loaded = 0;
+  std::uint64_t bytes_stored = 0;  ///< blocks_stored x block_bytes (0 if unknown)
+  std::uint64_t bytes_loaded = 0;
+};
+
 /// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are
 /// stored to host memory and loaded back, for models with full-attention, sliding-window and
 /// mamba groups, and counts exactly the GPU blocks it emits.
@@ -118,6 +137,7 @@ class KVOFFLOAD_EXPORT Scheduler {
   std::vector<ManagerEvent> take_events();
 
   [[nodiscard]] const SchedulerStats& stats() const noexcept;
+  [[nodiscard]] CacheStats cache_stats() const noexcept;
   [[nodiscard]] const HostBlockManager& manager() const noexcept;
   [[nodiscard]] const std::vector<GroupLayout>& layouts() const noexcept;
   [[nodiscard]] const SchedulerConfig& config() const noexcept;

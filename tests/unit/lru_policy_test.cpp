@@ -18,7 +18,7 @@ TEST_CASE("LRU touch walks from last to first so the first key ends most recent"
   LruPolicy lru(8);
   for (HostBlockId id : {0, 1, 2, 3, 4}) lru.insert(id, k);
   const HostBlockId touched[] = {1, 3};
-  lru.touch(touched);
+  lru.touch(touched, [](HostBlockId) { return true; });
   CHECK(lru.order() == std::vector<HostBlockId>{0, 2, 4, 3, 1});
 }
 

@@ -144,3 +144,32 @@ TEST_CASE("Replay rejects a bad configuration value through the library", "[repl
   CHECK(r.status == 1);
   CHECK_THAT(r.out, ContainsSubstring("block_size_factor"));
 }
+
+TEST_CASE("Replay answers the stats op", "[replay]") {
+  const std::string trace =
+      R"({"op":"config","groups":[{"kind":"full_attention","gpu_block_size":16}],"block_size_factor":1,"hash_block_size":16,"host_blocks":4,"block_bytes":1024,"policy":"arc"}
+{"op":"request","req":"a","num_tokens":32,"block_hashes":["aa","bb"]}
+{"op":"lookup","req":"a","num_computed_tokens":0}
+{"op":"alloc","req":"a","num_external_tokens":0,"groups":[{"block_ids":[],"num_computed_blocks":0}]}
+{"op":"step","requests":[{"req":"a","num_computed_tokens":0,"num_scheduled_tokens":32,"new_block_ids":[[1,2]]}]}
+{"op":"complete","jobs":[{"job":0}]}
+{"op":"request","req":"b","num_tokens":48,"block_hashes":["aa","bb","cc"]}
+{"op":"lookup","req":"b","num_computed_tokens":0}
+{"op":"alloc","req":"b","num_external_tokens":32,"groups":[{"block_ids":[5,6],"num_computed_blocks":0}]}
+{"op":"stats"})";
+  const Run r = replay(trace);
+  REQUIRE(r.status == 0);
+  const auto lines = json_lines(r.out);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[2]["hit_tokens"] == 32);
+  // a's lookup missed aa; b's hit aa and bb and missed cc. Two blocks stored, two being read
+  // by b's load, each of 1024 bytes.
+  const nlohmann::json want = {
+      {"op", "stats"},       {"blocks_total", 4},   {"blocks_used", 2},
+      {"blocks_free", 2},    {"blocks_writing", 0}, {"blocks_being_read", 2},
+      {"hits", 2},           {"misses", 2},         {"deferrals", 0},
+      {"evictions", 0},      {"stores_skipped", 0}, {"stores_without_room", 0},
+      {"blocks_stored", 2},  {"blocks_loaded", 2},  {"bytes_stored", 2048},
+      {"bytes_loaded", 2048}};
+  CHECK(lines[3] == want);
+}

@@ -145,6 +145,8 @@ SchedulerConfig parse_config(const json& line) {
   config.hash_block_size = get_int(line, "hash_block_size");
   config.manager.host_blocks = get_int(line, "host_blocks");
   if (line.contains("policy")) config.manager.policy = get_string(line, "policy");
+  config.manager.store_threshold = get_int_or(line, "store_threshold", 0);
+  config.manager.block_bytes = get_int_or(line, "block_bytes", 0);
   config.num_workers = get_int_or(line, "num_workers", 1);
   config.prefix_caching = get_bool_or(line, "prefix_caching", true);
   return config;
@@ -202,8 +204,8 @@ class Replayer {
       // factor of 0) are the library's to reject.
       return guarded(line_no, [&] { scheduler_.emplace(parse_config(j)); });
     }
-    static const char* const known[] = {"request",  "lookup", "alloc",       "step",
-                                        "complete", "finish", "reset_cache", "events"};
+    static const char* const known[] = {"request", "lookup",      "alloc",  "step", "complete",
+                                        "finish",  "reset_cache", "events", "stats"};
     if (std::find(std::begin(known), std::end(known), op) == std::end(known)) {
       fail("unknown op \"" + op + "\"");
     }
@@ -300,6 +302,29 @@ class Replayer {
       return guarded(line_no, [&] { s.on_finished(req); });
     }
     if (op == "reset_cache") return guarded(line_no, [&] { s.reset_cache(); });
+    if (op == "stats") {
+      return guarded(line_no, [&] {
+        const CacheStats c = s.cache_stats();
+        ordered o;
+        o["op"] = "stats";
+        o["blocks_total"] = c.blocks_total;
+        o["blocks_used"] = c.blocks_used;
+        o["blocks_free"] = c.blocks_free;
+        o["blocks_writing"] = c.blocks_writing;
+        o["blocks_being_read"] = c.blocks_being_read;
+        o["hits"] = c.hits;
+        o["misses"] = c.misses;
+        o["deferrals"] = c.deferrals;
+        o["evictions"] = c.evictions;
+        o["stores_skipped"] = c.stores_skipped;
+        o["stores_without_room"] = c.stores_without_room;
+        o["blocks_stored"] = c.blocks_stored;
+        o["blocks_loaded"] = c.blocks_loaded;
+        o["bytes_stored"] = c.bytes_stored;
+        o["bytes_loaded"] = c.bytes_loaded;
+        out_ << o.dump() << "\n";
+      });
+    }
     // events
     return guarded(line_no, [&] {
       ordered events = ordered::array();
