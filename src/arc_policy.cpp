@@ -21,7 +21,8 @@ void ArcPolicy::reset() {
   ghost_index_.clear();
   free_ghosts_.clear();
   free_ghosts_.reserve(2 * capacity_);
-  for (std::size_t n = 2 * capacity_; n-- > 0;) free_ghosts_.push_back(static_cast<std::uint32_t>(n));
+  for (std::size_t n = 2 * capacity_; n-- > 0;)
+    free_ghosts_.push_back(static_cast<std::uint32_t>(n));
   target_ = 0;
 }
 
@@ -38,7 +39,8 @@ void ArcPolicy::insert(HostBlockId id, const Key& key) {
     const std::uint32_t g = *ghost;
     const std::size_t b1 = ghosts_.size(kB1), b2 = ghosts_.size(kB2);
     if (ghosts_.list_of(g) == kB1) {
-      target_ = std::min(capacity_, target_ + std::max<std::size_t>(1, b2 / std::max<std::size_t>(b1, 1)));
+      target_ = std::min(capacity_,
+                         target_ + std::max<std::size_t>(1, b2 / std::max<std::size_t>(b1, 1)));
     } else {
       const std::size_t step = std::max<std::size_t>(1, b1 / std::max<std::size_t>(b2, 1));
       target_ = target_ > step ? target_ - step : 0;
@@ -65,8 +67,7 @@ void ArcPolicy::touch(std::span<const HostBlockId> ids,
   }
 }
 
-bool ArcPolicy::select_victims(std::size_t count,
-                               detail::function_ref<bool(HostBlockId)> can_evict,
+bool ArcPolicy::select_victims(std::size_t count, detail::function_ref<bool(HostBlockId)> can_evict,
                                std::vector<HostBlockId>& victims) {
   const std::size_t before = victims.size();
   auto next_evictable = [&](std::uint32_t n) {
@@ -79,8 +80,9 @@ bool ArcPolicy::select_victims(std::size_t count,
   std::uint32_t c2 = next_evictable(resident_.front(kT2));
   std::size_t t1 = resident_.size(kT1);  // T1's size as the victims taken so far leave it
   while (victims.size() - before < count) {
-    const bool from_t1 = c1 != detail::IntrusiveLists::npos &&
-                         (t1 >= std::max<std::size_t>(1, target_) || c2 == detail::IntrusiveLists::npos);
+    const bool from_t1 =
+        c1 != detail::IntrusiveLists::npos &&
+        (t1 >= std::max<std::size_t>(1, target_) || c2 == detail::IntrusiveLists::npos);
     if (from_t1) {
       victims.push_back(static_cast<HostBlockId>(c1));
       c1 = next_evictable(resident_.next(c1));

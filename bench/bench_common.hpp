@@ -1,0 +1,53 @@
+#pragma once
+
+// Shared pieces of kvoffload-bench: repeated timing with median/min/max, a progress line on
+// stderr, and the JSON result document.
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace kvbench {
+
+struct Summary {
+  double median = 0;
+  double min = 0;
+  double max = 0;
+  std::size_t runs = 0;
+};
+
+/// Median, min and max of the samples (which it sorts).
+Summary summarize(std::vector<double> samples);
+nlohmann::json to_json(const Summary& s, const std::string& unit);
+
+/// "[what] i/n" on stderr, overwritten in place; done() ends the line.
+class Progress {
+ public:
+  Progress(std::string what, std::size_t total);
+  void step(const std::string& detail = {});
+  void done();
+
+ private:
+  std::string what_;
+  std::size_t total_;
+  std::size_t at_ = 0;
+  std::chrono::steady_clock::time_point start_;
+};
+
+/// Options every scenario shares.
+struct Options {
+  bool quick = false;         ///< small sizes and few runs (CI smoke test)
+  std::size_t runs = 0;       ///< 0: the scenario's default
+  std::string json_path;      ///< write the result document here
+};
+
+/// Machine facts recorded next to every result.
+nlohmann::json machine_json();
+
+double seconds_since(std::chrono::steady_clock::time_point start);
+
+}  // namespace kvbench

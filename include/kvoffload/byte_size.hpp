@@ -1,0 +1,19 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "kvoffload/export.hpp"
+
+namespace kvoffload {
+
+/// Parses a byte size: a non-negative integer with an optional unit, B, KiB, MiB, GiB, TiB
+/// (powers of 1024) or KB, MB, GB, TB (powers of 1000), e.g. "64GiB", "512 MiB", "4096".
+/// Throws invalid_argument naming `field`.
+KVOFFLOAD_EXPORT std::uint64_t parse_bytes(std::string_view text, std::string_view field);
+
+/// "1.50 GiB"-style text for logs.
+KVOFFLOAD_EXPORT std::string format_bytes(std::uint64_t bytes);
+
+}  // namespace kvoffload

@@ -1,0 +1,142 @@
+#include <cstring>
+#include <set>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "kvoffload/byte_size.hpp"
+#include "kvoffload/device.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/pinned_host_pool.hpp"
+
+using namespace kvoffload;
+using Catch::Matchers::ContainsSubstring;
+
+namespace {
+
+PoolConfig small(std::int64_t blocks, std::int64_t block_bytes) {
+  PoolConfig c;
+  c.host_blocks = blocks;
+  c.block_bytes = block_bytes;
+  c.pinning = Pinning::off;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("parse_bytes understands binary and decimal units", "[pool][bytes]") {
+  CHECK(parse_bytes("4096", "host_bytes") == 4096);
+  CHECK(parse_bytes("64GiB", "host_bytes") == (std::uint64_t{64} << 30));
+  CHECK(parse_bytes("512 MiB", "host_bytes") == (std::uint64_t{512} << 20));
+  CHECK(parse_bytes("2GB", "host_bytes") == 2000000000ULL);
+  CHECK(parse_bytes("1B", "host_bytes") == 1);
+  CHECK_THROWS_WITH(parse_bytes("lots", "host_bytes"), ContainsSubstring("host_bytes"));
+  CHECK_THROWS_WITH(parse_bytes("64 GiBs", "host_bytes"), ContainsSubstring("unknown unit"));
+  CHECK_THROWS_AS(parse_bytes("99999999999999999999", "host_bytes"), invalid_argument);
+  CHECK_THROWS_AS(parse_bytes("20000000TiB", "host_bytes"), invalid_argument);
+  CHECK(format_bytes(3 << 20) == "3.00 MiB");
+}
+
+TEST_CASE("Pool blocks are distinct, aligned, inside the region and hold their bytes",
+          "[pool]") {
+  for (const HugePages huge : {HugePages::off, HugePages::try_}) {
+    PoolConfig c = small(96, 3 * 4096 + 256);
+    c.huge_pages = huge;
+    c.prefault_threads = 3;
+    PinnedHostPool pool(c);
+    REQUIRE(pool.num_blocks() == 96);
+    if (huge == HugePages::off) CHECK(pool.report().fault_threads == 3);
+    if (pool.report().huge_pages) {
+      CHECK(reinterpret_cast<std::uintptr_t>(pool.data()) % (2 << 20) == 0);
+    }
+    std::set<std::byte*> seen;
+    for (HostBlockId id = 0; id < pool.num_blocks(); ++id) {
+      std::byte* b = pool.block(id);
+      CHECK(reinterpret_cast<std::uintptr_t>(b) % 256 == 0);
+      CHECK(b >= pool.data());
+      CHECK(b + pool.block_bytes() <= pool.data() + pool.size_bytes());
+      CHECK(seen.insert(b).second);
+      for (std::size_t i = 0; i < pool.block_bytes(); ++i) {
+        b[i] = static_cast<std::byte>((static_cast<std::size_t>(id) * 131 + i) & 0xff);
+      }
+    }
+    for (HostBlockId id = 0; id < pool.num_blocks(); ++id) {
+      const std::byte* b = pool.block(id);
+      bool same = true;
+      for (std::size_t i = 0; i < pool.block_bytes(); ++i) {
+        same = same && b[i] == static_cast<std::byte>((static_cast<std::size_t>(id) * 131 + i) & 0xff);
+      }
+      CHECK(same);
+    }
+  }
+}
+
+TEST_CASE("Rows split each block among tensor-parallel workers", "[pool]") {
+  PoolConfig c = small(4, 4 * 1024);
+  c.num_rows = 4;
+  PinnedHostPool pool(c);
+  CHECK(pool.row_bytes() == 1024);
+  CHECK(pool.row(2, 3) == pool.block(2) + 3 * 1024);
+  CHECK(pool.row(3, 0) == pool.block(3));
+}
+
+TEST_CASE("A pool sized by bytes holds the whole blocks that fit", "[pool]") {
+  PoolConfig c = small(0, 1 << 20);
+  c.host_bytes = parse_bytes("10MiB", "host_bytes") + 12345;
+  PinnedHostPool pool(c);
+  CHECK(pool.num_blocks() == 10);
+}
+
+TEST_CASE("A pool over 4 GiB allocates and is usable at both ends", "[pool][large]") {
+  PoolConfig c = small(0, 2 << 20);
+  c.host_bytes = parse_bytes("4GiB", "host_bytes") + (64 << 20);
+  PinnedHostPool pool(c);
+  REQUIRE(pool.num_blocks() == 2080);
+  CHECK(pool.size_bytes() > (std::size_t{4} << 30));
+  std::memset(pool.block(pool.num_blocks() - 1), 0x5a, pool.block_bytes());
+  CHECK(static_cast<unsigned char>(pool.block(pool.num_blocks() - 1)[pool.block_bytes() - 1]) == 0x5a);
+  CHECK(static_cast<unsigned char>(pool.block(0)[0]) == 0);
+}
+
+TEST_CASE("Without a CUDA device the pool is plain memory; requiring pinning fails",
+          "[pool]") {
+  if (cuda_device_count() > 0) SKIP("a CUDA device is present: see the [gpu] pool test");
+  PoolConfig c = small(4, 4096);
+  c.pinning = Pinning::automatic;
+  CHECK_FALSE(PinnedHostPool(c).report().pinned);
+  c.pinning = Pinning::require;
+  CHECK_THROWS_WITH(PinnedHostPool(c), ContainsSubstring("pinning"));
+}
+
+TEST_CASE("Bad pool configurations name the field", "[pool]") {
+  auto rejects = [](PoolConfig c, const std::string& field) {
+    CHECK_THROWS_AS(PinnedHostPool(c), invalid_argument);
+    CHECK_THROWS_WITH(PinnedHostPool(c), ContainsSubstring(field));
+  };
+  PoolConfig budget = small(0, 1 << 20);
+  budget.host_bytes = 1000;
+  rejects(budget, "host_bytes");
+  rejects(small(0, 4096), "host_blocks");               // neither a count nor a budget
+  rejects(small(-3, 4096), "host_blocks");
+  rejects(small(4, 4096 + 100), "block_bytes");         // not a multiple of 256
+  rejects(small(4, 0), "block_bytes");
+  PoolConfig rows = small(4, 1024);
+  rows.num_rows = 3;
+  rejects(rows, "rows");
+  PoolConfig align = small(4, 4096);
+  align.alignment = 100;
+  rejects(align, "alignment");
+  PoolConfig both = small(4, 4096);
+  both.host_bytes = 1 << 20;
+  rejects(both, "host_bytes");
+}
+
+TEST_CASE("A [gpu] pool is registered with CUDA in block-aligned chunks", "[gpu][pool]") {
+  if (cuda_device_count() == 0) SKIP("no CUDA device");
+  PoolConfig c = small(100, 3 << 20);
+  c.pinning = Pinning::require;
+  c.register_chunk_bytes = 64 << 20;  // 21 blocks of 3 MiB per registration
+  PinnedHostPool pool(c);
+  CHECK(pool.report().pinned);
+  CHECK(pool.report().registrations == 5);
+}
