@@ -36,8 +36,8 @@ Progress::Progress(std::string what, std::size_t total)
 
 void Progress::step(const std::string& detail) {
   ++at_;
-  std::fprintf(stderr, "\r[%s] %zu/%zu %s (%.1f s)   ", what_.c_str(), at_, total_,
-               detail.c_str(), seconds_since(start_));
+  std::fprintf(stderr, "\r[%s] %zu/%zu %s (%.1f s)   ", what_.c_str(), at_, total_, detail.c_str(),
+               seconds_since(start_));
   std::fflush(stderr);
 }
 

@@ -40,9 +40,9 @@ class Progress {
 
 /// Options every scenario shares.
 struct Options {
-  bool quick = false;         ///< small sizes and few runs (CI smoke test)
-  std::size_t runs = 0;       ///< 0: the scenario's default
-  std::string json_path;      ///< write the result document here
+  bool quick = false;     ///< small sizes and few runs (CI smoke test)
+  std::size_t runs = 0;   ///< 0: the scenario's default
+  std::string json_path;  ///< write the result document here
 };
 
 /// Machine facts recorded next to every result.

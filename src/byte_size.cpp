@@ -41,9 +41,9 @@ std::uint64_t parse_bytes(std::string_view text, std::string_view field) {
                       "{}: \"{}\" is too large", field, text);
     return value * factor;
   }
-  throw invalid_argument(fmt::format(
-      "{}: unknown unit \"{}\" in \"{}\" (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)", field, unit,
-      text));
+  throw invalid_argument(
+      fmt::format("{}: unknown unit \"{}\" in \"{}\" (B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)",
+                  field, unit, text));
 }
 
 std::string format_bytes(std::uint64_t bytes) {

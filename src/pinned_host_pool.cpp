@@ -27,14 +27,16 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
-std::size_t round_up(std::size_t value, std::size_t to) { return (value + to - 1) / to * to; }
+std::size_t round_up(std::size_t value, std::size_t to) {
+  return (value + to - 1) / to * to;
+}
 
 }  // namespace
 
 PinnedHostPool::PinnedHostPool(const PoolConfig& config) {
-  KVOFFLOAD_EXPECTS(config.alignment >= 64 && std::has_single_bit(
-                                                  static_cast<std::uint64_t>(config.alignment)),
-                    "alignment must be a power of two of at least 64, got {}", config.alignment);
+  KVOFFLOAD_EXPECTS(
+      config.alignment >= 64 && std::has_single_bit(static_cast<std::uint64_t>(config.alignment)),
+      "alignment must be a power of two of at least 64, got {}", config.alignment);
   KVOFFLOAD_EXPECTS(config.block_bytes > 0, "block_bytes must be positive, got {}",
                     config.block_bytes);
   KVOFFLOAD_EXPECTS(config.block_bytes % config.alignment == 0,
@@ -82,7 +84,9 @@ PinnedHostPool::PinnedHostPool(const PoolConfig& config) {
                      : std::string("not pinned"));
 }
 
-PinnedHostPool::~PinnedHostPool() { release(); }
+PinnedHostPool::~PinnedHostPool() {
+  release();
+}
 
 void PinnedHostPool::map_region(const PoolConfig& config) {
   const auto start = std::chrono::steady_clock::now();
@@ -111,8 +115,8 @@ void PinnedHostPool::map_region(const PoolConfig& config) {
     void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
     if (p == MAP_FAILED) {
-      throw out_of_memory(fmt::format("host pool: cannot map {} ({})", format_bytes(want),
-                                      std::strerror(errno)));
+      throw out_of_memory(
+          fmt::format("host pool: cannot map {} ({})", format_bytes(want), std::strerror(errno)));
     }
     mapping_ = static_cast<std::byte*>(p);
     mapping_bytes_ = want;
@@ -154,10 +158,9 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   if (config.pinning == Pinning::off) return;
   const bool have_device = cuda_device_count() > 0;
   if (!have_device) {
-    KVOFFLOAD_EXPECTS(config.pinning != Pinning::require,
-                      "pinning: registration was required but {}",
-                      built_with_cuda() ? "no CUDA device is visible"
-                                        : "this build has no CUDA support");
+    KVOFFLOAD_EXPECTS(
+        config.pinning != Pinning::require, "pinning: registration was required but {}",
+        built_with_cuda() ? "no CUDA device is visible" : "this build has no CUDA support");
     return;  // plain memory: the HostBackend and every CPU path work on it
   }
 #if defined(KVOFFLOAD_HAVE_CUDA)
@@ -173,15 +176,16 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
       registered_.emplace_back(base_ + offset, len);
       continue;
     }
-    const std::string what = fmt::format(
-        "host pool: cudaHostRegister of {} at offset {} failed: {}", format_bytes(len),
-        format_bytes(offset), detail::cuda_error_name(err));
+    const std::string what =
+        fmt::format("host pool: cudaHostRegister of {} at offset {} failed: {}", format_bytes(len),
+                    format_bytes(offset), detail::cuda_error_name(err));
     for (const auto& [ptr, n] : registered_) (void)detail::cuda_host_unregister(ptr);
     registered_.clear();
     if (!config.allow_unpinned) throw cuda_error(what);
-    detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned): copies will "
-                           "run at pageable-memory speed",
-                           what);
+    detail::logger().error(
+        "{}; continuing with UNPINNED memory (allow_unpinned): copies will "
+        "run at pageable-memory speed",
+        what);
     return;
   }
   report_.pinned = true;

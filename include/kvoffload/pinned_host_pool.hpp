@@ -28,11 +28,11 @@ struct PoolConfig {
   /// Rows per block: several tensor-parallel workers share one region, each owning one row
   /// (block_bytes / num_rows bytes, also a multiple of `alignment`) of every block.
   std::int64_t num_rows = 1;
-  std::int64_t host_blocks = 0;   ///< the pool's size in blocks, or
-  std::uint64_t host_bytes = 0;   ///< a byte budget: as many whole blocks as fit
-  std::int64_t alignment = 256;   ///< of every block and row; a power of two >= 64
+  std::int64_t host_blocks = 0;  ///< the pool's size in blocks, or
+  std::uint64_t host_bytes = 0;  ///< a byte budget: as many whole blocks as fit
+  std::int64_t alignment = 256;  ///< of every block and row; a power of two >= 64
   HugePages huge_pages = HugePages::try_;
-  int prefault_threads = 0;       ///< threads that first-touch the pages (0: all cores)
+  int prefault_threads = 0;  ///< threads that first-touch the pages (0: all cores)
   Pinning pinning = Pinning::automatic;
   /// If registration fails: false (default) throws; true keeps plain memory and logs an error
   /// (copies then run at pageable speed).
@@ -48,9 +48,9 @@ struct PoolReport {
   double fault_seconds = 0;
   double register_seconds = 0;
   int fault_threads = 0;
-  bool huge_pages = false;     ///< 2 MiB pages (hugetlb or transparent) were requested and given
-  bool hugetlb = false;        ///< from the hugetlb pool (MAP_HUGETLB)
-  bool pinned = false;         ///< registered with CUDA
+  bool huge_pages = false;  ///< 2 MiB pages (hugetlb or transparent) were requested and given
+  bool hugetlb = false;     ///< from the hugetlb pool (MAP_HUGETLB)
+  bool pinned = false;      ///< registered with CUDA
   std::size_t registrations = 0;
 };
 

@@ -37,8 +37,7 @@ TEST_CASE("parse_bytes understands binary and decimal units", "[pool][bytes]") {
   CHECK(format_bytes(3 << 20) == "3.00 MiB");
 }
 
-TEST_CASE("Pool blocks are distinct, aligned, inside the region and hold their bytes",
-          "[pool]") {
+TEST_CASE("Pool blocks are distinct, aligned, inside the region and hold their bytes", "[pool]") {
   for (const HugePages huge : {HugePages::off, HugePages::try_}) {
     PoolConfig c = small(96, 3 * 4096 + 256);
     c.huge_pages = huge;
@@ -64,7 +63,8 @@ TEST_CASE("Pool blocks are distinct, aligned, inside the region and hold their b
       const std::byte* b = pool.block(id);
       bool same = true;
       for (std::size_t i = 0; i < pool.block_bytes(); ++i) {
-        same = same && b[i] == static_cast<std::byte>((static_cast<std::size_t>(id) * 131 + i) & 0xff);
+        same =
+            same && b[i] == static_cast<std::byte>((static_cast<std::size_t>(id) * 131 + i) & 0xff);
       }
       CHECK(same);
     }
@@ -94,12 +94,12 @@ TEST_CASE("A pool over 4 GiB allocates and is usable at both ends", "[pool][larg
   REQUIRE(pool.num_blocks() == 2080);
   CHECK(pool.size_bytes() > (std::size_t{4} << 30));
   std::memset(pool.block(pool.num_blocks() - 1), 0x5a, pool.block_bytes());
-  CHECK(static_cast<unsigned char>(pool.block(pool.num_blocks() - 1)[pool.block_bytes() - 1]) == 0x5a);
+  CHECK(static_cast<unsigned char>(pool.block(pool.num_blocks() - 1)[pool.block_bytes() - 1]) ==
+        0x5a);
   CHECK(static_cast<unsigned char>(pool.block(0)[0]) == 0);
 }
 
-TEST_CASE("Without a CUDA device the pool is plain memory; requiring pinning fails",
-          "[pool]") {
+TEST_CASE("Without a CUDA device the pool is plain memory; requiring pinning fails", "[pool]") {
   if (cuda_device_count() > 0) SKIP("a CUDA device is present: see the [gpu] pool test");
   PoolConfig c = small(4, 4096);
   c.pinning = Pinning::automatic;
@@ -116,9 +116,9 @@ TEST_CASE("Bad pool configurations name the field", "[pool]") {
   PoolConfig budget = small(0, 1 << 20);
   budget.host_bytes = 1000;
   rejects(budget, "host_bytes");
-  rejects(small(0, 4096), "host_blocks");               // neither a count nor a budget
+  rejects(small(0, 4096), "host_blocks");  // neither a count nor a budget
   rejects(small(-3, 4096), "host_blocks");
-  rejects(small(4, 4096 + 100), "block_bytes");         // not a multiple of 256
+  rejects(small(4, 4096 + 100), "block_bytes");  // not a multiple of 256
   rejects(small(4, 0), "block_bytes");
   PoolConfig rows = small(4, 1024);
   rows.num_rows = 3;

@@ -1,0 +1,66 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+#include "kvoffload/job.hpp"
+#include "kvoffload/kv_layout.hpp"
+
+namespace kvoffload {
+
+/// Store: GPU -> host. Load: host -> GPU.
+enum class Direction : std::uint8_t { store, load };
+
+/// One copy: `bytes` from `src` to `dst`.
+struct CopyDescriptor {
+  std::uintptr_t src = 0;
+  std::uintptr_t dst = 0;
+  std::uint64_t bytes = 0;
+};
+
+/// A job's copies, coalesced, largest first.
+struct CopyPlan {
+  JobId job = 0;
+  Direction direction = Direction::store;
+  std::vector<CopyDescriptor> descriptors;
+  std::uint64_t total_bytes = 0;
+};
+
+/// Where host blocks live: block i at base + i * block_stride_bytes + row_offset, with room for
+/// row_bytes (a tensor-parallel worker's row of the shared pool, or the whole block).
+struct HostRegion {
+  std::uintptr_t base = 0;
+  std::int64_t num_blocks = 0;
+  std::int64_t block_stride_bytes = 0;
+  std::int64_t row_offset = 0;
+  std::int64_t row_bytes = 0;
+};
+
+/// Turns a job into copy descriptors for one worker: for each group it skips
+/// block_indices[g] % f sub-blocks of the group's first host block, pairs each GPU block with
+/// the next host sub-block, and copies every tensor of the group. A job that breaks the
+/// SEMANTICS 6 invariants (the pre-fix sliding-window counting among them) or points outside
+/// the layout or the host region is refused with invalid_argument naming the job and group:
+/// never a wrong copy. Contiguous pieces (on both sides) are merged. Thread-safe (const).
+class KVOFFLOAD_EXPORT CopyPlanner {
+ public:
+  /// Throws invalid_argument if a group's host block does not fit in host.row_bytes.
+  CopyPlanner(const KvLayout& layout, const HostRegion& host);
+
+  /// Fills `plan` (reusing its capacity: no allocation once it is large enough).
+  void plan(const TransferJob& job, Direction direction, CopyPlan& plan) const;
+
+  [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
+  [[nodiscard]] const HostRegion& host() const noexcept { return host_; }
+
+ private:
+  void check(const TransferJob& job) const;
+
+  const KvLayout& layout_;
+  HostRegion host_;
+  std::vector<std::int64_t> max_block_id_;  // per group: the smallest num_blocks of its tensors
+};
+
+}  // namespace kvoffload

@@ -1,0 +1,63 @@
+#pragma once
+
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kvoffload/backend.hpp"
+
+namespace kvoffload {
+
+struct HostBackendConfig {
+  int threads = 0;  ///< copy threads (0: all cores)
+  /// Plans are cut into tasks of about this many bytes (large descriptors are split), so a
+  /// big job spreads over every thread and a queue lock is taken once per task, not per
+  /// descriptor.
+  std::uint64_t task_bytes = std::uint64_t{4} << 20;
+};
+
+/// A real backend for machines without a GPU (and for CPU-side KV caches): worker threads run
+/// each plan's descriptors with memcpy over ordinary memory. Results per direction come out
+/// in submission order. A plan with a null or overlapping descriptor fails instead of copying.
+class KVOFFLOAD_EXPORT HostBackend final : public Backend {
+ public:
+  explicit HostBackend(const HostBackendConfig& config = {});
+  /// Cancels what has not run and joins the threads.
+  ~HostBackend() override;
+  HostBackend(const HostBackend&) = delete;
+  HostBackend& operator=(const HostBackend&) = delete;
+
+  Ticket submit(CopyPlan plan) override;
+  void poll(std::vector<BackendResult>& finished) override;
+  void wait(Ticket ticket) override;
+  void shutdown(bool drain) override;
+
+  [[nodiscard]] int threads() const noexcept { return static_cast<int>(workers_.size()); }
+
+ private:
+  struct Job;
+  struct Task {
+    Job* job;
+    std::size_t first, last;       // descriptors [first, last)
+    std::uint64_t offset, length;  // a slice of descriptor `first` when last == first + 1
+  };
+
+  void run_worker();
+  void finish_task(Job& job);
+
+  HostBackendConfig config_;
+  std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable job_done_;
+  std::deque<Task> tasks_;
+  std::deque<std::unique_ptr<Job>> in_order_[2];  // per direction, submission order
+  Ticket next_ticket_ = 1;
+  bool stopping_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace kvoffload

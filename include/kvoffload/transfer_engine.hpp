@@ -1,0 +1,90 @@
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvoffload/backend.hpp"
+#include "kvoffload/copy_planner.hpp"
+#include "kvoffload/export.hpp"
+#include "kvoffload/job.hpp"
+
+namespace kvoffload {
+
+struct TransferEngineConfig {
+  /// Submit a step's stores at the start of the next step (start_step), as vLLM does, so the
+  /// offload copies begin after the step's own device-to-host copies (sampling).
+  bool defer_stores = false;
+};
+
+/// A job the engine finished: the worker reports it to the scheduler (on_completed).
+struct FinishedTransfer {
+  JobId job = 0;
+  JobKind kind = JobKind::store;
+  bool ok = true;
+  std::string error;
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+};
+
+struct TransferStats {
+  std::uint64_t store_jobs = 0, load_jobs = 0, failed_jobs = 0;
+  std::uint64_t bytes_stored = 0, bytes_loaded = 0;
+  double store_seconds = 0, load_seconds = 0;  ///< summed job durations
+  [[nodiscard]] double store_bytes_per_second() const {
+    return store_seconds > 0 ? static_cast<double>(bytes_stored) / store_seconds : 0;
+  }
+  [[nodiscard]] double load_bytes_per_second() const {
+    return load_seconds > 0 ? static_cast<double>(bytes_loaded) / load_seconds : 0;
+  }
+};
+
+/// The worker side of a job: plans it against the KV layout and host region, runs it on a
+/// backend, and reports finished jobs in order. Thread-safety: submit_* and get_finished may be
+/// called from different threads; calls are serialized internally.
+class KVOFFLOAD_EXPORT TransferEngine {
+ public:
+  /// The layout must outlive the engine.
+  TransferEngine(const KvLayout& layout, const HostRegion& host, std::unique_ptr<Backend> backend,
+                 const TransferEngineConfig& config = {});
+  ~TransferEngine();
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+
+  /// Plans and starts (or, with defer_stores, queues) a store job. Throws invalid_argument,
+  /// naming the job and group, for a job that breaks the invariants; nothing is copied then.
+  void submit_store(const TransferJob& job);
+  /// Plans and starts a load job; throws like submit_store.
+  void submit_load(const TransferJob& job);
+  /// Starts the stores deferred from the previous step.
+  void start_step();
+  /// Jobs finished since the last call: loads and stores each in submission order. Never
+  /// blocks.
+  std::vector<FinishedTransfer> get_finished();
+  /// Blocks until these jobs (the scheduler's flush set) have finished; deferred ones among
+  /// them start first. Unknown or already reported ids are ignored. Their results still come
+  /// out of get_finished.
+  void wait(std::span<const JobId> jobs);
+
+  [[nodiscard]] TransferStats stats() const;
+  [[nodiscard]] Backend& backend() noexcept { return *backend_; }
+
+ private:
+  void submit(const TransferJob& job, Direction direction);
+  void start(const TransferJob& job, Direction direction);
+
+  CopyPlanner planner_;
+  std::unique_ptr<Backend> backend_;
+  TransferEngineConfig config_;
+  mutable std::mutex mutex_;
+  std::vector<TransferJob> deferred_;
+  std::unordered_map<JobId, Ticket> tickets_;  // in flight
+  std::vector<BackendResult> polled_;
+  TransferStats stats_;
+};
+
+}  // namespace kvoffload
