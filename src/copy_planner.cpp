@@ -8,11 +8,11 @@ namespace kvoffload {
 
 CopyPlanner::CopyPlanner(const KvLayout& layout, const HostRegion& host)
     : layout_(layout), host_(host) {
-  KVOFFLOAD_EXPECTS(host.base != 0 && host.num_blocks >= 1,
-                    "planner: the host region is empty");
-  KVOFFLOAD_EXPECTS(host.row_offset >= 0 && host.row_offset + host.row_bytes <= host.block_stride_bytes,
-                    "planner: host row [{}, {}) does not fit in a host block of {} bytes",
-                    host.row_offset, host.row_offset + host.row_bytes, host.block_stride_bytes);
+  KVOFFLOAD_EXPECTS(host.base != 0 && host.num_blocks >= 1, "planner: the host region is empty");
+  KVOFFLOAD_EXPECTS(
+      host.row_offset >= 0 && host.row_offset + host.row_bytes <= host.block_stride_bytes,
+      "planner: host row [{}, {}) does not fit in a host block of {} bytes", host.row_offset,
+      host.row_offset + host.row_bytes, host.block_stride_bytes);
   for (std::size_t g = 0; g < layout.num_groups(); ++g) {
     KVOFFLOAD_EXPECTS(layout.host_block_bytes(g) <= host.row_bytes,
                       "planner: group {} needs {} bytes per host block, the host row has {}", g,
@@ -65,12 +65,16 @@ void CopyPlanner::plan(const TransferJob& job, Direction direction, CopyPlan& ou
       const auto page = static_cast<std::uint64_t>(gt.page_bytes);
       for (std::int64_t p = 0; p < size; ++p) {
         const std::int64_t pos = skip + p;
-        const HostBlockId host_id = job.host_block_ids[first_key + static_cast<std::size_t>(pos / f)];
+        const HostBlockId host_id =
+            job.host_block_ids[first_key + static_cast<std::size_t>(pos / f)];
         const std::uintptr_t gpu =
-            t.base + static_cast<std::uintptr_t>(job.gpu.block_ids[first_id + static_cast<std::size_t>(p)]) *
-                         static_cast<std::uintptr_t>(t.block_stride_bytes);
+            t.base +
+            static_cast<std::uintptr_t>(job.gpu.block_ids[first_id + static_cast<std::size_t>(p)]) *
+                static_cast<std::uintptr_t>(t.block_stride_bytes);
         const std::uintptr_t host =
-            host_.base + static_cast<std::uintptr_t>(host_id) * static_cast<std::uintptr_t>(host_.block_stride_bytes) +
+            host_.base +
+            static_cast<std::uintptr_t>(host_id) *
+                static_cast<std::uintptr_t>(host_.block_stride_bytes) +
             static_cast<std::uintptr_t>(host_.row_offset + layout_.host_offset(g, k, pos % f));
         const std::uintptr_t src = direction == Direction::store ? gpu : host;
         const std::uintptr_t dst = direction == Direction::store ? host : gpu;

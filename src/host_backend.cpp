@@ -52,7 +52,9 @@ HostBackend::HostBackend(const HostBackendConfig& config) : config_(config) {
   for (int i = 0; i < n; ++i) workers_.emplace_back([this] { run_worker(); });
 }
 
-HostBackend::~HostBackend() { shutdown(false); }
+HostBackend::~HostBackend() {
+  shutdown(false);
+}
 
 Ticket HostBackend::submit(CopyPlan plan) {
   auto job = std::make_unique<Job>();
@@ -132,7 +134,8 @@ void HostBackend::run_worker() {
 void HostBackend::finish_task(Job& job) {
   std::lock_guard lock(mutex_);
   if (--job.tasks_left == 0) {
-    job.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - job.start).count();
+    job.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job.start).count();
     job.done = true;
     job_done_.notify_all();
   }

@@ -32,10 +32,11 @@ KvLayout::KvLayout(std::vector<KvTensor> tensors, std::vector<std::vector<GroupT
       KVOFFLOAD_EXPECTS(gt.tensor >= 0 && static_cast<std::size_t>(gt.tensor) < tensors_.size(),
                         "layout: group {} tensor {}: no tensor {} (there are {})", g, k, gt.tensor,
                         tensors_.size());
-      KVOFFLOAD_EXPECTS(gt.page_bytes >= 1 &&
-                            gt.page_bytes <= tensors_[static_cast<std::size_t>(gt.tensor)].page_bytes,
-                        "layout: group {} tensor {}: page_bytes {} is outside 1..{}", g, k,
-                        gt.page_bytes, tensors_[static_cast<std::size_t>(gt.tensor)].page_bytes);
+      KVOFFLOAD_EXPECTS(
+          gt.page_bytes >= 1 &&
+              gt.page_bytes <= tensors_[static_cast<std::size_t>(gt.tensor)].page_bytes,
+          "layout: group {} tensor {}: page_bytes {} is outside 1..{}", g, k, gt.page_bytes,
+          tensors_[static_cast<std::size_t>(gt.tensor)].page_bytes);
       offsets.push_back(at);
       at += gt.page_bytes * f_;
     }

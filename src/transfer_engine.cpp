@@ -7,8 +7,7 @@
 namespace kvoffload {
 
 TransferEngine::TransferEngine(const KvLayout& layout, const HostRegion& host,
-                               std::unique_ptr<Backend> backend,
-                               const TransferEngineConfig& config)
+                               std::unique_ptr<Backend> backend, const TransferEngineConfig& config)
     : planner_(layout, host), backend_(std::move(backend)), config_(config) {
   KVOFFLOAD_EXPECTS(backend_ != nullptr, "transfer engine: no backend");
 }
@@ -39,8 +38,12 @@ void TransferEngine::submit(const TransferJob& job, Direction direction) {
   start(job, direction);
 }
 
-void TransferEngine::submit_store(const TransferJob& job) { submit(job, Direction::store); }
-void TransferEngine::submit_load(const TransferJob& job) { submit(job, Direction::load); }
+void TransferEngine::submit_store(const TransferJob& job) {
+  submit(job, Direction::store);
+}
+void TransferEngine::submit_load(const TransferJob& job) {
+  submit(job, Direction::load);
+}
 
 void TransferEngine::start_step() {
   std::lock_guard lock(mutex_);
@@ -67,8 +70,8 @@ std::vector<FinishedTransfer> TransferEngine::get_finished() {
       stats_.bytes_loaded += r.bytes;
       stats_.load_seconds += r.seconds;
     }
-    out.push_back({r.job, store ? JobKind::store : JobKind::load, r.ok, std::move(r.error),
-                   r.bytes, r.seconds});
+    out.push_back({r.job, store ? JobKind::store : JobKind::load, r.ok, std::move(r.error), r.bytes,
+                   r.seconds});
   }
   return out;
 }

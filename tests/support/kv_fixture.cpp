@@ -31,7 +31,8 @@ void KvFixture::fill_guards() {
 
 std::uint8_t* KvFixture::page(std::size_t tensor, std::int64_t block) const {
   const KvTensor& t = layout->tensors()[tensor];
-  return reinterpret_cast<std::uint8_t*>(t.base + static_cast<std::uintptr_t>(block * t.block_stride_bytes));
+  return reinterpret_cast<std::uint8_t*>(t.base +
+                                         static_cast<std::uintptr_t>(block * t.block_stride_bytes));
 }
 
 void KvFixture::write_page(std::size_t tensor, std::int64_t block, std::int64_t bytes,

@@ -48,7 +48,8 @@ class KvFixture {
 
 /// The byte a pattern with `seed` has at offset i.
 inline std::uint8_t pattern(std::uint64_t seed, std::int64_t i) {
-  std::uint64_t x = seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(i) * 0xbf58476d1ce4e5b9ULL;
+  std::uint64_t x =
+      seed * 0x9e3779b97f4a7c15ULL + static_cast<std::uint64_t>(i) * 0xbf58476d1ce4e5b9ULL;
   x ^= x >> 29;
   return static_cast<std::uint8_t>(x >> 11);
 }

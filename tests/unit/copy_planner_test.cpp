@@ -56,7 +56,9 @@ bool host_page_untouched(const KvFixture& fx, std::size_t g, std::size_t k, Host
   return true;
 }
 
-std::uint64_t seed_of(std::size_t tensor, std::int64_t block) { return tensor * 1000 + static_cast<std::uint64_t>(block); }
+std::uint64_t seed_of(std::size_t tensor, std::int64_t block) {
+  return tensor * 1000 + static_cast<std::uint64_t>(block);
+}
 
 /// Stores `job` and checks every GPU block p of group g landed in host block
 /// (skip + p) / f, sub-block (skip + p) % f.
@@ -80,7 +82,8 @@ void check_store(KvFixture& fx, const TransferJob& job) {
         const GroupTensor& gt = fx.layout->group(g)[k];
         INFO("group " << g << " GPU block " << p << " tensor " << k);
         CHECK(host_page_is(fx, g, k, h, (skip + p) % f, gt.page_bytes,
-                           seed_of(static_cast<std::size_t>(gt.tensor), job.gpu.block_ids[at + static_cast<std::size_t>(p)])));
+                           seed_of(static_cast<std::size_t>(gt.tensor),
+                                   job.gpu.block_ids[at + static_cast<std::size_t>(p)])));
       }
     }
     at += static_cast<std::size_t>(job.gpu.group_sizes[g]);
