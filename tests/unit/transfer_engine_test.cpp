@@ -61,9 +61,10 @@ TransferJob random_job(std::mt19937_64& rng, const KvFixture& fx, JobId id,
 
 }  // namespace
 
-TEST_CASE("Round trip: random layouts and jobs, store then load restores exact bytes and "
-          "touches nothing else",
-          "[engine][property]") {
+TEST_CASE(
+    "Round trip: random layouts and jobs, store then load restores exact bytes and "
+    "touches nothing else",
+    "[engine][property]") {
   const std::uint64_t seed = std::getenv("KVOFFLOAD_TEST_SEED") != nullptr
                                  ? std::strtoull(std::getenv("KVOFFLOAD_TEST_SEED"), nullptr, 10)
                                  : std::random_device{}();
@@ -85,7 +86,8 @@ TEST_CASE("Round trip: random layouts and jobs, store then load restores exact b
     for (auto& g : groups) {
       std::set<std::int32_t> used;
       const auto n = static_cast<std::size_t>(pick(1, static_cast<std::int64_t>(T)));
-      while (used.size() < n) used.insert(static_cast<std::int32_t>(pick(0, static_cast<std::int64_t>(T) - 1)));
+      while (used.size() < n)
+        used.insert(static_cast<std::int32_t>(pick(0, static_cast<std::int64_t>(T) - 1)));
       for (const std::int32_t t : used) {
         const std::int64_t page = tensors[static_cast<std::size_t>(t)].page_bytes;
         g.push_back({t, pick(0, 1) == 1 ? page : 16 * pick(1, page / 16)});
@@ -107,7 +109,8 @@ TEST_CASE("Round trip: random layouts and jobs, store then load restores exact b
       for (std::int64_t p = 0; p < store.gpu.group_sizes[g]; ++p, ++at) {
         for (const GroupTensor& gt : fx.layout->group(g)) {
           fx.write_page(static_cast<std::size_t>(gt.tensor), store.gpu.block_ids[at], gt.page_bytes,
-                        static_cast<std::uint64_t>(gt.tensor) * 100000 + static_cast<std::uint64_t>(at) * 100 + g);
+                        static_cast<std::uint64_t>(gt.tensor) * 100000 +
+                            static_cast<std::uint64_t>(at) * 100 + g);
         }
       }
     }
@@ -128,7 +131,8 @@ TEST_CASE("Round trip: random layouts and jobs, store then load restores exact b
     REQUIRE(done[0].ok);
     // The store wrote exactly its host slots: count the changed host bytes.
     std::size_t host_changed = 0;
-    for (std::size_t i = 0; i < host_before.size(); ++i) host_changed += host_before[i] != fx.host_memory[i];
+    for (std::size_t i = 0; i < host_before.size(); ++i)
+      host_changed += host_before[i] != fx.host_memory[i];
     std::uint64_t expect_bytes = 0;
     for (std::size_t g = 0; g < fx.layout->num_groups(); ++g) {
       for (const GroupTensor& gt : fx.layout->group(g)) {
@@ -201,7 +205,8 @@ TEST_CASE("The engine refuses bad jobs before copying anything", "[engine]") {
     job.host_block_ids = {1};
     job.gpu = {{3, 4, 5}, {3}, {0}};  // 3 GPU blocks need 2 host blocks at f = 2
     const auto before = fx.host_memory;
-    CHECK_THROWS_WITH(engine.submit_store(job), Catch::Matchers::ContainsSubstring("job 9 group 0"));
+    CHECK_THROWS_WITH(engine.submit_store(job),
+                      Catch::Matchers::ContainsSubstring("job 9 group 0"));
     engine.start_step();
     CHECK(finish(engine, {9}).empty());
     CHECK(fx.host_memory == before);

@@ -1,0 +1,418 @@
+#include "synthetic_engine.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+#include <unordered_map>
+
+#include "kvoffload/host_backend.hpp"
+#include "kvoffload/kv_layout.hpp"
+#include "kvoffload/pinned_host_pool.hpp"
+#include "kvoffload/scheduler.hpp"
+#include "kvoffload/transfer_engine.hpp"
+
+namespace kvsim {
+
+using namespace kvoffload;
+
+namespace {
+
+std::uint64_t mix(std::uint64_t x) {
+  x ^= x >> 31;
+  x *= 0x7fb5d329728ea185ULL;
+  x ^= x >> 27;
+  x *= 0x81dadef4bc2dd44dULL;
+  x ^= x >> 33;
+  return x;
+}
+
+std::uint64_t fingerprint(const BlockHash& h) {
+  std::uint64_t x = 0;
+  std::memcpy(&x, h.data(), std::min<std::size_t>(8, h.size()));
+  return x;
+}
+
+/// Page content: 8-byte words of mix(seed + i).
+void fill(std::uint8_t* p, std::int64_t bytes, std::uint64_t seed) {
+  for (std::int64_t i = 0; i + 8 <= bytes; i += 8) {
+    const std::uint64_t w = mix(seed + static_cast<std::uint64_t>(i));
+    std::memcpy(p + i, &w, 8);
+  }
+}
+
+bool holds(const std::uint8_t* p, std::int64_t bytes, std::uint64_t seed) {
+  for (std::int64_t i = 0; i + 8 <= bytes; i += 8) {
+    const std::uint64_t w = mix(seed + static_cast<std::uint64_t>(i));
+    if (std::memcmp(p + i, &w, 8) != 0) return false;
+  }
+  return true;
+}
+
+enum class Phase { waiting, loading, running, done };
+
+struct Request {
+  std::string id;
+  std::uint64_t uid = 0;
+  std::vector<BlockHash> hashes;  // for the whole final length
+  std::int64_t prompt = 0, max_len = 0, num_tokens = 0, computed = 0, cached = 0;
+  std::size_t hashes_sent = 0;
+  bool registered = false;
+  bool resumed = false;
+  Phase phase = Phase::waiting;
+  std::vector<std::vector<GpuBlockId>> table;
+  std::vector<std::size_t> sent;
+};
+
+}  // namespace
+
+struct SyntheticEngine::Impl {
+  explicit Impl(const SimConfig& c) : config(c), rng(c.seed) {
+    SchedulerConfig sc;
+    sc.groups = c.groups;
+    sc.block_size_factor = c.block_size_factor;
+    sc.hash_block_size = c.hash_block_size;
+    sc.manager.host_blocks = c.host_blocks;
+    sc.manager.policy = c.policy;
+    scheduler = std::make_unique<Scheduler>(sc);
+    const auto G = c.groups.size();
+    // Per group, per layer, K and V: separate tensors in "GPU" memory (host RAM here).
+    std::vector<KvTensor> tensors;
+    std::vector<std::vector<GroupTensor>> groups(G);
+    for (std::size_t g = 0; g < G; ++g) {
+      for (int t = 0; t < 2 * c.layers; ++t) {
+        gpu.emplace_back(static_cast<std::size_t>(c.gpu_blocks * c.page_bytes));
+        tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.back().data()), c.gpu_blocks,
+                           c.page_bytes, c.page_bytes});
+        groups[g].push_back({static_cast<std::int32_t>(tensors.size() - 1), c.page_bytes});
+      }
+    }
+    layout = std::make_unique<KvLayout>(tensors, groups, c.block_size_factor);
+    PoolConfig pc;
+    pc.block_bytes = layout->pool_block_bytes();
+    pc.host_blocks = c.host_blocks;
+    pool = std::make_unique<PinnedHostPool>(pc);
+    HostRegion region{reinterpret_cast<std::uintptr_t>(pool->data()), pool->num_blocks(),
+                      static_cast<std::int64_t>(pool->block_bytes()), 0,
+                      static_cast<std::int64_t>(pool->block_bytes())};
+    HostBackendConfig bc;
+    bc.threads = c.copy_threads;
+    TransferEngineConfig ec;
+    ec.defer_stores = c.defer_stores;
+    engine = std::make_unique<TransferEngine>(*layout, region, std::make_unique<HostBackend>(bc), ec);
+    for (GpuBlockId id = static_cast<GpuBlockId>(c.gpu_blocks - 1); id >= 1; --id) {
+      free_ids.push_back(id);
+    }
+    for (int f = 0; f < c.prefix_families; ++f) families.push_back(random_hashes(64));
+    max_obs = 0;
+    for (const GroupLayout& l : scheduler->layouts()) max_obs = std::max(max_obs, l.offloaded_block_size);
+    start = std::chrono::steady_clock::now();
+  }
+
+  std::int64_t rand(std::int64_t lo, std::int64_t hi) {
+    return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng);
+  }
+  bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; }
+
+  std::vector<BlockHash> random_hashes(std::size_t n) {
+    std::vector<BlockHash> out;
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint8_t bytes[16];
+      const std::uint64_t a = rng(), b = rng();
+      std::memcpy(bytes, &a, 8);
+      std::memcpy(bytes + 8, &b, 8);
+      out.push_back(BlockHash::from_bytes(bytes));
+    }
+    return out;
+  }
+
+  /// The content seed of tensor k of group g's GPU block `k_block` of request r once complete:
+  /// it depends only on the tokens (the chain hash), so equal prefixes give equal pages.
+  std::uint64_t seed_of(const Request& r, std::size_t g, std::size_t k, std::int64_t block) const {
+    const std::int64_t gbs = config.groups[g].gpu_block_size;
+    const auto idx = static_cast<std::size_t>((block + 1) * gbs / config.hash_block_size - 1);
+    return mix(fingerprint(r.hashes[idx]) ^ ((g + 1) << 40) ^ ((k + 1) << 48));
+  }
+
+  std::uint8_t* page(std::size_t g, std::size_t k, GpuBlockId id) {
+    const std::size_t t = g * static_cast<std::size_t>(2 * config.layers) + k;
+    return gpu[t].data() + static_cast<std::size_t>(id) * static_cast<std::size_t>(config.page_bytes);
+  }
+
+  GpuBlockId alloc_block() {
+    if (free_ids.empty()) throw std::runtime_error("synthetic engine: out of GPU blocks");
+    const GpuBlockId id = free_ids.back();
+    free_ids.pop_back();
+    return id;
+  }
+
+  void free_blocks(Request& r) {
+    for (auto& t : r.table) {
+      for (const GpuBlockId id : t) {
+        if (id != null_block) free_ids.push_back(id);
+      }
+      t.clear();
+    }
+  }
+
+  void admit() {
+    Request r;
+    r.id = "req" + std::to_string(next_request++);
+    r.uid = static_cast<std::uint64_t>(next_request);
+    r.prompt = rand(1, 6) * max_obs + rand(0, max_obs);
+    r.max_len = r.prompt + rand(1, 2 * max_obs);
+    r.num_tokens = r.prompt;
+    const auto n = static_cast<std::size_t>(r.max_len / config.hash_block_size + 1);
+    const auto& family = families[static_cast<std::size_t>(rand(0, config.prefix_families - 1))];
+    const auto shared = std::min<std::size_t>(family.size(), static_cast<std::size_t>(rand(0, static_cast<std::int64_t>(n))));
+    r.hashes.assign(family.begin(), family.begin() + static_cast<std::ptrdiff_t>(shared));
+    const auto own = random_hashes(n - shared);
+    r.hashes.insert(r.hashes.end(), own.begin(), own.end());
+    r.table.resize(config.groups.size());
+    r.sent.assign(config.groups.size(), 0);
+    waiting.push_back(r.id);
+    requests.emplace(r.id, std::move(r));
+  }
+
+  void send_hashes(Request& r) {
+    const auto want = static_cast<std::size_t>(r.num_tokens / config.hash_block_size);
+    if (!r.registered) {
+      scheduler->update_request(r.id, r.num_tokens, std::span(r.hashes).first(want));
+      r.registered = true;
+    } else {
+      scheduler->extend_request(r.id, r.num_tokens,
+                                std::span(r.hashes).subspan(r.hashes_sent, want - r.hashes_sent));
+    }
+    r.hashes_sent = want;
+  }
+
+  /// Lookup and allocation; true if the request computes this step.
+  bool try_start(Request& r) {
+    if (!r.registered) send_hashes(r);
+    const auto hit = scheduler->lookup(r.id, 0);
+    if (!hit) return false;
+    const std::int64_t h = *hit;
+    if (h > 0) ++report.lookup_hits;
+    std::vector<AllocatedGroup> groups(config.groups.size());
+    const auto& layouts = scheduler->layouts();
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      const GroupLayout& L = layouts[g];
+      const std::int64_t n_gpu = (h + L.gpu_block_size - 1) / L.gpu_block_size;
+      const std::int64_t n_off = (h + L.offloaded_block_size - 1) / L.offloaded_block_size;
+      // Window groups load only their window; blocks before it are null.
+      const std::int64_t local = L.windowed() && h > 0 ? std::max<std::int64_t>(0, (n_off - L.window_blocks) * config.block_size_factor) : 0;
+      r.table[g].clear();
+      for (std::int64_t k = 0; k < n_gpu; ++k) {
+        r.table[g].push_back(k < local ? null_block : alloc_block());
+      }
+      groups[g].block_ids = r.table[g];
+      groups[g].num_computed_blocks = local;
+    }
+    scheduler->on_allocated(r.id, groups, h);
+    r.sent.assign(groups.size(), 0);
+    r.computed = 0;
+    if (h > 0) {
+      r.phase = Phase::loading;
+      r.cached = h;
+      return false;
+    }
+    r.phase = Phase::running;
+    return true;
+  }
+
+  void restart(Request& r) {
+    r.prompt = std::max(r.prompt, r.num_tokens - 1);  // recompute everything known
+    free_blocks(r);
+    r.phase = Phase::waiting;
+    r.computed = 0;
+    r.resumed = true;
+    waiting.push_back(r.id);
+  }
+
+  void verify_load(const TransferJob& job) {
+    const Request& r = requests.at(job.request_id);
+    std::size_t at = 0;
+    for (std::size_t g = 0; g < config.groups.size(); ++g) {
+      for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++at) {
+        const std::int64_t block = job.gpu.block_indices[g] + p;
+        for (std::size_t k = 0; k < static_cast<std::size_t>(2 * config.layers); ++k) {
+          if (!holds(page(g, k, job.gpu.block_ids[at]), config.page_bytes, seed_of(r, g, k, block))) {
+            if (report.mismatches++ == 0) {
+              report.first_mismatch = "step " + std::to_string(report.steps) + ", load job " +
+                                      std::to_string(job.id) + " (" + r.id + "), group " +
+                                      std::to_string(g) + ", GPU block index " + std::to_string(block) +
+                                      ", tensor " + std::to_string(k);
+            }
+          }
+        }
+        ++report.blocks_verified;
+      }
+    }
+  }
+
+  void step() {
+    engine->start_step();
+    if (chance(0.3) || running.empty()) admit();
+    std::size_t started = 0;
+    for (std::size_t n = waiting.size();
+         n > 0 && static_cast<int>(running.size() + loading.size() + started) < config.max_running; --n) {
+      const std::string id = waiting.front();
+      waiting.pop_front();
+      Request& r = requests.at(id);
+      if (try_start(r)) {
+        running.push_back(id);
+        ++started;
+      } else if (r.phase == Phase::waiting) {
+        waiting.push_back(id);
+      } else {
+        loading.insert(id);
+      }
+    }
+    std::vector<std::string> preempted;
+    if (!running.empty() && chance(config.preempt_probability)) {
+      const auto i = static_cast<std::size_t>(rand(0, static_cast<std::int64_t>(running.size()) - 1));
+      preempted.push_back(running[i]);
+      running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
+      ++report.preemptions;
+    }
+
+    std::vector<ScheduledRequest> entries;
+    const auto& layouts = scheduler->layouts();
+    for (const std::string& id : running) {
+      Request& r = requests.at(id);
+      const std::int64_t left = r.prompt - r.computed;
+      const std::int64_t nst = left > 0 ? std::min(left, rand(1, 2 * max_obs)) : 1;
+      ScheduledRequest e;
+      e.request_id = id;
+      e.num_computed_tokens = r.computed;
+      e.num_scheduled_tokens = nst;
+      e.resumed = r.resumed;
+      for (std::size_t g = 0; g < layouts.size(); ++g) {
+        const std::int64_t gbs = layouts[g].gpu_block_size;
+        const auto need = static_cast<std::size_t>((r.computed + nst + gbs - 1) / gbs);
+        while (r.table[g].size() < need) r.table[g].push_back(alloc_block());
+        e.new_block_ids.emplace_back(r.table[g].begin() + static_cast<std::ptrdiff_t>(r.sent[g]), r.table[g].end());
+        r.sent[g] = r.table[g].size();
+      }
+      r.resumed = false;
+      entries.push_back(std::move(e));
+    }
+
+    const StepResult out = scheduler->build_step(entries, preempted);
+    engine->wait(out.flush);  // the fence: stores still reading reused blocks finish first
+    for (const std::string& id : preempted) restart(requests.at(id));
+    for (const TransferJob& job : out.load_jobs) {
+      engine->submit_load(job);
+      load_jobs.emplace(job.id, job);
+      ++report.load_jobs;
+    }
+    // The forward pass writes the scheduled tokens' blocks.
+    for (const ScheduledRequest& e : entries) {
+      Request& r = requests.at(e.request_id);
+      const std::int64_t end = e.num_computed_tokens + e.num_scheduled_tokens;
+      for (std::size_t g = 0; g < layouts.size(); ++g) {
+        const std::int64_t gbs = layouts[g].gpu_block_size;
+        for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
+          const GpuBlockId id = r.table[g][static_cast<std::size_t>(k)];
+          for (std::size_t t = 0; t < static_cast<std::size_t>(2 * config.layers); ++t) {
+            const std::uint64_t seed = (k + 1) * gbs <= end ? seed_of(r, g, t, k) : mix(r.uid * 1000003 + static_cast<std::uint64_t>(k));
+            fill(page(g, t, id), config.page_bytes, seed);
+          }
+        }
+      }
+      r.computed = end;
+      if (r.computed >= r.prompt) r.num_tokens = std::min(r.computed + 1, r.max_len + 1);
+    }
+    for (const TransferJob& job : out.store_jobs) {
+      engine->submit_store(job);
+      ++report.store_jobs;
+    }
+
+    // Finished transfers go back to the scheduler.
+    std::vector<JobReport> reports;
+    for (const FinishedTransfer& t : engine->get_finished()) {
+      reports.push_back({t.job, 1, t.ok});
+      if (t.kind == JobKind::load) {
+        auto it = load_jobs.find(t.job);
+        if (it != load_jobs.end()) {
+          if (t.ok && config.verify) verify_load(it->second);
+          load_jobs.erase(it);
+        }
+      }
+    }
+    for (const CompletedJob& c : scheduler->on_completed(reports)) {
+      if (c.kind != JobKind::load) continue;
+      Request& r = requests.at(c.request_id);
+      loading.erase(r.id);
+      if (c.ok) {
+        r.phase = Phase::running;
+        r.computed = r.cached;
+        running.push_back(r.id);
+      } else {
+        restart(r);
+      }
+    }
+
+    for (auto it = running.begin(); it != running.end();) {
+      Request& r = requests.at(*it);
+      if (r.computed >= r.max_len) {
+        scheduler->on_finished(r.id);
+        free_blocks(r);
+        r.phase = Phase::done;
+        requests.erase(*it);
+        ++report.requests_finished;
+        it = running.erase(it);
+      } else {
+        send_hashes(r);
+        ++it;
+      }
+    }
+    ++report.steps;
+    const TransferStats ts = engine->stats();
+    report.bytes_stored = ts.bytes_stored;
+    report.bytes_loaded = ts.bytes_loaded;
+    report.evictions = scheduler->cache_stats().evictions;
+    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  SimConfig config;
+  std::mt19937_64 rng;
+  std::unique_ptr<Scheduler> scheduler;
+  std::vector<std::vector<std::uint8_t>> gpu;
+  std::unique_ptr<KvLayout> layout;
+  std::unique_ptr<PinnedHostPool> pool;
+  std::unique_ptr<TransferEngine> engine;
+  std::vector<GpuBlockId> free_ids;
+  std::vector<std::vector<BlockHash>> families;
+  std::int64_t max_obs = 0;
+  int next_request = 0;
+  std::map<std::string, Request> requests;
+  std::deque<std::string> waiting;
+  std::set<std::string> loading;
+  std::vector<std::string> running;
+  std::unordered_map<JobId, TransferJob> load_jobs;
+  SimReport report;
+  std::chrono::steady_clock::time_point start;
+};
+
+SyntheticEngine::SyntheticEngine(const SimConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+SyntheticEngine::~SyntheticEngine() = default;
+
+const SimReport& SyntheticEngine::step() {
+  impl_->step();
+  return impl_->report;
+}
+
+SimReport SyntheticEngine::run(const std::function<void(const SimReport&)>& progress,
+                               std::int64_t every) {
+  for (std::int64_t i = 0; i < impl_->config.steps; ++i) {
+    impl_->step();
+    if (progress && every > 0 && (i + 1) % every == 0) progress(impl_->report);
+  }
+  return impl_->report;
+}
+
+}  // namespace kvsim
