@@ -16,35 +16,39 @@ int main(int argc, char** argv) {
   kvsim::SimConfig c;
   app.add_option("--steps", c.steps, "engine steps")->capture_default_str();
   app.add_option("--seed", c.seed, "random seed")->capture_default_str();
-  app.add_option("--host-blocks", c.host_blocks, "host cache size in blocks")->capture_default_str();
+  app.add_option("--host-blocks", c.host_blocks, "host cache size in blocks")
+      ->capture_default_str();
   app.add_option("--policy", c.policy, "eviction policy: lru or arc")->capture_default_str();
-  app.add_option("--factor", c.block_size_factor, "GPU blocks per host block")->capture_default_str();
+  app.add_option("--factor", c.block_size_factor, "GPU blocks per host block")
+      ->capture_default_str();
   bool no_verify = false;
   app.add_flag("--no-verify", no_verify, "skip the byte comparison (for timing)");
   CLI11_PARSE(app, argc, argv);
   c.verify = !no_verify;
 
-  std::printf("kvoffload-demo: %lld steps, 3 groups (full attention, sliding window 128, mamba), "
-              "factor %lld, %lld host blocks (%s policy), seed %llu\n",
-              static_cast<long long>(c.steps), static_cast<long long>(c.block_size_factor),
-              static_cast<long long>(c.host_blocks), c.policy.c_str(),
-              static_cast<unsigned long long>(c.seed));
+  std::printf(
+      "kvoffload-demo: %lld steps, 3 groups (full attention, sliding window 128, mamba), "
+      "factor %lld, %lld host blocks (%s policy), seed %llu\n",
+      static_cast<long long>(c.steps), static_cast<long long>(c.block_size_factor),
+      static_cast<long long>(c.host_blocks), c.policy.c_str(),
+      static_cast<unsigned long long>(c.seed));
   auto line = [](const kvsim::SimReport& r) {
-    std::printf("step %6lld: %5lld requests done, %6lld stores, %5lld loads (%lld hits), "
-                "%7lld blocks verified, %llu evictions, %lld mismatches, %.1f s\n",
-                static_cast<long long>(r.steps), static_cast<long long>(r.requests_finished),
-                static_cast<long long>(r.store_jobs), static_cast<long long>(r.load_jobs),
-                static_cast<long long>(r.lookup_hits), static_cast<long long>(r.blocks_verified),
-                static_cast<unsigned long long>(r.evictions), static_cast<long long>(r.mismatches),
-                r.seconds);
+    std::printf(
+        "step %6lld: %5lld requests done, %6lld stores, %5lld loads (%lld hits), "
+        "%7lld blocks verified, %llu evictions, %lld mismatches, %.1f s\n",
+        static_cast<long long>(r.steps), static_cast<long long>(r.requests_finished),
+        static_cast<long long>(r.store_jobs), static_cast<long long>(r.load_jobs),
+        static_cast<long long>(r.lookup_hits), static_cast<long long>(r.blocks_verified),
+        static_cast<unsigned long long>(r.evictions), static_cast<long long>(r.mismatches),
+        r.seconds);
     std::fflush(stdout);
   };
   try {
     kvsim::SyntheticEngine engine(c);
     const kvsim::SimReport r = engine.run(line, std::max<std::int64_t>(1, c.steps / 10));
-    std::printf("stored %s, loaded %s; %lld preemptions\n",
-                kvoffload::format_bytes(r.bytes_stored).c_str(),
-                kvoffload::format_bytes(r.bytes_loaded).c_str(), static_cast<long long>(r.preemptions));
+    std::printf(
+        "stored %s, loaded %s; %lld preemptions\n", kvoffload::format_bytes(r.bytes_stored).c_str(),
+        kvoffload::format_bytes(r.bytes_loaded).c_str(), static_cast<long long>(r.preemptions));
     if (r.mismatches != 0) {
       std::printf("FAILED: %lld mismatching pages, first at %s\n",
                   static_cast<long long>(r.mismatches), r.first_mismatch.c_str());

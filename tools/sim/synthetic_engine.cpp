@@ -102,13 +102,15 @@ struct SyntheticEngine::Impl {
     bc.threads = c.copy_threads;
     TransferEngineConfig ec;
     ec.defer_stores = c.defer_stores;
-    engine = std::make_unique<TransferEngine>(*layout, region, std::make_unique<HostBackend>(bc), ec);
+    engine =
+        std::make_unique<TransferEngine>(*layout, region, std::make_unique<HostBackend>(bc), ec);
     for (GpuBlockId id = static_cast<GpuBlockId>(c.gpu_blocks - 1); id >= 1; --id) {
       free_ids.push_back(id);
     }
     for (int f = 0; f < c.prefix_families; ++f) families.push_back(random_hashes(64));
     max_obs = 0;
-    for (const GroupLayout& l : scheduler->layouts()) max_obs = std::max(max_obs, l.offloaded_block_size);
+    for (const GroupLayout& l : scheduler->layouts())
+      max_obs = std::max(max_obs, l.offloaded_block_size);
     start = std::chrono::steady_clock::now();
   }
 
@@ -139,7 +141,8 @@ struct SyntheticEngine::Impl {
 
   std::uint8_t* page(std::size_t g, std::size_t k, GpuBlockId id) {
     const std::size_t t = g * static_cast<std::size_t>(2 * config.layers) + k;
-    return gpu[t].data() + static_cast<std::size_t>(id) * static_cast<std::size_t>(config.page_bytes);
+    return gpu[t].data() +
+           static_cast<std::size_t>(id) * static_cast<std::size_t>(config.page_bytes);
   }
 
   GpuBlockId alloc_block() {
@@ -167,7 +170,8 @@ struct SyntheticEngine::Impl {
     r.num_tokens = r.prompt;
     const auto n = static_cast<std::size_t>(r.max_len / config.hash_block_size + 1);
     const auto& family = families[static_cast<std::size_t>(rand(0, config.prefix_families - 1))];
-    const auto shared = std::min<std::size_t>(family.size(), static_cast<std::size_t>(rand(0, static_cast<std::int64_t>(n))));
+    const auto shared = std::min<std::size_t>(
+        family.size(), static_cast<std::size_t>(rand(0, static_cast<std::int64_t>(n))));
     r.hashes.assign(family.begin(), family.begin() + static_cast<std::ptrdiff_t>(shared));
     const auto own = random_hashes(n - shared);
     r.hashes.insert(r.hashes.end(), own.begin(), own.end());
@@ -203,7 +207,10 @@ struct SyntheticEngine::Impl {
       const std::int64_t n_gpu = (h + L.gpu_block_size - 1) / L.gpu_block_size;
       const std::int64_t n_off = (h + L.offloaded_block_size - 1) / L.offloaded_block_size;
       // Window groups load only their window; blocks before it are null.
-      const std::int64_t local = L.windowed() && h > 0 ? std::max<std::int64_t>(0, (n_off - L.window_blocks) * config.block_size_factor) : 0;
+      const std::int64_t local =
+          L.windowed() && h > 0
+              ? std::max<std::int64_t>(0, (n_off - L.window_blocks) * config.block_size_factor)
+              : 0;
       r.table[g].clear();
       for (std::int64_t k = 0; k < n_gpu; ++k) {
         r.table[g].push_back(k < local ? null_block : alloc_block());
@@ -239,12 +246,13 @@ struct SyntheticEngine::Impl {
       for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++at) {
         const std::int64_t block = job.gpu.block_indices[g] + p;
         for (std::size_t k = 0; k < static_cast<std::size_t>(2 * config.layers); ++k) {
-          if (!holds(page(g, k, job.gpu.block_ids[at]), config.page_bytes, seed_of(r, g, k, block))) {
+          if (!holds(page(g, k, job.gpu.block_ids[at]), config.page_bytes,
+                     seed_of(r, g, k, block))) {
             if (report.mismatches++ == 0) {
               report.first_mismatch = "step " + std::to_string(report.steps) + ", load job " +
                                       std::to_string(job.id) + " (" + r.id + "), group " +
-                                      std::to_string(g) + ", GPU block index " + std::to_string(block) +
-                                      ", tensor " + std::to_string(k);
+                                      std::to_string(g) + ", GPU block index " +
+                                      std::to_string(block) + ", tensor " + std::to_string(k);
             }
           }
         }
@@ -258,7 +266,8 @@ struct SyntheticEngine::Impl {
     if (chance(0.3) || running.empty()) admit();
     std::size_t started = 0;
     for (std::size_t n = waiting.size();
-         n > 0 && static_cast<int>(running.size() + loading.size() + started) < config.max_running; --n) {
+         n > 0 && static_cast<int>(running.size() + loading.size() + started) < config.max_running;
+         --n) {
       const std::string id = waiting.front();
       waiting.pop_front();
       Request& r = requests.at(id);
@@ -273,7 +282,8 @@ struct SyntheticEngine::Impl {
     }
     std::vector<std::string> preempted;
     if (!running.empty() && chance(config.preempt_probability)) {
-      const auto i = static_cast<std::size_t>(rand(0, static_cast<std::int64_t>(running.size()) - 1));
+      const auto i =
+          static_cast<std::size_t>(rand(0, static_cast<std::int64_t>(running.size()) - 1));
       preempted.push_back(running[i]);
       running.erase(running.begin() + static_cast<std::ptrdiff_t>(i));
       ++report.preemptions;
@@ -294,7 +304,8 @@ struct SyntheticEngine::Impl {
         const std::int64_t gbs = layouts[g].gpu_block_size;
         const auto need = static_cast<std::size_t>((r.computed + nst + gbs - 1) / gbs);
         while (r.table[g].size() < need) r.table[g].push_back(alloc_block());
-        e.new_block_ids.emplace_back(r.table[g].begin() + static_cast<std::ptrdiff_t>(r.sent[g]), r.table[g].end());
+        e.new_block_ids.emplace_back(r.table[g].begin() + static_cast<std::ptrdiff_t>(r.sent[g]),
+                                     r.table[g].end());
         r.sent[g] = r.table[g].size();
       }
       r.resumed = false;
@@ -318,7 +329,9 @@ struct SyntheticEngine::Impl {
         for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
           const GpuBlockId id = r.table[g][static_cast<std::size_t>(k)];
           for (std::size_t t = 0; t < static_cast<std::size_t>(2 * config.layers); ++t) {
-            const std::uint64_t seed = (k + 1) * gbs <= end ? seed_of(r, g, t, k) : mix(r.uid * 1000003 + static_cast<std::uint64_t>(k));
+            const std::uint64_t seed = (k + 1) * gbs <= end
+                                           ? seed_of(r, g, t, k)
+                                           : mix(r.uid * 1000003 + static_cast<std::uint64_t>(k));
             fill(page(g, t, id), config.page_bytes, seed);
           }
         }
@@ -375,7 +388,8 @@ struct SyntheticEngine::Impl {
     report.bytes_stored = ts.bytes_stored;
     report.bytes_loaded = ts.bytes_loaded;
     report.evictions = scheduler->cache_stats().evictions;
-    report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    report.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }
 
   SimConfig config;

@@ -19,10 +19,9 @@ namespace kvsim {
 struct SimConfig {
   std::uint64_t seed = 1;
   std::int64_t steps = 2000;
-  std::vector<kvoffload::GroupConfig> groups = {
-      {kvoffload::GroupKind::full_attention, 16, 0},
-      {kvoffload::GroupKind::sliding_window, 16, 128},
-      {kvoffload::GroupKind::mamba, 16, 0}};
+  std::vector<kvoffload::GroupConfig> groups = {{kvoffload::GroupKind::full_attention, 16, 0},
+                                                {kvoffload::GroupKind::sliding_window, 16, 128},
+                                                {kvoffload::GroupKind::mamba, 16, 0}};
   std::int64_t block_size_factor = 4;
   std::int64_t hash_block_size = 16;
   int layers = 2;                 ///< per-layer K and V tensors per group
@@ -64,7 +63,8 @@ class SyntheticEngine {
   /// Runs one step; the report so far.
   const SimReport& step();
   /// Runs config.steps steps, calling `progress` every `every` steps.
-  SimReport run(const std::function<void(const SimReport&)>& progress = {}, std::int64_t every = 1000);
+  SimReport run(const std::function<void(const SimReport&)>& progress = {},
+                std::int64_t every = 1000);
 
  private:
   struct Impl;
