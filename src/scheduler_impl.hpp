@@ -86,12 +86,12 @@ struct Scheduler::Impl {
   /// Calls f(block) for each source id of a store job in groups that are (windowed == true)
   /// or are not windowed.
   template <class F>
-  void for_each_source(const JobState& job, bool windowed, F&& f) const {
+  void for_each_source(const JobState& job, bool windowed, F&& fn) const {
     std::size_t at = 0;
     for (std::size_t g = 0; g < job.group_sizes.size(); ++g) {
       const auto n = static_cast<std::size_t>(job.group_sizes[g]);
       if (layouts[g].windowed() == windowed) {
-        for (std::size_t i = at; i < at + n; ++i) f(job.source_ids[i]);
+        for (std::size_t i = at; i < at + n; ++i) fn(job.source_ids[i]);
       }
       at += n;
     }

@@ -93,9 +93,9 @@ TEST_CASE("A pool over 4 GiB allocates and is usable at both ends", "[pool][larg
   PinnedHostPool pool(c);
   REQUIRE(pool.num_blocks() == 2080);
   CHECK(pool.size_bytes() > (std::size_t{4} << 30));
-  std::memset(pool.block(pool.num_blocks() - 1), 0x5a, pool.block_bytes());
-  CHECK(static_cast<unsigned char>(pool.block(pool.num_blocks() - 1)[pool.block_bytes() - 1]) ==
-        0x5a);
+  const auto last = static_cast<HostBlockId>(pool.num_blocks() - 1);
+  std::memset(pool.block(last), 0x5a, pool.block_bytes());
+  CHECK(static_cast<unsigned char>(pool.block(last)[pool.block_bytes() - 1]) == 0x5a);
   CHECK(static_cast<unsigned char>(pool.block(0)[0]) == 0);
 }
 

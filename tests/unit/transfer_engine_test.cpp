@@ -124,7 +124,7 @@ TEST_CASE(
     const std::vector<std::vector<std::uint8_t>> gpu_before = fx.gpu;
     const std::vector<std::uint8_t> host_before = fx.host_memory;
 
-    TransferEngine engine(*fx.layout, fx.host, host_backend(pick(1, 3)));
+    TransferEngine engine(*fx.layout, fx.host, host_backend(static_cast<int>(pick(1, 3))));
     engine.submit_store(store);
     auto done = finish(engine, {1});
     REQUIRE(done.size() == 1);

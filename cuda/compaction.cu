@@ -1,0 +1,64 @@
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include <thrust/iterator/transform_iterator.h>
+#include <cub/device/device_segmented_reduce.cuh>
+#include <cub/device/device_select.cuh>
+
+#include "compaction.cuh"
+#include "kvoffload/detail/copy_body.hpp"
+
+namespace kvoffload::detail {
+namespace {
+
+struct IsReal {
+  __host__ __device__ std::int64_t operator()(std::int32_t id) const {
+    return NotNullBlock{}(id) ? 1 : 0;
+  }
+};
+
+__global__ void check_group_counts(const std::int64_t* counts, const std::int64_t* expected,
+                                   int groups, int* mismatch) {
+  const int g = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (g < groups && counts[g] != expected[g]) *mismatch = 1;
+}
+
+}  // namespace
+
+int compaction_temp_bytes(std::int64_t max_ids, int max_groups, std::size_t* bytes) noexcept {
+  std::size_t select = 0, reduce = 0;
+  cudaError_t e =
+      cub::DeviceSelect::If(nullptr, select, static_cast<const std::int32_t*>(nullptr),
+                            static_cast<std::int32_t*>(nullptr),
+                            static_cast<std::int64_t*>(nullptr), max_ids, NotNullBlock{});
+  if (e != cudaSuccess) return static_cast<int>(e);
+  auto flags = thrust::make_transform_iterator(static_cast<const std::int32_t*>(nullptr), IsReal{});
+  e = cub::DeviceSegmentedReduce::Sum(nullptr, reduce, flags, static_cast<std::int64_t*>(nullptr),
+                                      max_groups, static_cast<const std::int64_t*>(nullptr),
+                                      static_cast<const std::int64_t*>(nullptr) + 1);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  *bytes = std::max(select, reduce);
+  return static_cast<int>(cudaSuccess);
+}
+
+int compact_block_ids(const std::int32_t* ids, std::int64_t n, const std::int64_t* offsets,
+                      int groups, const std::int64_t* expected, std::int32_t* out,
+                      std::int64_t* count, std::int64_t* group_counts, int* mismatch, void* temp,
+                      std::size_t temp_bytes, void* stream) noexcept {
+  const auto s = static_cast<cudaStream_t>(stream);
+  std::size_t bytes = temp_bytes;
+  cudaError_t e = cub::DeviceSelect::If(temp, bytes, ids, out, count, n, NotNullBlock{}, s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  bytes = temp_bytes;
+  auto flags = thrust::make_transform_iterator(ids, IsReal{});
+  e = cub::DeviceSegmentedReduce::Sum(temp, bytes, flags, group_counts, groups, offsets,
+                                      offsets + 1, s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  e = cudaMemsetAsync(mismatch, 0, sizeof(int), s);
+  if (e != cudaSuccess) return static_cast<int>(e);
+  check_group_counts<<<(groups + 127) / 128, 128, 0, s>>>(group_counts, expected, groups, mismatch);
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace kvoffload::detail

@@ -1,0 +1,103 @@
+// The CUDA copy kernels' bodies and the automatic mode choice, run on the CPU.
+
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include <catch2/catch_test_macros.hpp>
+
+#include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/detail/copy_body.hpp"
+
+using namespace kvoffload;
+using kvoffload::detail::DevicePiece;
+
+namespace {
+
+std::uint64_t addr(std::vector<std::uint8_t>& v, std::size_t off) {
+  return reinterpret_cast<std::uint64_t>(v.data() + off);
+}
+
+/// Runs copy_pieces as a grid of `warps` warps of `lanes` lanes would, one lane at a time.
+void run_grid(const std::vector<DevicePiece>& pieces, unsigned warps, unsigned lanes) {
+  for (unsigned w = 0; w < warps; ++w) {
+    for (unsigned l = 0; l < lanes; ++l) {
+      detail::copy_pieces(pieces.data(), pieces.size(), w, warps, l, lanes);
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Kernel body: lanes together copy every byte once, aligned or not", "[kernel_body]") {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 50; ++round) {
+    std::vector<std::uint8_t> src(1 << 16), dst(1 << 16, 0xee);
+    std::iota(src.begin(), src.end(), static_cast<std::uint8_t>(round));
+    // Pieces at random (possibly unaligned) offsets and sizes, not overlapping on dst.
+    std::vector<DevicePiece> pieces;
+    std::size_t at = 0;
+    while (at < dst.size() - 2048) {
+      const std::size_t skip = rng() % 64, len = 1 + rng() % 1500;
+      const std::size_t from = rng() % (src.size() - len);
+      pieces.push_back({addr(src, from), addr(dst, at + skip), len});
+      at += skip + len;
+    }
+    const auto before = dst;
+    run_grid(pieces, static_cast<unsigned>(1 + rng() % 9), 32);
+    std::vector<std::uint8_t> expect = before;
+    for (const DevicePiece& p : pieces) {
+      std::memcpy(reinterpret_cast<void*>(addr(expect, p.dst - addr(dst, 0))),
+                  reinterpret_cast<const void*>(p.src), p.bytes);
+    }
+    REQUIRE(dst == expect);
+  }
+}
+
+TEST_CASE("Kernel body: 16-byte words when everything is aligned", "[kernel_body]") {
+  alignas(16) std::uint8_t src[256], dst[256] = {};
+  for (int i = 0; i < 256; ++i) src[i] = static_cast<std::uint8_t>(i);
+  const DevicePiece p{reinterpret_cast<std::uint64_t>(src), reinterpret_cast<std::uint64_t>(dst),
+                      256};
+  // With 16 lanes each lane copies exactly one 16-byte word per pass: lane 3 alone copies
+  // bytes 48..63 and 304.. (out of range), nothing else.
+  detail::copy_piece(p, 3, 16);
+  for (int i = 0; i < 256; ++i) CHECK(dst[i] == ((i >= 48 && i < 64) ? i : 0));
+}
+
+TEST_CASE("Staged pieces lie back to back in the staging buffer", "[kernel_body]") {
+  const DevicePiece p{100, 200, 48};
+  const DevicePiece s = detail::staged_piece(p, 4096, 96);
+  CHECK(s.src == 100);
+  CHECK(s.dst == 4096 + 96);
+  CHECK(s.bytes == 48);
+  CHECK(detail::NotNullBlock{}(5));
+  CHECK_FALSE(detail::NotNullBlock{}(0));
+}
+
+TEST_CASE("The automatic copy mode follows piece size, count and direction", "[copy_mode]") {
+  CudaBackendConfig c;
+  c.small_piece_bytes = 64 << 10;
+  c.staged_min_pieces = 4;
+  c.staging_bytes = 1 << 20;
+  auto plan = [](Direction dir, std::size_t n, std::uint64_t piece) {
+    CopyPlan p;
+    p.direction = dir;
+    p.descriptors.assign(n, {1, 2, piece});
+    p.total_bytes = n * piece;
+    return p;
+  };
+  CHECK(choose_copy_mode(plan(Direction::store, 8, 1 << 20), c, true, true) == CopyMode::batch);
+  CHECK(choose_copy_mode(plan(Direction::store, 8, 1 << 20), c, false, true) == CopyMode::memcpy);
+  CHECK(choose_copy_mode(plan(Direction::store, 8, 8 << 10), c, true, true) == CopyMode::staged);
+  CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
+  CHECK(choose_copy_mode(plan(Direction::store, 2, 8 << 10), c, true, true) == CopyMode::kernel);
+  // Too big for the staging buffer: the kernel does it in place.
+  CHECK(choose_copy_mode(plan(Direction::store, 200, 8 << 10), c, true, true) == CopyMode::kernel);
+  // Without mapped host memory, no kernel modes.
+  CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, false) == CopyMode::batch);
+  c.mode = CopyMode::staged;
+  CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
+  CHECK(parse_copy_mode("staged", "mode") == CopyMode::staged);
+  CHECK_THROWS(parse_copy_mode("dma", "mode"));
+}
