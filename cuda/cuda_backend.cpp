@@ -257,7 +257,7 @@ Ticket CudaBackend::submit(CopyPlan plan) {
   }
   // Staged jobs share one staging buffer: they all go to the first store stream, in order.
   const detail::CudaStreamView stream =
-      j.mode == CopyMode::staged ? s.stores->next() : (store ? s.stores->next() : s.loads->next());
+      j.mode == CopyMode::staged ? s.stores->at(0) : (store ? s.stores->next() : s.loads->next());
   cudaError_t e = cudaSuccess;
   if (store && s.compute != nullptr) {
     // The KV this store reads is being written by work already queued on the compute stream.

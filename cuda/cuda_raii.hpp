@@ -77,6 +77,7 @@ class StreamPool {
  public:
   StreamPool(std::size_t count, int priority);
   [[nodiscard]] CudaStreamView next() noexcept;
+  [[nodiscard]] CudaStreamView at(std::size_t i) const noexcept { return streams_[i].view(); }
   [[nodiscard]] std::size_t size() const noexcept { return streams_.size(); }
 
  private:
