@@ -1,5 +1,6 @@
 // kvoffload-bench: measures kvoffload's parts against the limit each can approach, in one run,
-// as ratios, and writes the numbers as JSON (--json FILE). Subcommands are the scenarios.
+// as ratios, and writes the numbers as JSON (--json FILE). Subcommands are the scenarios;
+// `all` runs every one (with --quick: the CI smoke test).
 
 #include <fstream>
 #include <iostream>
@@ -18,18 +19,44 @@ int main(int argc, char** argv) {
   app.add_option("--json", opt.json_path, "write the results to this JSON file");
   app.require_subcommand(1);
 
+  std::string preset = "all";
+  auto* scheduler = app.add_subcommand("scheduler", "build_step and lookup cost");
+  scheduler->add_option("--preset", preset, "reference (the issue's workload) or all")
+      ->check(CLI::IsMember({"reference", "all"}));
+  auto* manager = app.add_subcommand("manager", "host block manager throughput, LRU and ARC");
+  std::string backend = "host";
+  auto* copy = app.add_subcommand("copy", "copy bandwidth over piece sizes vs one large copy");
+  copy->add_option("--backend", backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
+  auto* calibrate =
+      app.add_subcommand("calibrate", "measure the automatic copy mode's threshold (GPU)");
+  auto* compact =
+      app.add_subcommand("compact", "null block id compaction, CPU (Thrust) and GPU (CUB)");
   std::string pool_size = "8GiB";
   auto* pool = app.add_subcommand("pool", "host pool allocation time: 1 thread vs all cores");
   pool->add_option("--size", pool_size, "pool size (e.g. 8GiB)");
+  auto* e2e = app.add_subcommand("e2e", "steps per second of the end-to-end loop");
+  auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
-  if (opt.quick && pool_size == "8GiB") pool_size = "512MiB";
+  if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
 
   nlohmann::json doc;
   doc["machine"] = kvbench::machine_json();
+  doc["quick"] = opt.quick;
   try {
-    if (*pool) doc["pool"] = kvbench::run_pool(opt, pool_size);
-  } catch (const kvoffload::error& e) {
+    const bool every = all->parsed();
+    if (scheduler->parsed() || every)
+      doc["scheduler"] = kvbench::run_scheduler(opt, every ? "all" : preset);
+    if (manager->parsed() || every) doc["manager"] = kvbench::run_manager(opt);
+    if ((copy->parsed() && backend == "host") || every)
+      doc["copy_host"] = kvbench::run_copy_host(opt);
+    if ((copy->parsed() && backend == "cuda") || every)
+      doc["copy_cuda"] = kvbench::run_copy_cuda(opt);
+    if (calibrate->parsed() || every) doc["calibrate"] = kvbench::run_calibrate(opt);
+    if (compact->parsed() || every) doc["compact"] = kvbench::run_compact(opt);
+    if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
+    if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
+  } catch (const std::exception& e) {
     std::cerr << "kvoffload-bench: " << e.what() << "\n";
     return 1;
   }

@@ -10,6 +10,14 @@
 
 namespace kvbench {
 
+nlohmann::json run_scheduler(const Options& opt, const std::string& preset);
+nlohmann::json run_manager(const Options& opt);
+nlohmann::json run_copy_host(const Options& opt);
+nlohmann::json run_copy_cuda(const Options& opt);
+nlohmann::json run_copy_cuda_sweep(const Options& opt);
+nlohmann::json run_calibrate(const Options& opt);
+nlohmann::json run_compact(const Options& opt);
 nlohmann::json run_pool(const Options& opt, const std::string& size);
+nlohmann::json run_e2e(const Options& opt);
 
 }  // namespace kvbench

@@ -81,18 +81,22 @@ void HostBlockManager::free_id(HostBlockId id) {
 }
 
 bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
-                                     std::vector<HostBlockId>& block_ids) {
+                                     std::vector<HostBlockId>& block_ids,
+                                     std::vector<HostBlockId>* key_blocks) {
   keys_to_store.clear();
   block_ids.clear();
+  if (key_blocks != nullptr) key_blocks->assign(keys.size(), -1);
   // Mark the blocks of keys already present: they are dropped from the store and must not be
   // evicted to make room for the others (they would be lost while the engine counts on them).
   if (++epoch_ == 0) {
     for (Block& b : blocks_) b.protect_epoch = 0;
     epoch_ = 1;
   }
-  for (const Key& key : keys) {
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    const Key& key = keys[k];
     if (const HostBlockId* id = index_.find(key)) {
       blocks_[static_cast<std::size_t>(*id)].protect_epoch = epoch_;
+      if (key_blocks != nullptr) (*key_blocks)[k] = *id;
     } else if (store_threshold_ > 0 &&
                lookup_count(key) < static_cast<std::uint32_t>(store_threshold_)) {
       ++stats_.stores_skipped;  // not popular enough yet
@@ -149,6 +153,14 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   }
   keys_to_store.resize(kept);
   num_writing_ += static_cast<std::int64_t>(kept);
+  if (key_blocks != nullptr) {
+    // The new blocks, in key order: fill the entries still -1 that were stored.
+    std::size_t next = 0;
+    for (std::size_t k = 0; k < keys.size() && next < kept; ++k) {
+      if ((*key_blocks)[k] < 0 && keys[k] == keys_to_store[next])
+        (*key_blocks)[k] = block_ids[next++];
+    }
+  }
   return true;
 }
 
@@ -204,6 +216,18 @@ void HostBlockManager::complete_load(std::span<const Key> keys) {
     if (id == nullptr) continue;
     Block& block = blocks_[static_cast<std::size_t>(*id)];
     if (block.readers > 0 && --block.readers == 0) --num_being_read_;
+  }
+}
+
+void HostBlockManager::touch_blocks(std::span<const HostBlockId> ids) {
+  scratch_ids_.clear();
+  for (const HostBlockId id : ids) {
+    if (id >= 0) scratch_ids_.push_back(id);
+  }
+  if (!scratch_ids_.empty()) {
+    policy_->touch(scratch_ids_, [this](HostBlockId b) {
+      return blocks_[static_cast<std::size_t>(b)].state == State::ready;
+    });
   }
 }
 

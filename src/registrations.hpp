@@ -1,13 +1,16 @@
 #pragma once
 
-// Internal: which in-flight store jobs still read a GPU block (SEMANTICS 6.7 and 8). A block
-// usually has one job; the lists are linked nodes in one pooled array, so registering and
-// dropping allocate nothing in steady state.
+// Internal: which in-flight store jobs still read a GPU block (SEMANTICS 6.7 and 8). Almost
+// always one job per block, kept in a dense array indexed by block id (engines number their
+// GPU blocks densely; every new block of every step is checked, and new blocks come in runs
+// of consecutive ids, so the array is read sequentially where a hash table would miss the
+// cache once per block). The rare further jobs on the same block go to a short side list.
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
-#include "kvoffload/detail/flat_hash_map.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
@@ -15,71 +18,64 @@ namespace kvoffload {
 class Registrations {
  public:
   void add(GpuBlockId block, JobId job) {
-    const std::int32_t node = new_node(job);
-    auto [head, inserted] = heads_.insert(block, node);
-    if (!inserted) {
-      nodes_[static_cast<std::size_t>(node)].next = *head;
-      *head = node;
+    const auto b = static_cast<std::size_t>(block);
+    if (b >= first_.size()) first_.resize(std::max(b + 1, 2 * first_.size()), kNone);
+    if (first_[b] == kNone) {
+      first_[b] = job;
+      ++count_;
+    } else {
+      more_.emplace_back(block, job);
     }
   }
 
   void remove(GpuBlockId block, JobId job) {
-    std::int32_t* head = heads_.find(block);
-    if (head == nullptr) return;
-    std::int32_t prev = -1;
-    for (std::int32_t n = *head; n >= 0; prev = n, n = nodes_[static_cast<std::size_t>(n)].next) {
-      Node& node = nodes_[static_cast<std::size_t>(n)];
-      if (node.job != job) continue;
-      if (prev < 0) {
-        *head = node.next;
-      } else {
-        nodes_[static_cast<std::size_t>(prev)].next = node.next;
+    const auto b = static_cast<std::size_t>(block);
+    if (b >= first_.size()) return;
+    if (first_[b] == job) {
+      first_[b] = kNone;
+      --count_;
+      // Promote a further job on the same block, if any.
+      auto it =
+          std::find_if(more_.begin(), more_.end(), [&](const auto& e) { return e.first == block; });
+      if (it != more_.end()) {
+        first_[b] = it->second;
+        ++count_;
+        *it = more_.back();
+        more_.pop_back();
       }
-      node.next = free_;
-      free_ = n;
-      if (*head < 0) heads_.erase(block);
       return;
+    }
+    auto it = std::find(more_.begin(), more_.end(), std::make_pair(block, job));
+    if (it != more_.end()) {
+      *it = more_.back();
+      more_.pop_back();
     }
   }
 
   template <class F>
   void for_each(GpuBlockId block, F&& f) const {
-    const std::int32_t* head = heads_.find(block);
-    if (head == nullptr) return;
-    for (std::int32_t n = *head; n >= 0; n = nodes_[static_cast<std::size_t>(n)].next) {
-      f(nodes_[static_cast<std::size_t>(n)].job);
+    const auto b = static_cast<std::size_t>(block);
+    if (count_ == 0 || b >= first_.size() || first_[b] == kNone) return;
+    f(first_[b]);
+    for (const auto& [blk, job] : more_) {
+      if (blk == block) f(job);
     }
   }
 
-  [[nodiscard]] bool empty() const noexcept { return heads_.empty(); }
-  [[nodiscard]] std::size_t num_blocks() const noexcept { return heads_.size(); }
+  [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
+  [[nodiscard]] std::size_t num_blocks() const noexcept { return count_; }
 
   void clear() {
-    heads_.clear();
-    nodes_.clear();
-    free_ = -1;
+    std::fill(first_.begin(), first_.end(), kNone);
+    more_.clear();
+    count_ = 0;
   }
 
  private:
-  struct Node {
-    JobId job;
-    std::int32_t next;
-  };
-
-  std::int32_t new_node(JobId job) {
-    if (free_ >= 0) {
-      const std::int32_t n = free_;
-      free_ = nodes_[static_cast<std::size_t>(n)].next;
-      nodes_[static_cast<std::size_t>(n)] = Node{job, -1};
-      return n;
-    }
-    nodes_.push_back(Node{job, -1});
-    return static_cast<std::int32_t>(nodes_.size() - 1);
-  }
-
-  detail::FlatHashMap<GpuBlockId, std::int32_t, detail::IntHash> heads_;
-  std::vector<Node> nodes_;
-  std::int32_t free_ = -1;
+  static constexpr JobId kNone = -1;
+  std::vector<JobId> first_;                        // per GPU block id
+  std::vector<std::pair<GpuBlockId, JobId>> more_;  // further jobs on a block
+  std::size_t count_ = 0;                           // blocks with a job
 };
 
 }  // namespace kvoffload

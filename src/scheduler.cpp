@@ -57,6 +57,33 @@ void Scheduler::Impl::touch(const RequestState& r) {
   manager.touch(touch_keys);
 }
 
+void Scheduler::Impl::touch_stored(const RequestState& r) {
+  touch_ids.clear();
+  for (std::size_t g = layouts.size(); g-- > 0;) {
+    const std::int64_t nk = num_keys(r, g);
+    const std::int64_t skip =
+        layouts[g].windowed()
+            ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
+            : 0;
+    const std::int64_t s = r.groups[g].next_stored;  // not advanced yet
+    const std::int64_t n = std::max(s, candidate_end_[g]);
+    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    std::size_t cursor = candidate_start[g];
+    // Candidates below the touched range still occupy their places in candidate_blocks.
+    for (std::int64_t i = s; i < std::min(skip, n); ++i) {
+      if (ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) ++cursor;
+    }
+    for (std::int64_t i = skip; i < nk; ++i) {
+      if (i >= s && i < n && ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) {
+        touch_ids.push_back(candidate_blocks[cursor++]);
+      } else {
+        touch_ids.push_back(manager.block_of(key(r, g, i)));
+      }
+    }
+  }
+  manager.touch_blocks(touch_ids);
+}
+
 void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                                    std::int64_t num_external_tokens) {
   if (num_external_tokens == 0) return;
@@ -103,7 +130,8 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
   pending_loads.push_back(std::move(job));
 }
 
-void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e, StepResult& out) {
+void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
+                                  const std::int64_t* blocks, StepResult& out) {
   const std::size_t G = layouts.size();
   for (std::size_t g = 0; g < G; ++g) {
     std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
@@ -113,19 +141,21 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e, St
       collect_flush(id);
     }
   }
-  const std::int64_t offloadable =
-      std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
   const auto advance = [&] {
     for (std::size_t g = 0; g < G; ++g) {
-      r.groups[g].next_stored = offloadable / layouts[g].offloaded_block_size;
+      r.groups[g].next_stored = blocks[g];
     }
   };
 
   // First pass: an offloaded block is a candidate unless it is entirely null, which its last
   // sub-block tells (null blocks are a leading run).
   candidates.clear();
+  candidate_start.assign(G, 0);
+  candidate_end_.assign(G, 0);
   for (std::size_t g = 0; g < G; ++g) {
-    const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+    const std::int64_t n = blocks[g];
+    candidate_start[g] = candidates.size();
+    candidate_end_[g] = n;
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
       if (ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) {
@@ -134,7 +164,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e, St
     }
   }
   if (candidates.empty()) return advance();
-  if (!manager.prepare_store(candidates, keys_to_store, host_ids)) {
+  if (!manager.prepare_store(candidates, keys_to_store, host_ids, &candidate_blocks)) {
     ++stats.stores_without_room;
     if (no_room_warnings++ % 1000 == 0) {
       detail::logger().warn(
@@ -146,7 +176,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e, St
   }
   if (keys_to_store.empty()) return advance();
 
-  touch(r);
+  touch_stored(r);
   TransferJob job;
   job.id = next_job++;
   job.kind = JobKind::store;
@@ -166,7 +196,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e, St
   job.gpu.block_ids.reserve(keys_to_store.size() * static_cast<std::size_t>(f));
   std::size_t cursor = 0;
   for (std::size_t g = 0; g < G; ++g) {
-    const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+    const std::int64_t n = blocks[g];
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     bool first = true;
     for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
@@ -226,8 +256,7 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
 }
 
 void Scheduler::Impl::forget(RequestState& r) {
-  auto it = requests.find(std::string_view(r.id));
-  if (it != requests.end()) requests.erase(it);
+  requests.erase(r);
 }
 
 // ---- public API ----------------------------------------------------------------------------
@@ -242,8 +271,8 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
   KVOFFLOAD_EXPECTS(!request_id.empty(), "request: the request id is empty");
   KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
                     num_tokens);
-  auto it = impl_->requests.find(request_id);
-  if (it == impl_->requests.end()) {
+  RequestState* found = impl_->requests.find(request_id);
+  if (found == nullptr) {
     for (std::size_t i = 0; i < block_hashes.size(); ++i) {
       KVOFFLOAD_EXPECTS(block_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
                         request_id, i);
@@ -251,11 +280,11 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
     auto r = std::make_unique<RequestState>();
     r->id = std::string(request_id);
     r->groups.resize(impl_->layouts.size());
-    it = impl_->requests.emplace(r->id, std::move(r)).first;
+    found = &impl_->requests.add(std::move(r));
   } else {
-    impl_->validate_hashes(*it->second, block_hashes);
+    impl_->validate_hashes(*found, block_hashes);
   }
-  RequestState& r = *it->second;
+  RequestState& r = *found;
   r.num_tokens = num_tokens;
   r.remote_decode = remote_decode;
   r.hashes.insert(r.hashes.end(),
@@ -300,12 +329,13 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   s.validate_step(scheduled, preempted);
   StepResult out;
   for (const std::string& id : preempted) {
-    const RequestState& r = *s.requests.find(std::string_view(id))->second;
+    const RequestState& r = *s.requests.find(id);
     for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
   }
   out.load_jobs.swap(s.pending_loads);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
-    s.build_store(*s.step_requests[i], scheduled[i], out);
+    s.build_store(*s.step_requests[i], scheduled[i], s.step_blocks.data() + i * s.layouts.size(),
+                  out);
   }
   std::sort(s.flush.begin(), s.flush.end());
   s.flush.erase(std::unique(s.flush.begin(), s.flush.end()), s.flush.end());
@@ -330,9 +360,9 @@ std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> rep
 
 void Scheduler::on_finished(std::string_view request_id) {
   Impl& s = *impl_;
-  auto it = s.requests.find(request_id);
-  if (it == s.requests.end() || it->second->finished) return;
-  RequestState& r = *it->second;
+  RequestState* found = s.requests.find(request_id);
+  if (found == nullptr || found->finished) return;
+  RequestState& r = *found;
   r.finished = true;
   if (r.jobs.empty()) return s.forget(r);
   // The engine may free and reuse these blocks at once: a later allocation of them must
@@ -358,13 +388,14 @@ void Scheduler::reset_cache() {
   s.being_loaded.clear();
   s.registrations.clear();
   s.stale_below = s.next_job;
-  for (auto it = s.requests.begin(); it != s.requests.end();) {
-    RequestState& r = *it->second;
+  std::vector<RequestState*> finished;
+  s.requests.for_each([&](RequestState& r) {
     r.jobs.clear();
     r.load_in_flight = false;
     for (GroupState& g : r.groups) g.next_stored = 0;
-    it = r.finished ? s.requests.erase(it) : std::next(it);
-  }
+    if (r.finished) finished.push_back(&r);
+  });
+  for (RequestState* r : finished) s.requests.erase(*r);
 }
 
 std::vector<ManagerEvent> Scheduler::take_events() {

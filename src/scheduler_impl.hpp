@@ -12,6 +12,7 @@
 #include "kvoffload/detail/flat_hash_map.hpp"
 #include "kvoffload/scheduler.hpp"
 #include "registrations.hpp"
+#include "request_table.hpp"
 
 namespace kvoffload {
 
@@ -30,6 +31,7 @@ struct RequestState {
   bool finished = false;
   bool load_in_flight = false;
   std::uint64_t step_stamp = 0;  // the last build_step that validated this request
+  std::size_t slot = 0;          // RequestTable's bookkeeping
   std::int64_t num_local_tokens = 0;
   std::vector<GroupState> groups;
   std::vector<JobId> jobs;  // in flight: one load, or any number of stores
@@ -75,10 +77,15 @@ struct Scheduler::Impl {
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                     std::int64_t num_external_tokens);
-  void build_store(RequestState& r, const ScheduledRequest& entry, StepResult& out);
+  /// `blocks[g]`: offloaded blocks complete after the step (validate_step computed them).
+  void build_store(RequestState& r, const ScheduledRequest& entry, const std::int64_t* blocks,
+                   StepResult& out);
   void complete(JobState& job, std::vector<CompletedJob>& done);
   void forget(RequestState& r);
   void touch(const RequestState& r);
+  /// touch() right after prepare_store, reusing the blocks it found for the candidates
+  /// (candidate_blocks, starting at candidate_start[g] for group g).
+  void touch_stored(const RequestState& r);
   void collect_flush(GpuBlockId id) {
     registrations.for_each(id, [this](JobId job) { flush.push_back(job); });
   }
@@ -113,8 +120,7 @@ struct Scheduler::Impl {
   HostBlockManager manager;
   SchedulerStats stats;
 
-  std::unordered_map<std::string, std::unique_ptr<RequestState>, StringHash, std::equal_to<>>
-      requests;
+  RequestTable<RequestState> requests;
   std::unordered_map<JobId, JobState> jobs;
   std::vector<TransferJob> pending_loads;  // planned by on_allocated, emitted by the next step
   std::vector<JobId> flush;                // for the next step
@@ -128,8 +134,13 @@ struct Scheduler::Impl {
   std::vector<Key> keys_to_store;
   std::vector<HostBlockId> host_ids;
   std::vector<Key> touch_keys;
+  std::vector<HostBlockId> touch_ids;
+  std::vector<HostBlockId> candidate_blocks;
+  std::vector<std::size_t> candidate_start;
+  std::vector<std::int64_t> candidate_end_;  // per group: n of the step being built
   std::vector<RequestState*> step_requests;  // validate_step's lookups, in entry order
   std::uint64_t step_stamp = 0;
+  std::vector<std::int64_t> step_blocks;  // per entry, per group: offloadable / obs
   detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
   std::uint64_t no_room_warnings = 0;
 };

@@ -16,9 +16,9 @@ constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
 }  // namespace
 
 RequestState& Scheduler::Impl::find_record(std::string_view id, std::string_view op) {
-  auto it = requests.find(id);
-  KVOFFLOAD_EXPECTS(it != requests.end(), "{}: unknown request \"{}\"", op, id);
-  return *it->second;
+  RequestState* r = requests.find(id);
+  KVOFFLOAD_EXPECTS(r != nullptr, "{}: unknown request \"{}\"", op, id);
+  return *r;
 }
 
 RequestState& Scheduler::Impl::find_looked_up(std::string_view id, std::string_view op) {
@@ -101,14 +101,15 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
 void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
                                     std::span<const std::string> preempted) {
   for (const std::string& id : preempted) {
-    auto it = requests.find(std::string_view(id));
-    KVOFFLOAD_EXPECTS(it != requests.end() && it->second->looked_up,
-                      "step: preempted request \"{}\" is unknown", id);
-    KVOFFLOAD_EXPECTS(!it->second->load_in_flight,
+    const RequestState* r = requests.find(id);
+    KVOFFLOAD_EXPECTS(r != nullptr && r->looked_up, "step: preempted request \"{}\" is unknown",
+                      id);
+    KVOFFLOAD_EXPECTS(!r->load_in_flight,
                       "step: request \"{}\" cannot be preempted while its load is in flight", id);
   }
   const std::size_t G = layouts.size();
   step_requests.clear();
+  step_blocks.clear();
   // A request scheduled twice in one step would be validated against a state its first entry
   // changes: each request is stamped with the step being validated.
   ++step_stamp;
@@ -134,7 +135,10 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
       }
       const std::vector<GpuBlockId>& old = r.groups[g].block_ids;
       const std::size_t base = e.resumed ? 0 : old.size();
+      // Offloaded blocks complete after this step; build_store reuses it (divisions are a
+      // large part of a decode step's cost).
       const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+      step_blocks.push_back(n);
       const std::int64_t s = r.groups[g].next_stored;
       if (n <= s) continue;
       KVOFFLOAD_EXPECTS(num_keys(r, g) >= n,

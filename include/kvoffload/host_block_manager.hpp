@@ -59,8 +59,12 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// success returns true and fills keys_to_store / block_ids (in the order given; empty if every
   /// key was present); the new blocks are `writing`. Returns false and changes nothing if room
   /// cannot be made.
+  /// With `key_blocks`, also sets it to each given key's block after the call (present or
+  /// new; -1 for a key skipped by the threshold), so the caller can touch them without
+  /// looking them up again.
   bool prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
-                     std::vector<HostBlockId>& block_ids);
+                     std::vector<HostBlockId>& block_ids,
+                     std::vector<HostBlockId>* key_blocks = nullptr);
   /// Ends the stores of `keys`: with ok, writing blocks become ready (one "stored" event);
   /// without, writing blocks are removed and freed. Keys not writing are ignored.
   void complete_store(std::span<const Key> keys, bool ok);
@@ -75,6 +79,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
 
   /// Policy recency update for the present keys among `keys` (SEMANTICS 10).
   void touch(std::span<const Key> keys);
+  /// The same for blocks the caller already knows (ids of present keys; -1 entries skipped).
+  void touch_blocks(std::span<const HostBlockId> ids);
   /// Forgets every block; ids become never-used again. Emits no event.
   void reset();
 

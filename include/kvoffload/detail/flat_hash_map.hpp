@@ -9,10 +9,13 @@
 
 namespace kvoffload::detail {
 
-/// Open-addressing hash map with linear probing and backward-shift deletion. Entries live in
-/// one array, so inserting and erasing allocate nothing except when the table grows (amortised,
-/// capacity doubles at a load factor of 1/2). Keys and values must be cheap to copy.
-/// Pointers returned by find/insert are invalidated by the next insertion or erase.
+/// Open-addressing hash map with linear probing and backward-shift deletion. Each slot's
+/// 64-bit hash lives in a dense array of its own (0 marks an empty slot), so a probe reads 8
+/// bytes per slot and touches the entry itself only when the hashes match: for large tables
+/// that is one cache miss per lookup instead of two or three. Inserting and erasing allocate
+/// nothing except when the table grows (capacity doubles at a load factor of 1/2). Keys and
+/// values must be cheap to copy. Pointers returned by find/insert are invalidated by the next
+/// insertion or erase.
 template <class K, class V, class Hash, class Eq = std::equal_to<K>>
 class FlatHashMap {
  public:
@@ -26,14 +29,15 @@ class FlatHashMap {
   void reserve(std::size_t n) {
     std::size_t want = 16;
     while (want < 2 * n) want *= 2;
-    if (want > slots_.size()) rehash(want);
+    if (want > hashes_.size()) rehash(want);
   }
 
   [[nodiscard]] V* find(const K& key) noexcept {
     if (size_ == 0) return nullptr;
-    for (std::size_t i = home(key);; i = (i + 1) & mask_) {
-      if (!used_[i]) return nullptr;
-      if (Eq{}(slots_[i].first, key)) return &slots_[i].second;
+    const std::uint64_t h = hash_of(key);
+    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (hashes_[i] == 0) return nullptr;
+      if (hashes_[i] == h && Eq{}(slots_[i].first, key)) return &slots_[i].second;
     }
   }
   [[nodiscard]] const V* find(const K& key) const noexcept {
@@ -44,12 +48,13 @@ class FlatHashMap {
   /// Inserts (key, value) unless key is present. Returns the stored value and whether it was
   /// inserted.
   std::pair<V*, bool> insert(const K& key, const V& value) {
-    if (2 * (size_ + 1) > slots_.size()) rehash(slots_.empty() ? 16 : 2 * slots_.size());
-    std::size_t i = home(key);
-    for (; used_[i]; i = (i + 1) & mask_) {
-      if (Eq{}(slots_[i].first, key)) return {&slots_[i].second, false};
+    if (2 * (size_ + 1) > hashes_.size()) rehash(hashes_.empty() ? 16 : 2 * hashes_.size());
+    const std::uint64_t h = hash_of(key);
+    std::size_t i = h & mask_;
+    for (; hashes_[i] != 0; i = (i + 1) & mask_) {
+      if (hashes_[i] == h && Eq{}(slots_[i].first, key)) return {&slots_[i].second, false};
     }
-    used_[i] = 1;
+    hashes_[i] = h;
     slots_[i].first = key;
     slots_[i].second = value;
     ++size_;
@@ -59,59 +64,62 @@ class FlatHashMap {
   /// Removes key; returns whether it was present.
   bool erase(const K& key) noexcept {
     if (size_ == 0) return false;
-    std::size_t i = home(key);
+    const std::uint64_t h = hash_of(key);
+    std::size_t i = h & mask_;
     for (;; i = (i + 1) & mask_) {
-      if (!used_[i]) return false;
-      if (Eq{}(slots_[i].first, key)) break;
+      if (hashes_[i] == 0) return false;
+      if (hashes_[i] == h && Eq{}(slots_[i].first, key)) break;
     }
     // Backward shift: pull later entries of the probe chain into the hole so lookups never
     // need tombstones.
     std::size_t hole = i;
-    for (std::size_t j = (hole + 1) & mask_; used_[j]; j = (j + 1) & mask_) {
-      const std::size_t h = home(slots_[j].first);
-      if (((j - h) & mask_) >= ((j - hole) & mask_)) {
+    for (std::size_t j = (hole + 1) & mask_; hashes_[j] != 0; j = (j + 1) & mask_) {
+      const std::size_t home = hashes_[j] & mask_;
+      if (((j - home) & mask_) >= ((j - hole) & mask_)) {
+        hashes_[hole] = hashes_[j];
         slots_[hole] = slots_[j];
         hole = j;
       }
     }
-    used_[hole] = 0;
+    hashes_[hole] = 0;
     --size_;
     return true;
   }
 
   void clear() noexcept {
     if (size_ == 0) return;
-    std::fill(used_.begin(), used_.end(), std::uint8_t{0});
+    std::fill(hashes_.begin(), hashes_.end(), std::uint64_t{0});
     size_ = 0;
   }
 
   /// Calls f(key, value) for every entry, in no particular order.
   template <class F>
   void for_each(F&& f) const {
-    for (std::size_t i = 0; i < slots_.size(); ++i) {
-      if (used_[i]) f(slots_[i].first, slots_[i].second);
+    for (std::size_t i = 0; i < hashes_.size(); ++i) {
+      if (hashes_[i] != 0) f(slots_[i].first, slots_[i].second);
     }
   }
 
  private:
-  [[nodiscard]] std::size_t home(const K& key) const noexcept {
-    return static_cast<std::size_t>(Hash{}(key)) & mask_;
+  /// Never 0 (0 marks an empty slot).
+  static std::uint64_t hash_of(const K& key) noexcept {
+    return static_cast<std::uint64_t>(Hash{}(key)) | (std::uint64_t{1} << 63);
   }
 
   void rehash(std::size_t new_capacity) {
     std::vector<std::pair<K, V>> old_slots(new_capacity);
-    std::vector<std::uint8_t> old_used(new_capacity, 0);
+    std::vector<std::uint64_t> old_hashes(new_capacity, 0);
     old_slots.swap(slots_);
-    old_used.swap(used_);
+    old_hashes.swap(hashes_);
     mask_ = new_capacity - 1;
     size_ = 0;
-    for (std::size_t i = 0; i < old_slots.size(); ++i) {
-      if (old_used[i]) insert(old_slots[i].first, old_slots[i].second);
+    for (std::size_t i = 0; i < old_hashes.size(); ++i) {
+      if (old_hashes[i] != 0) insert(old_slots[i].first, old_slots[i].second);
     }
   }
 
   std::vector<std::pair<K, V>> slots_;
-  std::vector<std::uint8_t> used_;
+  std::vector<std::uint64_t> hashes_;
   std::size_t size_ = 0;
   std::size_t mask_ = 0;
 };

@@ -1,0 +1,206 @@
+// The CUDA half of kvoffload-bench copy and compact (compiled with the CUDA toolkit).
+
+#include <cuda_runtime_api.h>
+
+#include <thrust/copy.h>
+#include <thrust/execution_policy.h>
+#include <random>
+#include <stdexcept>
+
+#include "bench_common.hpp"
+#include "kvoffload/byte_size.hpp"
+#include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/detail/copy_body.hpp"
+#include "scenarios.hpp"
+
+namespace kvbench {
+namespace {
+
+using namespace kvoffload;
+using Clock = std::chrono::steady_clock;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorName(e));
+}
+
+CopyPlan scattered(std::uintptr_t gpu, std::uintptr_t host, std::uint64_t total,
+                   std::uint64_t piece, Direction dir) {
+  CopyPlan p;
+  p.direction = dir;
+  const std::uint64_t n = total / piece;
+  for (std::uint64_t i = 0; i < n; ++i) {
+    const std::uint64_t slot = (i * 7) % n;
+    const std::uintptr_t g = gpu + i * piece, h = host + slot * piece;
+    p.descriptors.push_back(dir == Direction::store ? CopyDescriptor{g, h, piece}
+                                                    : CopyDescriptor{h, g, piece});
+  }
+  p.total_bytes = n * piece;
+  return p;
+}
+
+/// GB/s of one large cudaMemcpyAsync of `bytes` (the PCIe ceiling).
+double ceiling_gbps(void* dst, const void* src, std::uint64_t bytes, cudaMemcpyKind kind,
+                    cudaStream_t stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, kind, stream), "warm-up copy");
+  check(cudaStreamSynchronize(stream), "sync");
+  const auto t0 = Clock::now();
+  check(cudaMemcpyAsync(dst, src, bytes, kind, stream), "ceiling copy");
+  check(cudaStreamSynchronize(stream), "sync");
+  return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+}
+
+}  // namespace
+
+nlohmann::json run_copy_cuda_sweep(const Options& opt) {
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 5);
+  const std::uint64_t total = opt.quick ? (std::uint64_t{64} << 20) : (std::uint64_t{1} << 30);
+  void* gpu = nullptr;
+  void* host = nullptr;
+  check(cudaMalloc(&gpu, total), "cudaMalloc");
+  check(cudaMallocHost(&host, total), "cudaMallocHost");
+  cudaStream_t stream = nullptr;
+  check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
+  nlohmann::json rows = nlohmann::json::array();
+  const CopyMode modes[] = {CopyMode::batch, CopyMode::memcpy, CopyMode::kernel, CopyMode::staged,
+                            CopyMode::automatic};
+  std::vector<std::uint64_t> sizes;
+  for (std::uint64_t s = 4096; s <= (std::uint64_t{16} << 20); s *= opt.quick ? 16 : 2)
+    sizes.push_back(s);
+  Progress progress("copy cuda", sizes.size() * std::size(modes));
+  for (const std::uint64_t piece : sizes) {
+    for (const CopyMode mode : modes) {
+      CudaBackendConfig c;
+      c.mode = mode;
+      c.staging_bytes = std::min<std::uint64_t>(total, std::uint64_t{256} << 20);
+      CudaBackend backend(c);
+      nlohmann::json row{{"piece_bytes", piece}, {"mode", std::string(to_string(mode))}};
+      for (const std::string dir : {"d2h", "h2d", "both"}) {
+        std::vector<double> bw, ratio, cpu_ns;
+        for (std::size_t r = 0; r < runs; ++r) {
+          const double ceil = dir == "h2d"
+                                  ? ceiling_gbps(gpu, host, total, cudaMemcpyHostToDevice, stream)
+                                  : ceiling_gbps(host, gpu, total, cudaMemcpyDeviceToHost, stream);
+          const std::uint64_t half = total / 2;
+          std::vector<CopyPlan> plans;
+          if (dir == "both") {
+            plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu),
+                                      reinterpret_cast<std::uintptr_t>(host), half, piece,
+                                      Direction::store));
+            plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu) + half,
+                                      reinterpret_cast<std::uintptr_t>(host) + half, half, piece,
+                                      Direction::load));
+          } else {
+            plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu),
+                                      reinterpret_cast<std::uintptr_t>(host), total, piece,
+                                      dir == "d2h" ? Direction::store : Direction::load));
+          }
+          std::uint64_t bytes = 0, pieces = 0;
+          for (const auto& p : plans) {
+            bytes += p.total_bytes;
+            pieces += p.descriptors.size();
+          }
+          const auto t0 = Clock::now();
+          std::vector<Ticket> tickets;
+          for (auto& p : plans) tickets.push_back(backend.submit(p));
+          const double submit_s = seconds_since(t0);
+          for (const Ticket t : tickets) backend.wait(t);
+          const double s = seconds_since(t0);
+          std::vector<BackendResult> done;
+          backend.poll(done);
+          for (const auto& d : done) {
+            if (!d.ok) throw std::runtime_error("copy cuda bench: " + d.error);
+          }
+          bw.push_back(static_cast<double>(bytes) / s / 1e9);
+          ratio.push_back(bw.back() / ceil);
+          cpu_ns.push_back(submit_s * 1e9 / static_cast<double>(pieces));
+        }
+        row[dir] = {{"gbps", to_json(summarize(bw), "gbps")},
+                    {"ratio_to_one_copy_median", summarize(ratio).median},
+                    {"cpu_ns_per_descriptor_median", summarize(cpu_ns).median}};
+      }
+      rows.push_back(row);
+      progress.step(format_bytes(piece) + " " + std::string(to_string(mode)));
+    }
+  }
+  progress.done();
+  check(cudaStreamDestroy(stream), "stream");
+  check(cudaFree(gpu), "cudaFree");
+  check(cudaFreeHost(host), "cudaFreeHost");
+  int device = 0;
+  cudaDeviceProp prop{};
+  (void)cudaGetDevice(&device);
+  (void)cudaGetDeviceProperties(&prop, device);
+  return {{"backend", "cuda"},
+          {"device", std::string(prop.name)},
+          {"total_bytes", total},
+          {"baseline", "one cudaMemcpyAsync of the same total bytes"},
+          {"results", rows}};
+}
+
+nlohmann::json run_calibrate(const Options& /*opt*/) {
+  if (!CudaBackend::available()) return {{"skipped", "no CUDA device"}};
+  const CudaBackendConfig c = calibrate(CudaBackendConfig{});
+  return {{"small_piece_bytes", c.small_piece_bytes}, {"staged_min_pieces", c.staged_min_pieces}};
+}
+
+nlohmann::json run_compact(const Options& opt) {
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 7);
+  nlohmann::json rows = nlohmann::json::array();
+  std::mt19937 rng(1);
+  const std::int64_t max_n = opt.quick ? (1 << 16) : (1 << 24);
+  const bool gpu = CudaBackend::available();
+  std::unique_ptr<DeviceCompactor> compactor;
+  std::int32_t* d_ids = nullptr;
+  std::int32_t* d_out = nullptr;
+  std::int64_t* d_small = nullptr;  // offsets (2), expected (1), count (1), group counts (1)
+  int* d_flag = nullptr;
+  if (gpu) {
+    compactor = std::make_unique<DeviceCompactor>(max_n, 1);
+    check(cudaMalloc(reinterpret_cast<void**>(&d_ids), static_cast<std::size_t>(max_n) * 4),
+          "cudaMalloc");
+    check(cudaMalloc(reinterpret_cast<void**>(&d_out), static_cast<std::size_t>(max_n) * 4),
+          "cudaMalloc");
+    check(cudaMalloc(reinterpret_cast<void**>(&d_small), 5 * 8), "cudaMalloc");
+    check(cudaMalloc(reinterpret_cast<void**>(&d_flag), sizeof(int)), "cudaMalloc");
+  }
+  Progress progress("compact", 0);
+  for (std::int64_t n = 1024; n <= max_n; n *= 4) {
+    std::vector<std::int32_t> ids(static_cast<std::size_t>(n)), out(ids.size());
+    for (auto& id : ids) id = rng() % 4 == 0 ? 0 : static_cast<std::int32_t>(1 + rng() % 100000);
+    std::vector<double> cpu;
+    for (std::size_t r = 0; r < runs; ++r) {
+      const auto t0 = Clock::now();
+      const auto end = thrust::copy_if(thrust::host, ids.begin(), ids.end(), out.begin(),
+                                       detail::NotNullBlock{});
+      cpu.push_back(seconds_since(t0) * 1e6);
+      if (end == out.begin()) throw std::runtime_error("compact bench: nothing selected");
+    }
+    nlohmann::json row{{"ids", n}, {"cpu_thrust_us", to_json(summarize(cpu), "us")}};
+    if (gpu) {
+      check(cudaMemcpy(d_ids, ids.data(), ids.size() * 4, cudaMemcpyHostToDevice), "upload");
+      const std::int64_t small[3] = {0, n, 0};
+      check(cudaMemcpy(d_small, small, 3 * 8, cudaMemcpyHostToDevice), "upload");
+      std::vector<double> g;
+      for (std::size_t r = 0; r < runs; ++r) {
+        check(cudaDeviceSynchronize(), "sync");
+        const auto t0 = Clock::now();
+        compactor->compact(d_ids, n, d_small, 1, d_small + 2, d_out, d_small + 3, d_small + 4,
+                           d_flag, 0);
+        check(cudaDeviceSynchronize(), "sync");
+        g.push_back(seconds_since(t0) * 1e6);
+      }
+      row["gpu_cub_us"] = to_json(summarize(g), "us");
+    }
+    rows.push_back(row);
+  }
+  progress.done();
+  if (gpu) {
+    (void)cudaFree(d_ids);
+    (void)cudaFree(d_out);
+    (void)cudaFree(d_small);
+    (void)cudaFree(d_flag);
+  }
+  return {{"gpu", gpu}, {"results", rows}};
+}
+
+}  // namespace kvbench
