@@ -16,3 +16,14 @@ int launch_copy_pieces(const DevicePiece* pieces, std::uint64_t count, int ctas,
                        void* stream) noexcept;
 
 }  // namespace kvoffload::detail
+
+namespace kvoffload::detail {
+
+/// Builds count * L.max_tensors pieces from compacted ids on the device (piece_for), then
+/// copies them: the device-table path, with no host round trip. `count` is read on the device.
+int launch_build_and_copy(const DeviceJobLayout& layout, const std::int32_t* ids,
+                          const std::int64_t* count, const std::int64_t* group_counts,
+                          const std::int32_t* host_ids, DevicePiece* pieces,
+                          std::uint64_t max_pieces, int ctas, int threads, void* stream) noexcept;
+
+}  // namespace kvoffload::detail

@@ -72,6 +72,10 @@ struct CudaBackend::Impl {
     double seconds = 0;
     std::vector<std::uint64_t> staged_offsets;  // staged mode: where each piece lies
     const void* staging_base = nullptr;         // staged mode: the host staging buffer
+    int* mismatch = nullptr;  // device-table path: pinned flag, set if group counts differ
+    ~Job() {
+      if (mismatch != nullptr) (void)cudaFreeHost(mismatch);
+    }
   };
 
   explicit Impl(const CudaBackendConfig& c) : config(c), scope(c.device) {
@@ -227,6 +231,135 @@ CopyMode CudaBackend::mode_for(const CopyPlan& plan) const noexcept {
   return choose_copy_mode(plan, impl_->config, batch_available(), kernel_available());
 }
 
+Ticket CudaBackend::submit_device_table(const TransferJob& job, Direction direction,
+                                        const KvLayout& layout, const HostRegion& host,
+                                        const std::int32_t* table,
+                                        std::span<const std::int64_t> offsets) {
+  using detail::DeviceJobLayout;
+  Impl& s = *impl_;
+  const auto G = static_cast<int>(layout.num_groups());
+  KVOFFLOAD_EXPECTS(kernel_available(),
+                    "job {}: the device-table path needs mapped pinned host memory", job.id);
+  KVOFFLOAD_EXPECTS(G <= DeviceJobLayout::kMaxGroups, "job {}: {} groups, the device path takes {}",
+                    job.id, G, DeviceJobLayout::kMaxGroups);
+  KVOFFLOAD_EXPECTS(offsets.size() == layout.num_groups() + 1 &&
+                        job.gpu.group_sizes.size() == layout.num_groups() &&
+                        job.gpu.block_indices.size() == layout.num_groups(),
+                    "job {}: {} offsets, {} group sizes and {} block indices for {} groups", job.id,
+                    offsets.size(), job.gpu.group_sizes.size(), job.gpu.block_indices.size(), G);
+  DeviceJobLayout L{};
+  L.groups = G;
+  L.block_size_factor = layout.block_size_factor();
+  L.host_base = host.base;
+  L.host_stride = static_cast<std::uint64_t>(host.block_stride_bytes);
+  L.store = direction == Direction::store;
+  std::int64_t first_host = 0;
+  std::uint64_t total = 0;
+  for (int g = 0; g < G; ++g) {
+    const auto& tensors = layout.group(static_cast<std::size_t>(g));
+    KVOFFLOAD_EXPECTS(tensors.size() <= DeviceJobLayout::kMaxTensors,
+                      "job {} group {}: {} tensors, the device path takes {}", job.id, g,
+                      tensors.size(), DeviceJobLayout::kMaxTensors);
+    const std::int64_t size = job.gpu.group_sizes[static_cast<std::size_t>(g)];
+    const std::int64_t index = job.gpu.block_indices[static_cast<std::size_t>(g)];
+    L.block_index[g] = index;
+    L.first_host[g] = first_host;
+    first_host +=
+        (size + index % L.block_size_factor + L.block_size_factor - 1) / L.block_size_factor;
+    L.tensors[g] = static_cast<int>(tensors.size());
+    L.max_tensors = std::max(L.max_tensors, L.tensors[g]);
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const KvTensor& t = layout.tensors()[static_cast<std::size_t>(tensors[k].tensor)];
+      L.tensor[g][k] = {
+          t.base, static_cast<std::uint64_t>(t.block_stride_bytes),
+          static_cast<std::uint64_t>(tensors[k].page_bytes),
+          static_cast<std::uint64_t>(host.row_offset +
+                                     layout.host_offset(static_cast<std::size_t>(g), k, 0))};
+      total += static_cast<std::uint64_t>(tensors[k].page_bytes * size);
+    }
+  }
+  KVOFFLOAD_EXPECTS(first_host == static_cast<std::int64_t>(job.host_block_ids.size()),
+                    "job {}: its group sizes need {} host blocks, it has {}", job.id, first_host,
+                    job.host_block_ids.size());
+  const std::int64_t n = offsets[static_cast<std::size_t>(G)];
+
+  auto owned = std::make_unique<Impl::Job>();
+  owned->plan.job = job.id;
+  owned->plan.direction = direction;
+  owned->plan.total_bytes = total;
+  owned->mode = CopyMode::kernel;
+  owned->start = std::chrono::steady_clock::now();
+  std::lock_guard lock(s.mutex);
+  detail::DeviceScope device(s.config.device);
+  owned->ticket = s.next_ticket++;
+  Impl::Job& j = *owned;
+  s.in_order[L.store ? 0 : 1].push_back(std::move(owned));
+  const cudaStream_t stream = (L.store ? s.stores->next() : s.loads->next()).value();
+  // One device allocation for the small arrays and the outputs, freed in stream order.
+  std::size_t temp_bytes = 0;
+  cudaError_t e = static_cast<cudaError_t>(
+      detail::compaction_temp_bytes(std::max<std::int64_t>(n, 1), G, &temp_bytes));
+  const std::size_t ints = static_cast<std::size_t>(n) + job.host_block_ids.size();
+  const std::size_t longs = 2 * static_cast<std::size_t>(G) + 2;  // offsets, expected, count
+  const std::size_t pieces = static_cast<std::size_t>(n) * static_cast<std::size_t>(L.max_tensors);
+  const std::size_t bytes = temp_bytes + 256 + longs * 8 + 8 * static_cast<std::size_t>(G) +
+                            ints * 4 + 16 + pieces * sizeof(detail::DevicePiece) + 64;
+  char* scratch = nullptr;
+  if (e == cudaSuccess) e = cudaMallocAsync(reinterpret_cast<void**>(&scratch), bytes, stream);
+  if (e == cudaSuccess) e = cudaMallocHost(reinterpret_cast<void**>(&j.mismatch), sizeof(int));
+  if (e == cudaSuccess) {
+    *j.mismatch = 0;
+    auto carve = [&, at = std::size_t{0}](std::size_t size) mutable {
+      char* p = scratch + at;
+      at += (size + 15) / 16 * 16;
+      return p;
+    };
+    void* temp = carve(temp_bytes);
+    auto* d_offsets = reinterpret_cast<std::int64_t*>(carve(8 * (offsets.size())));
+    auto* d_expected = reinterpret_cast<std::int64_t*>(carve(8 * static_cast<std::size_t>(G)));
+    auto* d_count = reinterpret_cast<std::int64_t*>(carve(8));
+    auto* d_groups = reinterpret_cast<std::int64_t*>(carve(8 * static_cast<std::size_t>(G)));
+    auto* d_out = reinterpret_cast<std::int32_t*>(carve(4 * static_cast<std::size_t>(n)));
+    auto* d_host = reinterpret_cast<std::int32_t*>(carve(4 * job.host_block_ids.size()));
+    auto* d_flag = reinterpret_cast<int*>(carve(sizeof(int)));
+    auto* d_pieces =
+        reinterpret_cast<detail::DevicePiece*>(carve(pieces * sizeof(detail::DevicePiece)));
+    e = cudaMemcpyAsync(d_offsets, offsets.data(), 8 * offsets.size(), cudaMemcpyHostToDevice,
+                        stream);
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(d_expected, job.gpu.group_sizes.data(), 8 * static_cast<std::size_t>(G),
+                          cudaMemcpyHostToDevice, stream);
+    }
+    if (e == cudaSuccess) {
+      e = cudaMemcpyAsync(d_host, job.host_block_ids.data(), 4 * job.host_block_ids.size(),
+                          cudaMemcpyHostToDevice, stream);
+    }
+    if (e == cudaSuccess) {
+      e = static_cast<cudaError_t>(detail::compact_block_ids(table, n, d_offsets, G, d_expected,
+                                                             d_out, d_count, d_groups, d_flag, temp,
+                                                             temp_bytes, stream));
+    }
+    if (e == cudaSuccess) {
+      e = static_cast<cudaError_t>(
+          detail::launch_build_and_copy(L, d_out, d_count, d_groups, d_host, d_pieces, pieces,
+                                        s.config.kernel_ctas, s.config.kernel_threads, stream));
+    }
+    if (e == cudaSuccess)
+      e = cudaMemcpyAsync(j.mismatch, d_flag, sizeof(int), cudaMemcpyDeviceToHost, stream);
+    const cudaError_t freed = cudaFreeAsync(scratch, stream);
+    if (e == cudaSuccess) e = freed;
+  }
+  if (e == cudaSuccess) e = cudaEventRecord(j.done.value(), stream);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();
+    (void)cudaStreamSynchronize(stream);
+    (void)cudaGetLastError();
+    j.failed = true;
+    j.error = fmt::format("job {} (device table): {}", job.id, detail::describe(e));
+  }
+  return j.ticket;
+}
+
 void CudaBackend::set_compute_stream(std::uintptr_t stream) {
   std::lock_guard lock(impl_->mutex);
   impl_->compute = reinterpret_cast<cudaStream_t>(stream);
@@ -292,6 +425,13 @@ void CudaBackend::poll(std::vector<BackendResult>& finished) {
         } catch (const cuda_error& e) {
           j.failed = true;
           j.error = fmt::format("job {}: {}", j.plan.job, e.what());
+        }
+        if (!j.failed && j.mismatch != nullptr && *j.mismatch != 0) {
+          j.failed = true;
+          j.error = fmt::format(
+              "job {}: the device block table's non-null ids per group differ from the job's "
+              "group_sizes; nothing it copied may be used",
+              j.plan.job);
         }
       }
       j.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - j.start).count();

@@ -22,6 +22,11 @@ void CudaBackend::poll(std::vector<BackendResult>& /*finished*/) {}
 void CudaBackend::wait(Ticket /*ticket*/) {}
 void CudaBackend::shutdown(bool /*drain*/) {}
 void CudaBackend::set_compute_stream(std::uintptr_t /*stream*/) {}
+Ticket CudaBackend::submit_device_table(const TransferJob&, Direction, const KvLayout&,
+                                        const HostRegion&, const std::int32_t*,
+                                        std::span<const std::int64_t>) {
+  return 0;
+}
 bool CudaBackend::batch_available() const noexcept {
   return false;
 }

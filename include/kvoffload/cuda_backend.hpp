@@ -5,8 +5,11 @@
 #include <string_view>
 #include <vector>
 
+#include <span>
+
 #include "kvoffload/backend.hpp"
 #include "kvoffload/export.hpp"
+#include "kvoffload/kv_layout.hpp"
 
 namespace kvoffload {
 
@@ -64,6 +67,17 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   void poll(std::vector<BackendResult>& finished) override;
   void wait(Ticket ticket) override;
   void shutdown(bool drain) override;
+
+  /// The device-table path, for engines whose block table is already on the GPU: `table`
+  /// (device memory) holds the job's GPU block ids per offloaded block with the null blocks
+  /// still in, group g's at [offsets[g], offsets[g + 1]) (offsets on the host). On one stream
+  /// and with no host round trip, the backend drops the nulls (CUB), checks each group's count
+  /// against job.gpu.group_sizes (a mismatch fails the job), builds the copy pieces from the
+  /// layout and the job's host blocks, and copies them with the kernel. job.gpu.block_ids is
+  /// not read. Needs mapped pinned memory (kernel_available); at most 8 groups of 8 tensors.
+  Ticket submit_device_table(const TransferJob& job, Direction direction, const KvLayout& layout,
+                             const HostRegion& host, const std::int32_t* table,
+                             std::span<const std::int64_t> offsets);
 
   /// Stores submitted from now on first wait for the work queued on this cudaStream_t (the
   /// engine's compute stream) at their submission. 0 turns it off.

@@ -263,3 +263,61 @@ TEST_CASE("The GPU compaction equals the host filter for 1 to 1M ids", "[gpu][co
     }
   }
 }
+
+TEST_CASE("The device-table path drops null ids on the GPU and copies like the planner",
+          "[gpu][cuda_backend][compaction]") {
+  if (!CudaBackend::available()) SKIP("no CUDA device");
+  const std::int64_t f = 4;
+  GpuCache cache(f, 4096, 64, 16);
+  // Group 0: four blocks from sub-block 0; group 1 (a window): its offloaded block's first two
+  // sub-blocks are null, so two real ids starting at sub-block 2.
+  TransferJob job;
+  job.id = 77;
+  job.gpu = {{5, 6, 7, 8, 20, 21}, {4, 2}, {0, 2}};
+  job.keys = {Key{BlockHash::from_hex("01"), 0}, Key{BlockHash::from_hex("02"), 1}};
+  job.host_block_ids = {3, 9};
+  const std::vector<std::int32_t> table{5, 6, 7, 8, 0, 0, 20, 21};
+  const std::vector<std::int64_t> offsets{0, 4, 8};
+  std::int32_t* d_table = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&d_table), table.size() * 4));
+  CUDA_OK(cudaMemcpy(d_table, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  CudaBackend backend;
+  if (!backend.kernel_available()) SKIP("no mapped pinned memory on this system");
+  backend.wait(backend.submit_device_table(job, Direction::store, *cache.layout, cache.region,
+                                           d_table, offsets));
+  // A job whose group sizes disagree with the table fails.
+  TransferJob wrong = job;
+  wrong.id = 78;
+  wrong.gpu.group_sizes = {4, 3};
+  wrong.gpu.block_indices = {0, 1};
+  backend.wait(backend.submit_device_table(wrong, Direction::store, *cache.layout, cache.region,
+                                           d_table, offsets));
+  std::vector<BackendResult> done;
+  backend.poll(done);
+  REQUIRE(done.size() == 2);
+  CHECK(done[0].ok);
+  CHECK_FALSE(done[1].ok);
+  // The host blocks hold the pages the planner would have copied from the mirror.
+  std::vector<KvTensor> mirror_tensors;
+  for (std::size_t t = 0; t < 4; ++t) {
+    mirror_tensors.push_back(
+        {reinterpret_cast<std::uintptr_t>(cache.mirror[t].data()), 64, 4096, 4096});
+  }
+  KvLayout mirror_layout(mirror_tensors, {{{0, 4096}, {1, 4096}}, {{2, 4096}, {3, 4096}}}, f);
+  std::vector<std::uint8_t> expect(cache.pool->size_bytes());
+  HostRegion region = cache.region;
+  region.base = reinterpret_cast<std::uintptr_t>(expect.data());
+  CopyPlan plan;
+  CopyPlanner(mirror_layout, region).plan(job, Direction::store, plan);
+  for (const auto& d : plan.descriptors) {
+    std::memcpy(reinterpret_cast<void*>(d.dst), reinterpret_cast<const void*>(d.src), d.bytes);
+  }
+  for (const HostBlockId h : job.host_block_ids) {
+    const auto off = static_cast<std::size_t>(h) * cache.pool->block_bytes();
+    // Sub-blocks 0 and 1 of group 1's block were never written by either path.
+    CHECK(std::memcmp(expect.data() + off + (h == 9 ? 2 * 4096 : 0),
+                      cache.pool->data() + off + (h == 9 ? 2 * 4096 : 0),
+                      h == 9 ? 2 * 4096 : cache.pool->block_bytes()) == 0);
+  }
+  (void)cudaFree(d_table);
+}

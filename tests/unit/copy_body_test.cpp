@@ -1,13 +1,16 @@
 // The CUDA copy kernels' bodies and the automatic mode choice, run on the CPU.
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 #include <random>
 
 #include <catch2/catch_test_macros.hpp>
 
+#include "kvoffload/copy_planner.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/detail/copy_body.hpp"
+#include "support/kv_fixture.hpp"
 
 using namespace kvoffload;
 using kvoffload::detail::DevicePiece;
@@ -100,4 +103,85 @@ TEST_CASE("The automatic copy mode follows piece size, count and direction", "[c
   CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
   CHECK(parse_copy_mode("staged", "mode") == CopyMode::staged);
   CHECK_THROWS(parse_copy_mode("dma", "mode"));
+}
+
+TEST_CASE("Device-table pieces (piece_for) copy exactly what the planner copies", "[kernel_body]") {
+  std::mt19937 rng(21);
+  for (int round = 0; round < 40; ++round) {
+    const std::int64_t f = 1 + static_cast<std::int64_t>(rng() % 6);
+    // Two groups: one of two tensors, one of one (padded) tensor.
+    // One fixture, run twice from the same starting bytes: planner, then piece_for.
+    kvtest::KvFixture b({{128, 64, 64}, {128, 64, 64}, {128, 96, 128}},
+                        {{{0, 64}, {1, 64}}, {{2, 80}}}, f, 64);
+    for (std::size_t t = 0; t < 3; ++t) {
+      for (std::int64_t blk = 0; blk < 128; ++blk) {
+        b.write_page(t, blk, b.layout->tensors()[t].page_bytes,
+                     t * 1000 + static_cast<std::uint64_t>(blk));
+      }
+    }
+    const std::vector<std::uint8_t> host_start = b.host_memory;
+    TransferJob job;
+    job.id = round;
+    std::vector<GpuBlockId> pool_ids;
+    for (GpuBlockId id = 1; id < 128; ++id) pool_ids.push_back(id);
+    std::shuffle(pool_ids.begin(), pool_ids.end(), rng);
+    HostBlockId next_host = 0;
+    for (std::uint32_t g = 0; g < 2; ++g) {
+      const std::int64_t size = static_cast<std::int64_t>(rng() % static_cast<unsigned>(3 * f + 1));
+      const std::int64_t index =
+          size == 0 ? 0 : static_cast<std::int64_t>(rng() % static_cast<unsigned>(2 * f));
+      job.gpu.group_sizes.push_back(size);
+      job.gpu.block_indices.push_back(index);
+      for (std::int64_t p = 0; p < size; ++p) {
+        job.gpu.block_ids.push_back(pool_ids.back());
+        pool_ids.pop_back();
+      }
+      for (std::int64_t h = 0; h < (size + index % f + f - 1) / f; ++h) {
+        job.keys.push_back(Key{BlockHash::from_hex("aa"), g});
+        job.host_block_ids.push_back(next_host++);
+      }
+    }
+    CopyPlan plan;
+    CopyPlanner(*b.layout, b.host).plan(job, Direction::store, plan);
+    kvtest::KvFixture::apply(plan);
+    const std::vector<std::uint8_t> by_planner = b.host_memory;
+    std::memcpy(b.host_memory.data(), host_start.data(), host_start.size());
+
+    detail::DeviceJobLayout L{};
+    L.groups = 2;
+    L.block_size_factor = f;
+    L.host_base = b.host.base;
+    L.host_stride = static_cast<std::uint64_t>(b.host.block_stride_bytes);
+    L.store = true;
+    std::int64_t first = 0;
+    for (int g = 0; g < 2; ++g) {
+      L.block_index[g] = job.gpu.block_indices[static_cast<std::size_t>(g)];
+      L.first_host[g] = first;
+      first +=
+          (job.gpu.group_sizes[static_cast<std::size_t>(g)] + L.block_index[g] % f + f - 1) / f;
+      const auto& tensors = b.layout->group(static_cast<std::size_t>(g));
+      L.tensors[g] = static_cast<int>(tensors.size());
+      L.max_tensors = std::max(L.max_tensors, L.tensors[g]);
+      for (std::size_t k = 0; k < tensors.size(); ++k) {
+        const KvTensor& t = b.layout->tensors()[static_cast<std::size_t>(tensors[k].tensor)];
+        L.tensor[g][k] = {
+            t.base, static_cast<std::uint64_t>(t.block_stride_bytes),
+            static_cast<std::uint64_t>(tensors[k].page_bytes),
+            static_cast<std::uint64_t>(b.layout->host_offset(static_cast<std::size_t>(g), k, 0))};
+      }
+    }
+    for (std::size_t i = 0; i < job.gpu.block_ids.size(); ++i) {
+      for (int k = 0; k < L.max_tensors; ++k) {
+        const DevicePiece p =
+            detail::piece_for(L, job.gpu.block_ids.data(), job.gpu.group_sizes.data(),
+                              job.host_block_ids.data(), i, k);
+        if (p.bytes != 0)
+          std::memcpy(reinterpret_cast<void*>(p.dst), reinterpret_cast<const void*>(p.src),
+                      p.bytes);
+      }
+    }
+    INFO("round " << round << " f " << f);
+    CHECK(b.host_memory == by_planner);
+    CHECK((b.host_memory != host_start || job.gpu.block_ids.empty()));
+  }
 }

@@ -64,3 +64,57 @@ struct NotNullBlock {
 };
 
 }  // namespace kvoffload::detail
+
+namespace kvoffload::detail {
+
+/// What the device needs to turn a job's compacted GPU block ids into copy pieces without the
+/// host: per group its first block index, its tensors (base, stride, unpadded page bytes and
+/// offset in the host block) and where its host blocks start in host_ids. Passed to the
+/// kernel by value.
+struct DeviceJobLayout {
+  static constexpr int kMaxGroups = 8;
+  static constexpr int kMaxTensors = 8;  ///< per group
+  struct Tensor {
+    std::uint64_t base;
+    std::uint64_t stride;
+    std::uint64_t page_bytes;
+    std::uint64_t host_offset;  ///< of sub-block 0 in the host block
+  };
+  int groups;
+  int max_tensors;  ///< pieces per GPU block (the largest group's tensor count)
+  std::int64_t block_size_factor;
+  std::uint64_t host_base;
+  std::uint64_t host_stride;
+  bool store;  ///< GPU -> host; else host -> GPU
+  std::int64_t block_index[kMaxGroups];
+  std::int64_t first_host[kMaxGroups];  ///< index into host_ids of the group's first block
+  int tensors[kMaxGroups];
+  Tensor tensor[kMaxGroups][kMaxTensors];
+};
+
+/// Piece `k` of compacted GPU block `i` (ids and group_counts as the compaction wrote them;
+/// host_ids are the job's host blocks, group-major). Groups with fewer tensors than
+/// max_tensors yield empty pieces (bytes 0) for the rest.
+KVOFFLOAD_HOST_DEVICE inline DevicePiece piece_for(const DeviceJobLayout& L,
+                                                   const std::int32_t* ids,
+                                                   const std::int64_t* group_counts,
+                                                   const std::int32_t* host_ids, std::uint64_t i,
+                                                   int k) {
+  int g = 0;
+  std::uint64_t start = 0;
+  while (g + 1 < L.groups && i >= start + static_cast<std::uint64_t>(group_counts[g])) {
+    start += static_cast<std::uint64_t>(group_counts[g]);
+    ++g;
+  }
+  if (k >= L.tensors[g]) return DevicePiece{0, 0, 0};
+  const std::int64_t f = L.block_size_factor;
+  const std::int64_t pos = L.block_index[g] % f + static_cast<std::int64_t>(i - start);
+  const std::int32_t host = host_ids[L.first_host[g] + pos / f];
+  const DeviceJobLayout::Tensor& t = L.tensor[g][k];
+  const std::uint64_t gpu = t.base + static_cast<std::uint64_t>(ids[i]) * t.stride;
+  const std::uint64_t hst = L.host_base + static_cast<std::uint64_t>(host) * L.host_stride +
+                            t.host_offset + static_cast<std::uint64_t>(pos % f) * t.page_bytes;
+  return L.store ? DevicePiece{gpu, hst, t.page_bytes} : DevicePiece{hst, gpu, t.page_bytes};
+}
+
+}  // namespace kvoffload::detail

@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""Turns kvoffload-bench JSON into PNG charts.
+
+usage: bench/plot.py RESULTS.json OUT_DIR
+Writes copy_host.png (HostBackend bandwidth vs piece size with the memcpy ceiling),
+copy_cuda_<dir>.png (per mode, with the one-copy ceiling) when the GPU sweep is present, and
+scheduler.png (step cost per configuration). Needs matplotlib (pip install matplotlib).
+"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def size_label(b):
+    return f"{b // (1 << 20)} MiB" if b >= 1 << 20 else f"{b // 1024} KiB"
+
+
+def copy_host(doc, out):
+    rows = doc["copy_host"]["results"]
+    x = [r["piece_bytes"] for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(x, [r["host_backend_gbps"]["median_gbps"] for r in rows], "o-",
+            label=f"HostBackend ({doc['copy_host']['threads']} threads)")
+    ax.plot(x, [r["memcpy_ceiling_gbps"]["median_gbps"] for r in rows], "k--",
+            label="one memcpy of the same bytes (ceiling)")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(x, [size_label(v) for v in x], rotation=45)
+    ax.set_xlabel("piece size")
+    ax.set_ylabel("GB/s (median)")
+    ax.set_title(f"Host copies, {doc['machine']['cpu']}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "copy_host.png"), dpi=110)
+
+
+def copy_cuda(doc, out):
+    cuda = doc.get("copy_cuda", {})
+    if "results" not in cuda:
+        return
+    for direction in ("d2h", "h2d", "both"):
+        fig, ax = plt.subplots(figsize=(7, 4))
+        modes = sorted({r["mode"] for r in cuda["results"]})
+        for mode in modes:
+            rows = [r for r in cuda["results"] if r["mode"] == mode]
+            ax.plot([r["piece_bytes"] for r in rows],
+                    [r[direction]["gbps"]["median_gbps"] for r in rows], "o-", label=mode)
+        ax.axhline(0, color="k")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("piece size (bytes)")
+        ax.set_ylabel("GB/s (median)")
+        ax.set_title(f"CUDA {direction}, {cuda.get('device', '')}; ceiling: ratio 1.0 in the JSON")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, f"copy_cuda_{direction}.png"), dpi=110)
+
+
+def scheduler(doc, out):
+    sweep = doc.get("scheduler", {}).get("sweep")
+    if not sweep:
+        return
+    labels = [f"{r['groups']}g f{r['block_size_factor']}" for r in sweep]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    a.bar(labels, [r["decode_step_median_us"] for r in sweep])
+    a.set_title(f"decode step, {sweep[0]['requests']} requests (us, median)")
+    b.bar(labels, [r["prefill_step_ms"] for r in sweep])
+    b.set_title("prefill step (ms, median)")
+    for ax in (a, b):
+        ax.tick_params(axis="x", rotation=45)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scheduler.png"), dpi=110)
+
+
+def main():
+    doc = json.load(open(sys.argv[1]))
+    out = sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    if "copy_host" in doc:
+        copy_host(doc, out)
+    copy_cuda(doc, out)
+    scheduler(doc, out)
+    print("charts in", out)
+
+
+if __name__ == "__main__":
+    main()
