@@ -32,6 +32,7 @@ def copy_host(doc, out):
     ax.set_xticks(x, [size_label(v) for v in x], rotation=45)
     ax.set_xlabel("piece size")
     ax.set_ylabel("GB/s (median)")
+    ax.set_ylim(bottom=0)
     ax.set_title(f"Host copies, {doc['machine']['cpu']}")
     ax.legend()
     fig.tight_layout()
