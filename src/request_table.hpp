@@ -27,8 +27,12 @@ struct IdHash {
       h = (h ^ w) * 0xff51afd7ed558ccdULL;
       h ^= h >> 32;
     }
+    // The tail byte by byte: a variable-length memcpy into a word would be a library call
+    // and a store-forwarding stall on every lookup.
     std::uint64_t tail = 0;
-    std::memcpy(&tail, s.data() + i, s.size() - i);
+    for (unsigned k = 0; i + k < s.size(); ++k) {
+      tail |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i + k])) << (8 * k);
+    }
     return static_cast<std::size_t>(detail::mix64(h ^ tail));
   }
 };

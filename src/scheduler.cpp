@@ -57,7 +57,7 @@ void Scheduler::Impl::touch(const RequestState& r) {
   manager.touch(touch_keys);
 }
 
-void Scheduler::Impl::touch_stored(const RequestState& r) {
+void Scheduler::Impl::touch_stored(RequestState& r) {
   touch_ids.clear();
   for (std::size_t g = layouts.size(); g-- > 0;) {
     const std::int64_t nk = num_keys(r, g);
@@ -73,12 +73,19 @@ void Scheduler::Impl::touch_stored(const RequestState& r) {
     for (std::int64_t i = s; i < std::min(skip, n); ++i) {
       if (ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) ++cursor;
     }
+    std::vector<HostBlockId>& known = r.groups[g].known_blocks;
+    if (static_cast<std::int64_t>(known.size()) < nk)
+      known.resize(static_cast<std::size_t>(nk), -1);
     for (std::int64_t i = skip; i < nk; ++i) {
+      HostBlockId& block = known[static_cast<std::size_t>(i)];
       if (i >= s && i < n && ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) {
-        touch_ids.push_back(candidate_blocks[cursor++]);
+        block = candidate_blocks[cursor++];
       } else {
-        touch_ids.push_back(manager.block_of(key(r, g, i)));
+        const Key k = key(r, g, i);
+        const Key* held = block >= 0 ? manager.key_of(block) : nullptr;
+        if (held == nullptr || !(*held == k)) block = manager.block_of(k);
       }
+      touch_ids.push_back(block);
     }
   }
   manager.touch_blocks(touch_ids);

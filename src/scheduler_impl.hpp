@@ -20,6 +20,10 @@ struct GroupState {
   std::vector<GpuBlockId> block_ids;  // the request's GPU blocks of this group, nulls included
   std::int64_t next_stored = 0;       // next offloaded block to store
   std::int64_t num_hit_blocks = 0;    // offloaded blocks hit at the first lookup
+  // The host block each key was last seen in (-1: unknown). Every store touches all of the
+  // request's keys; checking a remembered block (one compare) is much cheaper than finding
+  // the key again in the manager's index. A stale entry is detected and refreshed.
+  std::vector<HostBlockId> known_blocks;
 };
 
 struct RequestState {
@@ -85,7 +89,7 @@ struct Scheduler::Impl {
   void touch(const RequestState& r);
   /// touch() right after prepare_store, reusing the blocks it found for the candidates
   /// (candidate_blocks, starting at candidate_start[g] for group g).
-  void touch_stored(const RequestState& r);
+  void touch_stored(RequestState& r);
   void collect_flush(GpuBlockId id) {
     registrations.for_each(id, [this](JobId job) { flush.push_back(job); });
   }
