@@ -48,10 +48,7 @@ void Scheduler::Impl::touch(const RequestState& r) {
   touch_keys.clear();
   for (std::size_t g = layouts.size(); g-- > 0;) {
     const std::int64_t nk = num_keys(r, g);
-    const std::int64_t skip =
-        layouts[g].windowed()
-            ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
-            : 0;
+    const std::int64_t skip = touch_skip(r, g);
     for (std::int64_t i = skip; i < nk; ++i) touch_keys.push_back(key(r, g, i));
   }
   manager.touch(touch_keys);
@@ -61,10 +58,7 @@ void Scheduler::Impl::touch_stored(RequestState& r) {
   touch_ids.clear();
   for (std::size_t g = layouts.size(); g-- > 0;) {
     const std::int64_t nk = num_keys(r, g);
-    const std::int64_t skip =
-        layouts[g].windowed()
-            ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
-            : 0;
+    const std::int64_t skip = touch_skip(r, g);
     const std::int64_t s = r.groups[g].next_stored;  // not advanced yet
     const std::int64_t n = std::max(s, candidate_end_[g]);
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;

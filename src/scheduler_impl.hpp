@@ -3,6 +3,7 @@
 // Internal: the scheduler's state, shared by scheduler.cpp (steps, completion),
 // scheduler_lookup.cpp (SEMANTICS 4) and scheduler_validate.cpp (SEMANTICS 8b).
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -108,6 +109,12 @@ struct Scheduler::Impl {
     }
   }
 
+  /// SEMANTICS 7: a windowed group does not touch its first num_hit_blocks - window keys.
+  [[nodiscard]] std::int64_t touch_skip(const RequestState& r, std::size_t g) const noexcept {
+    return layouts[g].windowed()
+               ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
+               : 0;
+  }
   [[nodiscard]] std::int64_t num_keys(const RequestState& r, std::size_t g) const noexcept {
     return static_cast<std::int64_t>(r.hashes.size()) / layouts[g].hash_factor;
   }
