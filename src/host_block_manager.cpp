@@ -140,14 +140,21 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   std::size_t kept = 0;
   for (std::size_t k = 0; k < keys_to_store.size(); ++k) {
     const Key key = keys_to_store[k];
-    if (index_.contains(key)) continue;  // a duplicate within `keys`: store it once
-    keys_to_store[kept++] = key;
     const HostBlockId id = allocate_id();
+    if (!index_.insert(key, id).second) {
+      // A duplicate within `keys`: store it once, and give the id back where it came from.
+      if (id == next_never_used_ - 1) {
+        --next_never_used_;
+      } else {
+        freed_.push_back(id);
+      }
+      continue;
+    }
+    keys_to_store[kept++] = key;
     Block& block = blocks_[static_cast<std::size_t>(id)];
     block.key = key;
     block.state = State::writing;
     block.readers = 0;
-    index_.insert(key, id);
     policy_->insert(id, key);
     block_ids.push_back(id);
   }

@@ -191,3 +191,12 @@ TEST_CASE("Keys of different groups are different blocks", "[manager]") {
   CHECK(m.num_used() == 2);
   CHECK(m.block_of(key(1, 0)) != m.block_of(key(1, 1)));
 }
+
+TEST_CASE("A key given twice to prepare_store is stored once and wastes no id", "[manager]") {
+  auto m = make(4);
+  const Stored s = store(m, keys({1, 1, 2}));
+  REQUIRE(s.ok);
+  CHECK(s.keys == keys({1, 2}));
+  CHECK(s.ids == std::vector<HostBlockId>{0, 1});
+  CHECK(store(m, keys({3})).ids == std::vector<HostBlockId>{2});  // id 2 was not consumed
+}
