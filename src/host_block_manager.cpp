@@ -92,7 +92,10 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     for (Block& b : blocks_) b.protect_epoch = 0;
     epoch_ = 1;
   }
+  constexpr std::size_t kAhead = 8;  // keys whose index slots load while one is looked up
+  for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) index_.prefetch(keys[k]);
   for (std::size_t k = 0; k < keys.size(); ++k) {
+    if (k + kAhead < keys.size()) index_.prefetch(keys[k + kAhead]);
     const Key& key = keys[k];
     if (const HostBlockId* id = index_.find(key)) {
       blocks_[static_cast<std::size_t>(*id)].protect_epoch = epoch_;
@@ -173,7 +176,12 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
 
 void HostBlockManager::complete_store(std::span<const Key> keys, bool ok) {
   ManagerEvent stored{false, {}};
-  for (const Key& key : keys) {
+  if (enable_events_ && ok) stored.keys.reserve(keys.size());
+  constexpr std::size_t kAhead = 8;
+  for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) index_.prefetch(keys[k]);
+  for (std::size_t k = 0; k < keys.size(); ++k) {
+    if (k + kAhead < keys.size()) index_.prefetch(keys[k + kAhead]);
+    const Key& key = keys[k];
     const HostBlockId* found = index_.find(key);
     if (found == nullptr) continue;
     const HostBlockId id = *found;
