@@ -137,9 +137,10 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   for (std::size_t g = 0; g < G; ++g) {
     std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     if (e.resumed) ids.clear();
-    for (const GpuBlockId id : e.new_block_ids[g]) {
-      ids.push_back(id);
-      collect_flush(id);
+    const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
+    ids.insert(ids.end(), fresh.begin(), fresh.end());
+    if (!registrations.empty()) {
+      for (const GpuBlockId id : fresh) collect_flush(id);
     }
   }
   const auto advance = [&] {
@@ -204,16 +205,17 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
       if (ids[static_cast<std::size_t>(i * f + f - 1)] == null_block) continue;
       if (cursor == keys_to_store.size() || !(keys_to_store[cursor] == key(r, g, i))) continue;
       ++cursor;
-      for (std::int64_t j = 0; j < f; ++j) {
-        const GpuBlockId id = ids[static_cast<std::size_t>(i * f + j)];
-        if (id == null_block) continue;  // validate_step rejected a null after a real id
-        job.gpu.block_ids.push_back(id);
-        if (first) {
-          job.gpu.block_indices[g] = i * f + j;
-          first = false;
-        }
-        ++job.gpu.group_sizes[g];
+      // The block's leading null sub-blocks (outside the window) are skipped; validate_step
+      // rejected a null after a real id, so the rest is one run.
+      const GpuBlockId* sub = ids.data() + i * f;
+      std::int64_t j = 0;
+      while (sub[j] == null_block) ++j;  // the last sub-block is real: this stops
+      job.gpu.block_ids.insert(job.gpu.block_ids.end(), sub + j, sub + f);
+      if (first) {
+        job.gpu.block_indices[g] = i * f + j;
+        first = false;
       }
+      job.gpu.group_sizes[g] += f - j;
     }
   }
   KVOFFLOAD_ASSERT(cursor == keys_to_store.size(), "store job {}: {} of {} keys placed", job.id,

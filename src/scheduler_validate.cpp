@@ -129,9 +129,10 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
         std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
     for (std::size_t g = 0; g < G; ++g) {
       const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
-      for (const GpuBlockId id : fresh) {
-        KVOFFLOAD_EXPECTS(id >= 0, "step: request \"{}\" group {}: negative block id {}", r.id, g,
-                          id);
+      if (!fresh.empty()) {
+        const GpuBlockId lowest = *std::min_element(fresh.begin(), fresh.end());
+        KVOFFLOAD_EXPECTS(lowest >= 0, "step: request \"{}\" group {}: negative block id {}", r.id,
+                          g, lowest);
       }
       const std::vector<GpuBlockId>& old = r.groups[g].block_ids;
       const std::size_t base = e.resumed ? 0 : old.size();
@@ -150,18 +151,37 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
                         r.id, g, base + fresh.size(), n, n * f);
       // Null blocks form a leading run (outside the window); a null after a real block would
       // make the job copy a hole.
-      bool seen_real = false;
-      for (std::int64_t p = s * f; p < n * f; ++p) {
-        const auto pos = static_cast<std::size_t>(p);
-        const GpuBlockId id = pos < base ? old[pos] : fresh[pos - base];
-        if (id != null_block) {
-          seen_real = true;
-        } else {
-          KVOFFLOAD_EXPECTS(!seen_real,
-                            "step: request \"{}\" group {}: null GPU block at position {} after "
-                            "a non-null one",
-                            r.id, g, p);
+      // The range [s * f, n * f) of the block list after the append, in its two parts.
+      const auto lo = static_cast<std::size_t>(s * f), hi = static_cast<std::size_t>(n * f);
+      const GpuBlockId* old_first = old.data() + std::min(lo, base);
+      const GpuBlockId* old_last = old.data() + std::min(hi, base);
+      const GpuBlockId* fresh_first = fresh.data() + (std::max(lo, base) - base);
+      const GpuBlockId* fresh_last = fresh.data() + (std::max(hi, base) - base);
+      auto real = [](GpuBlockId id) { return id != null_block; };
+      const GpuBlockId* first_real = std::find_if(old_first, old_last, real);
+      const GpuBlockId* null_after = nullptr;
+      if (first_real != old_last) {
+        null_after = std::find(first_real, old_last, null_block);
+        if (null_after == old_last) {
+          null_after = std::find(fresh_first, fresh_last, null_block);
+          if (null_after == fresh_last) null_after = nullptr;
         }
+      } else {
+        first_real = std::find_if(fresh_first, fresh_last, real);
+        if (first_real != fresh_last) {
+          null_after = std::find(first_real, fresh_last, null_block);
+          if (null_after == fresh_last) null_after = nullptr;
+        }
+      }
+      if (null_after != nullptr) [[unlikely]] {
+        // Null blocks form a leading run (outside the window); a null after a real block
+        // would make the job copy a hole.
+        const auto p = null_after >= old.data() && null_after < old.data() + old.size()
+                           ? static_cast<std::int64_t>(null_after - old.data())
+                           : static_cast<std::int64_t>(base + static_cast<std::size_t>(null_after - fresh.data()));
+        throw invalid_argument(fmt::format(
+            "step: request \"{}\" group {}: null GPU block at position {} after a non-null one",
+            r.id, g, p));
       }
     }
   }
