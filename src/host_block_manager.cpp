@@ -202,6 +202,27 @@ void HostBlockManager::complete_store(std::span<const Key> keys, bool ok) {
   if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));
 }
 
+void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, bool ok) {
+  ManagerEvent stored{false, {}};
+  if (enable_events_ && ok) stored.keys.reserve(ids.size());
+  for (const HostBlockId id : ids) {
+    if (id < 0 || id >= capacity_) continue;
+    Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.state != State::writing) continue;
+    --num_writing_;
+    if (ok) {
+      block.state = State::ready;
+      ++stats_.stores;
+      if (enable_events_) stored.keys.push_back(block.key);
+    } else {
+      policy_->erase(id);
+      free_id(id);
+      ++stats_.failed_stores;
+    }
+  }
+  if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));
+}
+
 bool HostBlockManager::all_ready(std::span<const Key> keys) const {
   for (const Key& key : keys) {
     if (peek(key) != LookupResult::hit) return false;

@@ -183,7 +183,8 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   job.id = next_job++;
   job.kind = JobKind::store;
   job.request_id = r.id;
-  job.keys = keys_to_store;
+  job.keys = std::move(keys_to_store);
+  keys_to_store.clear();
   job.host_block_ids = host_ids;
   job.gpu.group_sizes.assign(G, 0);
   job.gpu.block_indices.assign(G, 0);
@@ -195,7 +196,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
 
   // Second pass: copy the stored blocks' sub-blocks, counting exactly the ids emitted; null
   // sub-blocks (outside the window) are skipped and counted nowhere.
-  job.gpu.block_ids.reserve(keys_to_store.size() * static_cast<std::size_t>(f));
+  job.gpu.block_ids.reserve(job.keys.size() * static_cast<std::size_t>(f));
   std::size_t cursor = 0;
   for (std::size_t g = 0; g < G; ++g) {
     const std::int64_t n = blocks[g];
@@ -203,7 +204,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     bool first = true;
     for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
       if (ids[static_cast<std::size_t>(i * f + f - 1)] == null_block) continue;
-      if (cursor == keys_to_store.size() || !(keys_to_store[cursor] == key(r, g, i))) continue;
+      if (cursor == job.keys.size() || !(job.keys[cursor] == key(r, g, i))) continue;
       ++cursor;
       // The block's leading null sub-blocks (outside the window) are skipped; validate_step
       // rejected a null after a real id, so the rest is one run.
@@ -218,14 +219,13 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
       job.gpu.group_sizes[g] += f - j;
     }
   }
-  KVOFFLOAD_ASSERT(cursor == keys_to_store.size(), "store job {}: {} of {} keys placed", job.id,
-                   cursor, keys_to_store.size());
+  KVOFFLOAD_ASSERT(cursor == job.keys.size(), "store job {}: {} of {} keys placed", job.id, cursor,
+                   job.keys.size());
   advance();
   state.source_ids = job.gpu.block_ids;
   state.group_sizes = job.gpu.group_sizes;
   for_each_source(state, true, [&](GpuBlockId id) { registrations.add(id, job.id); });
-  state.keys = std::move(keys_to_store);
-  keys_to_store.clear();
+  state.host_ids = host_ids;
   r.jobs.push_back(job.id);
   ++stats.store_jobs;
   check(job);
@@ -235,7 +235,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
 void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   RequestState& r = *job.request;
   if (job.kind == JobKind::store) {
-    manager.complete_store(job.keys, job.ok);
+    manager.complete_store_blocks(job.host_ids, job.ok);
     if (!job.ok) ++stats.failed_stores;
     for_each_source(job, true, [&](GpuBlockId id) { registrations.remove(id, job.id); });
     if (job.full_registered) {

@@ -46,8 +46,9 @@ struct JobState {
   JobId id = 0;
   JobKind kind = JobKind::store;
   RequestState* request = nullptr;
-  std::vector<Key> keys;
-  std::int64_t remaining = 0;  // worker reports still expected
+  std::vector<Key> keys;              // loads only (the "being loaded" set needs them)
+  std::vector<HostBlockId> host_ids;  // stores: completed by block, without key lookups
+  std::int64_t remaining = 0;         // worker reports still expected
   bool ok = true;
   // A store's source ids and per-group counts: window-group ids are registered (fenced) at
   // once, full-attention ids when the request finishes.

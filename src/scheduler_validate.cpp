@@ -178,7 +178,8 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
         // would make the job copy a hole.
         const auto p = null_after >= old.data() && null_after < old.data() + old.size()
                            ? static_cast<std::int64_t>(null_after - old.data())
-                           : static_cast<std::int64_t>(base + static_cast<std::size_t>(null_after - fresh.data()));
+                           : static_cast<std::int64_t>(
+                                 base + static_cast<std::size_t>(null_after - fresh.data()));
         throw invalid_argument(fmt::format(
             "step: request \"{}\" group {}: null GPU block at position {} after a non-null one",
             r.id, g, p));

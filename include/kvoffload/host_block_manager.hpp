@@ -69,6 +69,10 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// without, writing blocks are removed and freed. Keys not writing are ignored.
   void complete_store(std::span<const Key> keys, bool ok);
 
+  /// complete_store for the blocks prepare_store returned, without looking the keys up again
+  /// (a writing block can be neither evicted nor reused). Ids not writing are ignored.
+  void complete_store_blocks(std::span<const HostBlockId> ids, bool ok);
+
   /// True if every key is ready (what prepare_load requires).
   [[nodiscard]] bool all_ready(std::span<const Key> keys) const;
   /// Adds a reader to each key's block and appends the ids in key order. Throws
