@@ -92,12 +92,19 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     for (Block& b : blocks_) b.protect_epoch = 0;
     epoch_ = 1;
   }
-  constexpr std::size_t kAhead = 8;  // keys whose index slots load while one is looked up
-  for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) index_.prefetch(keys[k]);
+  // Each key is hashed once; its index slot is prefetched a few keys ahead so the cache
+  // misses of a large table overlap.
+  key_hashes_.resize(keys.size());
+  for (std::size_t k = 0; k < keys.size(); ++k) key_hashes_[k] = Index::hash_key(keys[k]);
+  new_positions_.clear();
+  constexpr std::size_t kAhead = 8;
+  for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) {
+    index_.prefetch_hashed(key_hashes_[k]);
+  }
   for (std::size_t k = 0; k < keys.size(); ++k) {
-    if (k + kAhead < keys.size()) index_.prefetch(keys[k + kAhead]);
+    if (k + kAhead < keys.size()) index_.prefetch_hashed(key_hashes_[k + kAhead]);
     const Key& key = keys[k];
-    if (const HostBlockId* id = index_.find(key)) {
+    if (const HostBlockId* id = index_.find_hashed(key, key_hashes_[k])) {
       blocks_[static_cast<std::size_t>(*id)].protect_epoch = epoch_;
       if (key_blocks != nullptr) (*key_blocks)[k] = *id;
     } else if (store_threshold_ > 0 &&
@@ -105,6 +112,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
       ++stats_.stores_skipped;  // not popular enough yet
     } else {
       keys_to_store.push_back(key);
+      new_positions_.push_back(static_cast<std::uint32_t>(k));
     }
   }
   if (keys_to_store.empty()) return true;
@@ -142,9 +150,10 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   block_ids.reserve(keys_to_store.size());
   std::size_t kept = 0;
   for (std::size_t k = 0; k < keys_to_store.size(); ++k) {
-    const Key key = keys_to_store[k];
+    const Key& key = keys_to_store[k];
+    const std::uint32_t position = new_positions_[k];
     const HostBlockId id = allocate_id();
-    if (!index_.insert(key, id).second) {
+    if (!index_.insert_hashed(key, key_hashes_[position], id).second) {
       // A duplicate within `keys`: store it once, and give the id back where it came from.
       if (id == next_never_used_ - 1) {
         --next_never_used_;
@@ -153,24 +162,18 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
       }
       continue;
     }
-    keys_to_store[kept++] = key;
+    if (key_blocks != nullptr) (*key_blocks)[position] = id;
+    if (kept != k) keys_to_store[kept] = key;
+    ++kept;
     Block& block = blocks_[static_cast<std::size_t>(id)];
-    block.key = key;
+    block.key = keys_to_store[kept - 1];
     block.state = State::writing;
     block.readers = 0;
-    policy_->insert(id, key);
+    policy_->insert(id, block.key);
     block_ids.push_back(id);
   }
   keys_to_store.resize(kept);
   num_writing_ += static_cast<std::int64_t>(kept);
-  if (key_blocks != nullptr) {
-    // The new blocks, in key order: fill the entries still -1 that were stored.
-    std::size_t next = 0;
-    for (std::size_t k = 0; k < keys.size() && next < kept; ++k) {
-      if ((*key_blocks)[k] < 0 && keys[k] == keys_to_store[next])
-        (*key_blocks)[k] = block_ids[next++];
-    }
-  }
   return true;
 }
 

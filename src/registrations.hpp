@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,22 @@ class Registrations {
       ++count_;
     } else {
       more_.emplace_back(block, job);
+    }
+  }
+
+  /// add() for every block of `blocks` (sizing the array once).
+  void add_all(std::span<const GpuBlockId> blocks, JobId job) {
+    if (blocks.empty()) return;
+    const auto most = static_cast<std::size_t>(*std::max_element(blocks.begin(), blocks.end()));
+    if (most >= first_.size()) first_.resize(std::max(most + 1, 2 * first_.size()), kNone);
+    for (const GpuBlockId block : blocks) {
+      JobId& slot = first_[static_cast<std::size_t>(block)];
+      if (slot == kNone) {
+        slot = job;
+        ++count_;
+      } else {
+        more_.emplace_back(block, job);
+      }
     }
   }
 

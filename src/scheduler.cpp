@@ -224,7 +224,14 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   advance();
   state.source_ids = job.gpu.block_ids;
   state.group_sizes = job.gpu.group_sizes;
-  for_each_source(state, true, [&](GpuBlockId id) { registrations.add(id, job.id); });
+  std::size_t at = 0;
+  for (std::size_t g = 0; g < G; ++g) {
+    const auto size = static_cast<std::size_t>(job.gpu.group_sizes[g]);
+    if (layouts[g].windowed()) {
+      registrations.add_all(std::span(state.source_ids).subspan(at, size), job.id);
+    }
+    at += size;
+  }
   state.host_ids = host_ids;
   r.jobs.push_back(job.id);
   ++stats.store_jobs;

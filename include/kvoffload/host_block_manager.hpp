@@ -133,7 +133,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   detail::FlatHashMap<Key, std::uint32_t, KeyHash> previous_counts_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<Block> blocks_;
-  detail::FlatHashMap<Key, HostBlockId, KeyHash> index_;
+  using Index = detail::FlatHashMap<Key, HostBlockId, KeyHash>;
+  Index index_;
   HostBlockId next_never_used_ = 0;
   std::vector<HostBlockId> freed_;  // a stack: most recently freed on top
   std::uint32_t epoch_ = 0;
@@ -142,6 +143,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   std::vector<ManagerEvent> events_;
   ManagerStats stats_;
   std::vector<HostBlockId> scratch_ids_;
+  std::vector<std::uint64_t> key_hashes_;     // prepare_store: each key's hash
+  std::vector<std::uint32_t> new_positions_;  // prepare_store: where each new key was given
 };
 
 }  // namespace kvoffload

@@ -32,9 +32,13 @@ class FlatHashMap {
     if (want > hashes_.size()) rehash(want);
   }
 
-  [[nodiscard]] V* find(const K& key) noexcept {
+  /// The hash find/insert use, for callers that look a key up more than once.
+  [[nodiscard]] static std::uint64_t hash_key(const K& key) noexcept { return hash_of(key); }
+
+  [[nodiscard]] V* find(const K& key) noexcept { return find_hashed(key, hash_of(key)); }
+  /// find() with h == hash_key(key) computed by the caller.
+  [[nodiscard]] V* find_hashed(const K& key, std::uint64_t h) noexcept {
     if (size_ == 0) return nullptr;
-    const std::uint64_t h = hash_of(key);
     for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
       if (hashes_[i] == 0) return nullptr;
       if (hashes_[i] == h && Eq{}(slots_[i].first, key)) return &slots_[i].second;
@@ -47,9 +51,10 @@ class FlatHashMap {
 
   /// Starts loading the cache lines a lookup of `key` will read: call it a few keys ahead in
   /// a loop over many keys, so their cache misses overlap.
-  void prefetch(const K& key) const noexcept {
+  void prefetch(const K& key) const noexcept { prefetch_hashed(hash_of(key)); }
+  void prefetch_hashed(std::uint64_t h) const noexcept {
     if (hashes_.empty()) return;
-    const std::size_t i = hash_of(key) & mask_;
+    const std::size_t i = h & mask_;
     __builtin_prefetch(&hashes_[i]);
     __builtin_prefetch(&slots_[i]);
   }
@@ -57,8 +62,11 @@ class FlatHashMap {
   /// Inserts (key, value) unless key is present. Returns the stored value and whether it was
   /// inserted.
   std::pair<V*, bool> insert(const K& key, const V& value) {
+    return insert_hashed(key, hash_of(key), value);
+  }
+  /// insert() with h == hash_key(key) computed by the caller.
+  std::pair<V*, bool> insert_hashed(const K& key, std::uint64_t h, const V& value) {
     if (2 * (size_ + 1) > hashes_.size()) rehash(hashes_.empty() ? 16 : 2 * hashes_.size());
-    const std::uint64_t h = hash_of(key);
     std::size_t i = h & mask_;
     for (; hashes_[i] != 0; i = (i + 1) & mask_) {
       if (hashes_[i] == h && Eq{}(slots_[i].first, key)) return {&slots_[i].second, false};
