@@ -16,24 +16,42 @@ namespace kvoffload {
 
 struct RequestState;
 
-/// A fast hash for short ids: 8 bytes at a time, then splitmix's finalizer.
+/// A fast hash for short ids: 8 bytes at a time, the tail with overlapping loads (no byte
+/// loop, no library call), then splitmix's finalizer.
 struct IdHash {
   std::size_t operator()(std::string_view s) const noexcept {
-    std::uint64_t h = 0x9e3779b97f4a7c15ULL ^ s.size();
+    const char* p = s.data();
+    const std::size_t n = s.size();
+    std::uint64_t h = 0x9e3779b97f4a7c15ULL ^ n;
     std::size_t i = 0;
-    for (; i + 8 <= s.size(); i += 8) {
-      std::uint64_t w;
-      std::memcpy(&w, s.data() + i, 8);
-      h = (h ^ w) * 0xff51afd7ed558ccdULL;
-      h ^= h >> 32;
-    }
-    // The tail byte by byte: a variable-length memcpy into a word would be a library call
-    // and a store-forwarding stall on every lookup.
+    for (; i + 8 < n; i += 8) h = mix(h, load64(p + i));
     std::uint64_t tail = 0;
-    for (unsigned k = 0; i + k < s.size(); ++k) {
-      tail |= static_cast<std::uint64_t>(static_cast<unsigned char>(s[i + k])) << (8 * k);
+    if (n >= 8) {
+      tail = load64(p + n - 8);  // overlaps the last full word: fine for a hash
+    } else if (n >= 4) {
+      tail = (static_cast<std::uint64_t>(load32(p)) << 32) | load32(p + n - 4);
+    } else if (n > 0) {
+      tail = (static_cast<std::uint64_t>(static_cast<unsigned char>(p[0])) << 16) |
+             (static_cast<std::uint64_t>(static_cast<unsigned char>(p[n / 2])) << 8) |
+             static_cast<unsigned char>(p[n - 1]);
     }
-    return static_cast<std::size_t>(detail::mix64(h ^ tail));
+    return static_cast<std::size_t>(detail::mix64(mix(h, tail)));
+  }
+
+ private:
+  static std::uint64_t mix(std::uint64_t h, std::uint64_t w) noexcept {
+    h = (h ^ w) * 0xff51afd7ed558ccdULL;
+    return h ^ (h >> 32);
+  }
+  static std::uint64_t load64(const char* p) noexcept {
+    std::uint64_t w;
+    std::memcpy(&w, p, 8);
+    return w;
+  }
+  static std::uint32_t load32(const char* p) noexcept {
+    std::uint32_t w;
+    std::memcpy(&w, p, 4);
+    return w;
   }
 };
 

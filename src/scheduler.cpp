@@ -32,6 +32,8 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
     return layouts[a].window_blocks > layouts[b].window_blocks;
   });
   any_windowed = !windowed.empty();
+  candidate_start.resize(layouts.size());
+  candidate_end_.resize(layouts.size());
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
 
@@ -138,6 +140,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     if (e.resumed) ids.clear();
     const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
+    if (fresh.empty()) continue;  // most decode steps
     ids.insert(ids.end(), fresh.begin(), fresh.end());
     if (!registrations.empty()) {
       for (const GpuBlockId id : fresh) collect_flush(id);
@@ -151,9 +154,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
 
   // First pass: an offloaded block is a candidate unless it is entirely null, which its last
   // sub-block tells (null blocks are a leading run).
-  candidates.clear();
-  candidate_start.assign(G, 0);
-  candidate_end_.assign(G, 0);
+  candidates.clear();  // candidate_start and candidate_end_ have G entries (constructor)
   for (std::size_t g = 0; g < G; ++g) {
     const std::int64_t n = blocks[g];
     candidate_start[g] = candidates.size();
