@@ -56,6 +56,9 @@ WorkloadResult run_workload(const Workload& w, std::uint64_t seed) {
   const std::int64_t max_tokens = w.prompt + w.decode_steps + 16;
   c.manager.host_blocks = static_cast<std::int64_t>(w.requests) *
                           static_cast<std::int64_t>(w.groups.size()) * (max_tokens / 16 + 2);
+  // An engine knows its GPU block count; the workload uses fresh ids up to about this.
+  c.gpu_blocks = static_cast<std::int64_t>(w.requests) *
+                 static_cast<std::int64_t>(w.groups.size()) * (max_tokens / 16 + 2);
   Scheduler s(c);
   const std::size_t G = w.groups.size();
   std::vector<std::string> ids;

@@ -49,6 +49,8 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
   KVOFFLOAD_EXPECTS(config.num_workers >= 1, "num_workers must be at least 1, got {}",
                     config.num_workers);
   validate(config.manager);
+  KVOFFLOAD_EXPECTS(config.gpu_blocks >= 0 && config.gpu_blocks <= (std::int64_t{1} << 31),
+                    "gpu_blocks must be 0 (unknown) to 2^31, got {}", config.gpu_blocks);
 
   std::vector<GroupLayout> layouts;
   layouts.reserve(config.groups.size());

@@ -82,10 +82,12 @@ void HostBlockManager::free_id(HostBlockId id) {
 
 bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
                                      std::vector<HostBlockId>& block_ids,
-                                     std::vector<HostBlockId>* key_blocks) {
+                                     std::vector<HostBlockId>* key_blocks,
+                                     std::vector<std::uint8_t>* key_stored) {
   keys_to_store.clear();
   block_ids.clear();
   if (key_blocks != nullptr) key_blocks->assign(keys.size(), -1);
+  if (key_stored != nullptr) key_stored->assign(keys.size(), 0);
   // Mark the blocks of keys already present: they are dropped from the store and must not be
   // evicted to make room for the others (they would be lost while the engine counts on them).
   if (++epoch_ == 0) {
@@ -163,6 +165,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
       continue;
     }
     if (key_blocks != nullptr) (*key_blocks)[position] = id;
+    if (key_stored != nullptr) (*key_stored)[position] = 1;
     if (kept != k) keys_to_store[kept] = key;
     ++kept;
     Block& block = blocks_[static_cast<std::size_t>(id)];

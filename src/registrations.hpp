@@ -18,6 +18,11 @@ namespace kvoffload {
 
 class Registrations {
  public:
+  /// Sizes the table for block ids below `blocks` (it still grows past them).
+  void reserve(std::size_t blocks) {
+    if (blocks > first_.size()) first_.resize(blocks, kNone);
+  }
+
   void add(GpuBlockId block, JobId job) {
     const auto b = static_cast<std::size_t>(block);
     if (b >= first_.size()) first_.resize(std::max(b + 1, 2 * first_.size()), kNone);

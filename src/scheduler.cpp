@@ -32,6 +32,7 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
     return layouts[a].window_blocks > layouts[b].window_blocks;
   });
   any_windowed = !windowed.empty();
+  registrations.reserve(static_cast<std::size_t>(cfg.gpu_blocks));
   candidate_start.resize(layouts.size());
   candidate_end_.resize(layouts.size());
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
@@ -167,7 +168,8 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     }
   }
   if (candidates.empty()) return advance();
-  if (!manager.prepare_store(candidates, keys_to_store, host_ids, &candidate_blocks)) {
+  if (!manager.prepare_store(candidates, keys_to_store, host_ids, &candidate_blocks,
+                             &candidate_stored)) {
     ++stats.stores_without_room;
     if (no_room_warnings++ % 1000 == 0) {
       detail::logger().warn(
@@ -203,9 +205,10 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     const std::int64_t n = blocks[g];
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     bool first = true;
+    std::size_t candidate = candidate_start[g];
     for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
       if (ids[static_cast<std::size_t>(i * f + f - 1)] == null_block) continue;
-      if (cursor == job.keys.size() || !(job.keys[cursor] == key(r, g, i))) continue;
+      if (candidate_stored[candidate++] == 0) continue;  // present already, or below threshold
       ++cursor;
       // The block's leading null sub-blocks (outside the window) are skipped; validate_step
       // rejected a null after a real id, so the rest is one run.

@@ -148,6 +148,7 @@ struct Scheduler::Impl {
   std::vector<Key> touch_keys;
   std::vector<HostBlockId> touch_ids;
   std::vector<HostBlockId> candidate_blocks;
+  std::vector<std::uint8_t> candidate_stored;  // 1: prepare_store stored this candidate
   std::vector<std::size_t> candidate_start;
   std::vector<std::int64_t> candidate_end_;  // per group: n of the step being built
   std::vector<RequestState*> step_requests;  // validate_step's lookups, in entry order

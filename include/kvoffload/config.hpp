@@ -45,6 +45,9 @@ struct KVOFFLOAD_EXPORT SchedulerConfig {
   std::int64_t hash_block_size = 16;   ///< tokens per engine block hash
   std::int64_t num_workers = 1;        ///< reports needed before a job completes
   bool prefix_caching = true;          ///< defer requests that would load keys being loaded
+  /// The engine's GPU block count, if known: sizes the block-reuse fence's table up front
+  /// (0: it grows as block ids appear).
+  std::int64_t gpu_blocks = 0;
   ManagerConfig manager;
 
   /// Throws invalid_argument naming the first bad field (e.g. "groups[1].sliding_window").

@@ -62,9 +62,11 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// With `key_blocks`, also sets it to each given key's block after the call (present or
   /// new; -1 for a key skipped by the threshold), so the caller can touch them without
   /// looking them up again.
+  /// With `key_stored`, also sets it to 1 for each given key stored by this call, else 0.
   bool prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
                      std::vector<HostBlockId>& block_ids,
-                     std::vector<HostBlockId>* key_blocks = nullptr);
+                     std::vector<HostBlockId>* key_blocks = nullptr,
+                     std::vector<std::uint8_t>* key_stored = nullptr);
   /// Ends the stores of `keys`: with ok, writing blocks become ready (one "stored" event);
   /// without, writing blocks are removed and freed. Keys not writing are ignored.
   void complete_store(std::span<const Key> keys, bool ok);
