@@ -1,4 +1,5 @@
 #include "support/scheduler_fixture.hpp"
+#include "kvoffload/detail/flat_hash_map.hpp"
 
 #include <array>
 #include <cstring>
@@ -7,13 +8,9 @@
 namespace kvtest {
 namespace {
 
+// The same finalizer the library's hash tables use.
 std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
+  return kvoffload::detail::mix64(x);
 }
 
 std::uint64_t seed_of(std::string_view seed) {

@@ -23,6 +23,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include "kvoffload/detail/flat_hash_map.hpp"
 #include "support/scheduler_fixture.hpp"
 
 using namespace kvtest;
@@ -32,13 +33,9 @@ namespace {
 constexpr std::uint64_t kPartial = 0x8000000000000000ULL;
 constexpr std::uint64_t kUnwritten = 0xffffffffffffffffULL;
 
+// The same finalizer the library's hash tables use.
 std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x7fb5d329728ea185ULL;
-  x ^= x >> 27;
-  x *= 0x81dadef4bc2dd44dULL;
-  x ^= x >> 33;
-  return x;
+  return kvoffload::detail::mix64(x);
 }
 
 struct KeyLess {

@@ -1,4 +1,5 @@
 #include "synthetic_engine.hpp"
+#include "kvoffload/detail/flat_hash_map.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -21,13 +22,9 @@ using namespace kvoffload;
 
 namespace {
 
+// The same finalizer the library's hash tables use.
 std::uint64_t mix(std::uint64_t x) {
-  x ^= x >> 31;
-  x *= 0x7fb5d329728ea185ULL;
-  x ^= x >> 27;
-  x *= 0x81dadef4bc2dd44dULL;
-  x ^= x >> 33;
-  return x;
+  return kvoffload::detail::mix64(x);
 }
 
 std::uint64_t fingerprint(const BlockHash& h) {
