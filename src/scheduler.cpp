@@ -32,7 +32,8 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
     return layouts[a].window_blocks > layouts[b].window_blocks;
   });
   any_windowed = !windowed.empty();
-  registrations.reserve(static_cast<std::size_t>(cfg.gpu_blocks));
+  // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
+  registrations.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
   candidate_start.resize(layouts.size());
   candidate_end_.resize(layouts.size());
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
