@@ -41,6 +41,9 @@ TEST_CASE("Invalid configurations are rejected naming the field", "[config]") {
   auto c = make_config({full()}, 1, 8);
   c.manager.policy = "mru";
   rejects(c, "policy");
+  auto hint = make_config({full()}, 1, 8);
+  hint.gpu_blocks = -1;
+  rejects(hint, "gpu_blocks");
   CHECK_THROWS_WITH(parse_group_kind("dense", "groups[2].kind"),
                     ContainsSubstring("groups[2].kind"));
   CHECK(parse_group_kind("mamba", "kind") == GroupKind::mamba);
