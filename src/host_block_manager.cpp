@@ -181,31 +181,14 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
 }
 
 void HostBlockManager::complete_store(std::span<const Key> keys, bool ok) {
-  ManagerEvent stored{false, {}};
-  if (enable_events_ && ok) stored.keys.reserve(keys.size());
-  constexpr std::size_t kAhead = 8;
-  for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) index_.prefetch(keys[k]);
-  for (std::size_t k = 0; k < keys.size(); ++k) {
-    if (k + kAhead < keys.size()) index_.prefetch(keys[k + kAhead]);
-    const Key& key = keys[k];
+  // Resolve the keys to their blocks, then complete by block: one implementation of the
+  // writing -> ready / freed transition.
+  scratch_ids_.clear();
+  for (const Key& key : keys) {
     const HostBlockId* found = index_.find(key);
-    if (found == nullptr) continue;
-    const HostBlockId id = *found;
-    Block& block = blocks_[static_cast<std::size_t>(id)];
-    if (block.state != State::writing) continue;
-    --num_writing_;
-    if (ok) {
-      block.state = State::ready;
-      ++stats_.stores;
-      if (enable_events_) stored.keys.push_back(key);
-    } else {
-      // A failed store is never a hit: the block goes away at once.
-      policy_->erase(id);
-      free_id(id);
-      ++stats_.failed_stores;
-    }
+    if (found != nullptr) scratch_ids_.push_back(*found);
   }
-  if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));
+  complete_store_blocks(scratch_ids_, ok);
 }
 
 void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, bool ok) {
@@ -221,6 +204,7 @@ void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, b
       ++stats_.stores;
       if (enable_events_) stored.keys.push_back(block.key);
     } else {
+      // A failed store is never a hit: the block goes away at once.
       policy_->erase(id);
       free_id(id);
       ++stats_.failed_stores;
