@@ -60,7 +60,8 @@ void ArcPolicy::touch(std::span<const HostBlockId> ids,
   }
   for (const HostBlockId id : std::views::reverse(ids)) {
     const auto node = static_cast<std::uint32_t>(id);
-    if (!resident_.linked(node) || touch_stamp_[node] == stamp_) continue;  // one access a call
+    if (id < 0 || !resident_.linked(node) || touch_stamp_[node] == stamp_)
+      continue;  // one access a call
     touch_stamp_[node] = stamp_;
     const bool promote = resident_.list_of(node) == kT2 || ready(id);
     resident_.push_back(promote ? kT2 : kT1, node);

@@ -99,6 +99,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   key_hashes_.resize(keys.size());
   for (std::size_t k = 0; k < keys.size(); ++k) key_hashes_[k] = Index::hash_key(keys[k]);
   new_positions_.clear();
+  keys_to_store.reserve(keys.size());
   constexpr std::size_t kAhead = 8;
   for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) {
     index_.prefetch_hashed(key_hashes_[k]);
@@ -246,15 +247,14 @@ void HostBlockManager::complete_load(std::span<const Key> keys) {
 }
 
 void HostBlockManager::touch_blocks(std::span<const HostBlockId> ids) {
-  scratch_ids_.clear();
+  if (ids.empty()) return;
   for (const HostBlockId id : ids) {
-    if (id >= 0) scratch_ids_.push_back(id);
+    KVOFFLOAD_EXPECTS(id < capacity_, "touch: host block {} is out of range (capacity {})", id,
+                      capacity_);
   }
-  if (!scratch_ids_.empty()) {
-    policy_->touch(scratch_ids_, [this](HostBlockId b) {
-      return blocks_[static_cast<std::size_t>(b)].state == State::ready;
-    });
-  }
+  policy_->touch(ids, [this](HostBlockId b) {
+    return blocks_[static_cast<std::size_t>(b)].state == State::ready;
+  });
 }
 
 void HostBlockManager::touch(std::span<const Key> keys) {

@@ -35,7 +35,7 @@ void LruPolicy::touch(std::span<const HostBlockId> ids,
   // one access either way.
   for (const HostBlockId id : std::views::reverse(ids)) {
     const auto node = static_cast<std::uint32_t>(id);
-    if (list_.linked(node)) list_.push_back(kRecency, node);
+    if (id >= 0 && list_.linked(node)) list_.push_back(kRecency, node);
   }
 }
 

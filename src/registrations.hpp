@@ -74,13 +74,20 @@ class Registrations {
     }
   }
 
-  template <class F>
-  void for_each(GpuBlockId block, F&& f) const {
-    const auto b = static_cast<std::size_t>(block);
-    if (count_ == 0 || b >= first_.size() || first_[b] == kNone) return;
-    f(first_[b]);
-    for (const auto& [blk, job] : more_) {
-      if (blk == block) f(job);
+  /// Appends to `out` the jobs registered on each of `blocks`: one tight loop over the dense
+  /// array, as every new block of every step goes through it.
+  void collect(std::span<const GpuBlockId> blocks, std::vector<JobId>& out) const {
+    if (count_ == 0) return;
+    const std::size_t n = first_.size();
+    const JobId* first = first_.data();
+    for (const GpuBlockId block : blocks) {
+      const auto b = static_cast<std::size_t>(block);
+      if (b >= n || first[b] == kNone) [[likely]]
+        continue;
+      out.push_back(first[b]);
+      for (const auto& [blk, job] : more_) {
+        if (blk == block) out.push_back(job);
+      }
     }
   }
 

@@ -118,17 +118,13 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
 
   ++next_job;
   manager.prepare_load(job.keys, job.host_block_ids);
-  for (const GpuBlockId id : job.gpu.block_ids) collect_flush(id);
+  registrations.collect(job.gpu.block_ids, flush);
   if (config.prefix_caching) {
     for (const Key& k : job.keys) ++*being_loaded.insert(k, 0).first;
   }
   check(job);
-  JobState& state = jobs[job.id];
-  state.id = job.id;
-  state.kind = JobKind::load;
-  state.request = &r;
+  JobState& state = add_job(job.id, JobKind::load, r);
   state.keys = job.keys;
-  state.remaining = config.num_workers;
   r.jobs.push_back(job.id);
   r.load_in_flight = true;
   ++stats.load_jobs;
@@ -144,9 +140,9 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
     if (fresh.empty()) continue;  // most decode steps
     ids.insert(ids.end(), fresh.begin(), fresh.end());
-    if (!registrations.empty()) {
-      for (const GpuBlockId id : fresh) collect_flush(id);
-    }
+    // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
+    // earlier in this step: with prefix caching requests share GPU blocks.
+    registrations.collect(fresh, flush);
   }
   const auto advance = [&] {
     for (std::size_t g = 0; g < G; ++g) {
@@ -192,11 +188,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   job.host_block_ids = host_ids;
   job.gpu.group_sizes.assign(G, 0);
   job.gpu.block_indices.assign(G, 0);
-  JobState& state = jobs[job.id];
-  state.id = job.id;
-  state.kind = JobKind::store;
-  state.request = &r;
-  state.remaining = config.num_workers;
+  JobState& state = add_job(job.id, JobKind::store, r);
 
   // Second pass: copy the stored blocks' sub-blocks, counting exactly the ids emitted; null
   // sub-blocks (outside the window) are skipped and counted nowhere.
@@ -266,8 +258,33 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   }
   done.push_back(CompletedJob{job.id, job.kind, r.id, job.ok});
   r.jobs.erase(std::find(r.jobs.begin(), r.jobs.end(), job.id));
-  jobs.erase(job.id);
+  retire_job(job.id);
   if (r.finished && r.jobs.empty()) forget(r);
+}
+
+JobState& Scheduler::Impl::add_job(JobId id, JobKind kind, RequestState& r) {
+  JobState* state = nullptr;
+  if (spare_jobs.empty()) {
+    state = &jobs[id];
+  } else {
+    Jobs::node_type node = std::move(spare_jobs.back());
+    spare_jobs.pop_back();
+    node.key() = id;
+    state = &jobs.insert(std::move(node)).position->second;
+  }
+  state->id = id;
+  state->kind = kind;
+  state->request = &r;
+  state->remaining = config.num_workers;
+  return *state;
+}
+
+void Scheduler::Impl::retire_job(JobId id) {
+  constexpr std::size_t kMaxSpare = 4096;
+  Jobs::node_type node = jobs.extract(id);
+  if (node.empty() || spare_jobs.size() >= kMaxSpare) return;
+  node.mapped().recycle();
+  spare_jobs.push_back(std::move(node));
 }
 
 void Scheduler::Impl::forget(RequestState& r) {

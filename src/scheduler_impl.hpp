@@ -55,6 +55,18 @@ struct JobState {
   std::vector<GpuBlockId> source_ids;
   std::vector<std::int64_t> group_sizes;
   bool full_registered = false;
+
+  /// Empties the job for reuse, keeping its vectors' capacity.
+  void recycle() {
+    request = nullptr;
+    keys.clear();
+    host_ids.clear();
+    remaining = 0;
+    ok = true;
+    source_ids.clear();
+    group_sizes.clear();
+    full_registered = false;
+  }
 };
 
 struct StringHash {
@@ -88,13 +100,14 @@ struct Scheduler::Impl {
                    StepResult& out);
   void complete(JobState& job, std::vector<CompletedJob>& done);
   void forget(RequestState& r);
+  /// A new entry in `jobs`, reusing a completed job's node and vectors when there is one:
+  /// steady-state steps then allocate only the vectors handed to the worker.
+  JobState& add_job(JobId id, JobKind kind, RequestState& r);
+  void retire_job(JobId id);
   void touch(const RequestState& r);
   /// touch() right after prepare_store, reusing the blocks it found for the candidates
   /// (candidate_blocks, starting at candidate_start[g] for group g).
   void touch_stored(RequestState& r);
-  void collect_flush(GpuBlockId id) {
-    registrations.for_each(id, [this](JobId job) { flush.push_back(job); });
-  }
   void check(const TransferJob& job) const;
   /// Calls f(block) for each source id of a store job in groups that are (windowed == true)
   /// or are not windowed.
@@ -133,9 +146,11 @@ struct Scheduler::Impl {
   SchedulerStats stats;
 
   RequestTable<RequestState> requests;
-  std::unordered_map<JobId, JobState> jobs;
-  std::vector<TransferJob> pending_loads;  // planned by on_allocated, emitted by the next step
-  std::vector<JobId> flush;                // for the next step
+  using Jobs = std::unordered_map<JobId, JobState>;
+  Jobs jobs;
+  std::vector<Jobs::node_type> spare_jobs;  // completed jobs kept for reuse (add_job)
+  std::vector<TransferJob> pending_loads;   // planned by on_allocated, emitted by the next step
+  std::vector<JobId> flush;                 // for the next step
   JobId next_job = 0;
   JobId stale_below = 0;  // reports of jobs below this id predate reset_cache()
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight

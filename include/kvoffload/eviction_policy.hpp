@@ -26,7 +26,7 @@ class KVOFFLOAD_EXPORT EvictionPolicy {
   /// The engine used these blocks again: one access each, however often an id repeats in the
   /// call. Walked from last to first, so after the call ids.front() is the most valuable: a
   /// request's first block outlives its tail. ready(id) tells whether a block's store has
-  /// completed (ARC promotes only ready blocks).
+  /// completed (ARC promotes only ready blocks). Negative ids (unknown blocks) are skipped.
   virtual void touch(std::span<const HostBlockId> ids,
                      detail::function_ref<bool(HostBlockId)> ready) = 0;
   /// Appends to `victims`, least valuable first, `count` distinct blocks for which
