@@ -1,0 +1,326 @@
+/*
+ * kvoffload C API: a stable interface for serving engines written in C or other languages.
+ *
+ * Conventions (in the style of NCCL's header):
+ *  - Objects are opaque handles created by kvoffload_*_create and freed by *_destroy.
+ *  - Every function returns a kvoffload_status_t and never lets an exception or a crash
+ *    escape for bad input: null handles, null arrays with a non-zero length, ids out of range
+ *    and contract violations all return a status. kvoffload_last_error() then gives this
+ *    thread's message, which names the request, job, group or field.
+ *  - Configuration structs start with `struct_size`, set by their *_INIT macro: a library
+ *    built with a newer header accepts older structs (fields past struct_size take their
+ *    defaults), so set fields by name after initializing with the macro.
+ *  - Arrays returned by the library stay valid until the documented call that replaces them
+ *    (usually the next call of the same function, or the handle's destruction).
+ *  - Threads: a scheduler handle is used by one thread at a time; a worker handle may be used
+ *    from several threads (calls are serialized inside).
+ *
+ * The header compiles as C99 and as C++.
+ */
+#ifndef KVOFFLOAD_KVOFFLOAD_H
+#define KVOFFLOAD_KVOFFLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#if defined(_WIN32)
+#define KVOFFLOAD_C_API
+#else
+#define KVOFFLOAD_C_API __attribute__((visibility("default")))
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVOFFLOAD_VERSION_MAJOR 0
+#define KVOFFLOAD_VERSION_MINOR 1
+#define KVOFFLOAD_VERSION_PATCH 0
+/* major * 10000 + minor * 100 + patch */
+#define KVOFFLOAD_VERSION_CODE \
+  (KVOFFLOAD_VERSION_MAJOR * 10000 + KVOFFLOAD_VERSION_MINOR * 100 + KVOFFLOAD_VERSION_PATCH)
+
+typedef enum kvoffload_status {
+  KVOFFLOAD_SUCCESS = 0,
+  KVOFFLOAD_INVALID_ARGUMENT = 1, /* bad input; the object is unchanged */
+  KVOFFLOAD_OUT_OF_MEMORY = 2,    /* host or device memory could not be allocated */
+  KVOFFLOAD_CUDA_ERROR = 3,       /* a CUDA call failed */
+  KVOFFLOAD_UNSUPPORTED = 4,      /* not available in this build (e.g. CUDA without a GPU) */
+  KVOFFLOAD_INTERNAL_ERROR = 5,   /* a bug in kvoffload: please report the message */
+  KVOFFLOAD_NUM_STATUSES = 6
+} kvoffload_status_t;
+
+/* A constant description of a status ("invalid argument", ...); never null. */
+KVOFFLOAD_C_API const char* kvoffload_status_string(kvoffload_status_t status);
+/* The message of the last failed call on this thread ("" if none). Valid until this thread's
+ * next kvoffload call. */
+KVOFFLOAD_C_API const char* kvoffload_last_error(void);
+/* The library's KVOFFLOAD_VERSION_CODE (it may be newer than the header's). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_get_version(int* version);
+
+/* ---- common types ------------------------------------------------------------------------ */
+
+typedef int32_t kvoffload_block_id_t; /* GPU block id; 0 is the null block */
+typedef int64_t kvoffload_job_id_t;
+
+#define KVOFFLOAD_HASH_MAX_BYTES 32
+/* An engine block hash: 1 to 32 bytes. */
+typedef struct kvoffload_block_hash {
+  uint8_t bytes[KVOFFLOAD_HASH_MAX_BYTES];
+  uint32_t size;
+} kvoffload_block_hash_t;
+
+/* A host-cache key: a block hash tagged with its KV-cache group. */
+typedef struct kvoffload_key {
+  kvoffload_block_hash_t hash;
+  uint32_t group;
+} kvoffload_key_t;
+
+typedef enum kvoffload_group_kind {
+  KVOFFLOAD_FULL_ATTENTION = 0,
+  KVOFFLOAD_SLIDING_WINDOW = 1,
+  KVOFFLOAD_MAMBA = 2
+} kvoffload_group_kind_t;
+
+typedef enum kvoffload_job_kind {
+  KVOFFLOAD_JOB_LOAD = 0,
+  KVOFFLOAD_JOB_STORE = 1
+} kvoffload_job_kind_t;
+
+/* ---- scheduler --------------------------------------------------------------------------- */
+
+typedef struct kvoffload_scheduler_s* kvoffload_scheduler_t;
+
+typedef struct kvoffload_group_config {
+  kvoffload_group_kind_t kind;
+  int64_t gpu_block_size; /* tokens per GPU block */
+  int64_t sliding_window; /* tokens; sliding-window groups only */
+} kvoffload_group_config_t;
+#define KVOFFLOAD_GROUP_CONFIG_INIT \
+  { KVOFFLOAD_FULL_ATTENTION, 16, 0 }
+
+typedef struct kvoffload_scheduler_config {
+  size_t struct_size;
+  const kvoffload_group_config_t* groups;
+  size_t num_groups;
+  int64_t block_size_factor; /* GPU blocks per host block */
+  int64_t hash_block_size;   /* tokens per engine block hash */
+  int64_t num_workers;       /* worker reports that complete a job */
+  int prefix_caching;        /* 1: defer lookups of keys being loaded */
+  int64_t gpu_blocks;        /* the engine's GPU block count if known, else 0 */
+  int64_t host_blocks;       /* host cache capacity in host blocks */
+  const char* policy;        /* "lru" or "arc"; NULL: "lru" */
+  int64_t store_threshold;   /* 0 or N >= 2 lookups before a key is stored */
+  int64_t block_bytes;       /* bytes of a host block, for statistics (0: unknown) */
+  int enable_events;         /* 1: record stored/removed events */
+} kvoffload_scheduler_config_t;
+#define KVOFFLOAD_SCHEDULER_CONFIG_INIT \
+  { sizeof(kvoffload_scheduler_config_t), NULL, 0, 1, 16, 1, 1, 0, 0, NULL, 0, 0, 1 }
+
+/* lookup's answer when keys are being stored or loaded right now: ask again later. */
+#define KVOFFLOAD_RETRY_LATER (-1)
+
+typedef struct kvoffload_allocated_group {
+  const kvoffload_block_id_t* block_ids; /* the request's blocks of this group, nulls included */
+  size_t num_block_ids;
+  int64_t num_computed_blocks; /* leading blocks that need no load */
+} kvoffload_allocated_group_t;
+
+typedef struct kvoffload_scheduled_request {
+  const char* request_id;
+  int64_t num_computed_tokens;
+  int64_t num_scheduled_tokens;
+  /* One list per group: new_block_ids[g] has num_new_block_ids[g] ids (NULL if 0). */
+  const kvoffload_block_id_t* const* new_block_ids;
+  const size_t* num_new_block_ids;
+  size_t num_groups;
+  int resumed; /* 1: resumed after preemption, its block lists start over */
+} kvoffload_scheduled_request_t;
+
+/* A job as the scheduler emitted it: a view into a step (valid until the step is destroyed). */
+typedef struct kvoffload_job {
+  kvoffload_job_id_t id;
+  kvoffload_job_kind_t kind;
+  const char* request_id;
+  const kvoffload_key_t* keys; /* num_host_blocks keys, group-major */
+  const int32_t* host_block_ids;
+  size_t num_host_blocks;
+  const kvoffload_block_id_t* gpu_block_ids; /* group-major, no nulls */
+  size_t num_gpu_block_ids;
+  const int64_t* group_sizes;   /* num_groups entries; their sum is num_gpu_block_ids */
+  const int64_t* block_indices; /* num_groups entries */
+  size_t num_groups;
+} kvoffload_job_t;
+
+/* The result of one build_step; free it with kvoffload_step_destroy. */
+typedef struct kvoffload_step_s* kvoffload_step_t;
+
+typedef struct kvoffload_job_report {
+  kvoffload_job_id_t job;
+  int64_t count; /* reports this entry stands for (usually 1) */
+  int ok;        /* 0: the transfer failed */
+} kvoffload_job_report_t;
+
+typedef struct kvoffload_completed_job {
+  kvoffload_job_id_t job;
+  kvoffload_job_kind_t kind;
+  const char* request_id; /* valid until the next on_completed call on this scheduler */
+  int ok;                 /* a failed load means the engine must recompute those tokens */
+} kvoffload_completed_job_t;
+
+typedef struct kvoffload_event {
+  int removed; /* 0: the keys were stored, 1: they were evicted */
+  const kvoffload_key_t* keys;
+  size_t num_keys;
+} kvoffload_event_t;
+
+typedef struct kvoffload_scheduler_stats {
+  size_t struct_size;
+  int64_t blocks_total, blocks_used, blocks_free, blocks_writing, blocks_being_read;
+  uint64_t hits, misses, deferrals, evictions, stores_skipped, stores_without_room;
+  uint64_t blocks_stored, blocks_loaded, bytes_stored, bytes_loaded;
+  uint64_t lookups, hit_tokens, load_jobs, store_jobs, failed_loads, failed_stores;
+} kvoffload_scheduler_stats_t;
+#define KVOFFLOAD_SCHEDULER_STATS_INIT                                                            \
+  {                                                                                               \
+    sizeof(kvoffload_scheduler_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0, 0                                                                                      \
+  }
+
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_create(
+    const kvoffload_scheduler_config_t* config, kvoffload_scheduler_t* scheduler);
+/* Destroying NULL is a no-op. Steps built by the scheduler stay valid. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_destroy(kvoffload_scheduler_t scheduler);
+
+/* The request's token count and all its block hashes so far (extending the previous list). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_update_request(
+    kvoffload_scheduler_t scheduler, const char* request_id, int64_t num_tokens,
+    const kvoffload_block_hash_t* hashes, size_t num_hashes, int remote_decode);
+/* Like update_request, with only the hashes that are new since the last call. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_extend_request(
+    kvoffload_scheduler_t scheduler, const char* request_id, int64_t num_tokens,
+    const kvoffload_block_hash_t* new_hashes, size_t num_new_hashes);
+/* *hit_tokens: tokens loadable from host memory (0: none), or KVOFFLOAD_RETRY_LATER. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_lookup(kvoffload_scheduler_t scheduler,
+                                                              const char* request_id,
+                                                              int64_t num_computed_tokens,
+                                                              int64_t* hit_tokens);
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_allocated(
+    kvoffload_scheduler_t scheduler, const char* request_id,
+    const kvoffload_allocated_group_t* groups, size_t num_groups, int64_t num_external_tokens);
+/* Builds the step's jobs into a new *step. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_build_step(
+    kvoffload_scheduler_t scheduler, const kvoffload_scheduled_request_t* requests,
+    size_t num_requests, const char* const* preempted, size_t num_preempted,
+    kvoffload_step_t* step);
+/* Applies worker reports. The jobs that completed are written to completed[0..*num_completed)
+ * (at most num_reports of them, so a capacity of num_reports always suffices). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_completed(
+    kvoffload_scheduler_t scheduler, const kvoffload_job_report_t* reports, size_t num_reports,
+    kvoffload_completed_job_t* completed, size_t capacity, size_t* num_completed);
+/* Unknown or already finished requests are ignored. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_scheduler_t scheduler,
+                                                                   const char* request_id);
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t scheduler);
+/* Events since the last call, oldest first; the array is valid until the next call. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_take_events(kvoffload_scheduler_t scheduler,
+                                                                   const kvoffload_event_t** events,
+                                                                   size_t* num_events);
+/* stats->struct_size must be set (KVOFFLOAD_SCHEDULER_STATS_INIT). */
+KVOFFLOAD_C_API kvoffload_status_t
+kvoffload_scheduler_get_stats(kvoffload_scheduler_t scheduler, kvoffload_scheduler_stats_t* stats);
+
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_num_jobs(kvoffload_step_t step,
+                                                           kvoffload_job_kind_t kind,
+                                                           size_t* num_jobs);
+/* The index-th load or store job of the step (store jobs in the order of the requests). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_get_job(kvoffload_step_t step,
+                                                          kvoffload_job_kind_t kind, size_t index,
+                                                          kvoffload_job_t* job);
+/* In-flight stores that must finish before this step's compute, ascending. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_get_flush(kvoffload_step_t step,
+                                                            const kvoffload_job_id_t** jobs,
+                                                            size_t* num_jobs);
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_destroy(kvoffload_step_t step);
+
+/* ---- worker ------------------------------------------------------------------------------ */
+
+typedef struct kvoffload_worker_s* kvoffload_worker_t;
+
+/* One KV tensor of the engine's cache: num_blocks pages, page i at base + i * stride. */
+typedef struct kvoffload_kv_tensor {
+  uintptr_t base;
+  int64_t num_blocks;
+  int64_t page_bytes;
+  int64_t block_stride_bytes;
+} kvoffload_kv_tensor_t;
+
+/* A tensor a group owns and the bytes of each page that hold data (<= the tensor's page). */
+typedef struct kvoffload_group_tensor {
+  int32_t tensor;
+  int64_t page_bytes;
+} kvoffload_group_tensor_t;
+
+typedef struct kvoffload_group_tensors {
+  const kvoffload_group_tensor_t* tensors;
+  size_t num_tensors;
+} kvoffload_group_tensors_t;
+
+typedef enum kvoffload_backend_kind {
+  KVOFFLOAD_BACKEND_HOST = 0, /* memcpy threads; the KV tensors are in host memory */
+  KVOFFLOAD_BACKEND_CUDA = 1  /* CUDA copies; the KV tensors are device memory */
+} kvoffload_backend_kind_t;
+
+typedef struct kvoffload_worker_config {
+  size_t struct_size;
+  const kvoffload_kv_tensor_t* tensors;
+  size_t num_tensors;
+  const kvoffload_group_tensors_t* groups; /* the scheduler's groups, in order */
+  size_t num_groups;
+  int64_t block_size_factor;
+  int64_t host_blocks; /* the host pool (allocated by the worker): the scheduler's host_blocks */
+  kvoffload_backend_kind_t backend;
+  int threads;      /* host backend copy threads (0: all cores) */
+  int cuda_device;  /* CUDA backend device */
+  int defer_stores; /* 1: a step's stores start at the next kvoffload_worker_start_step */
+} kvoffload_worker_config_t;
+#define KVOFFLOAD_WORKER_CONFIG_INIT \
+  { sizeof(kvoffload_worker_config_t), NULL, 0, NULL, 0, 1, 0, KVOFFLOAD_BACKEND_HOST, 0, 0, 0 }
+
+typedef struct kvoffload_finished_transfer {
+  kvoffload_job_id_t job;
+  kvoffload_job_kind_t kind;
+  int ok;
+  const char* error; /* "" when ok; valid until the next get_finished call */
+  uint64_t bytes;
+} kvoffload_finished_transfer_t;
+
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* config,
+                                                           kvoffload_worker_t* worker);
+/* Cancels transfers that have not run and frees the pool. Destroying NULL is a no-op. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_destroy(kvoffload_worker_t worker);
+/* Starts a job (load or store, as job->kind says). A job that breaks the invariants or points
+ * outside the layout is refused with KVOFFLOAD_INVALID_ARGUMENT and nothing is copied. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_submit(kvoffload_worker_t worker,
+                                                           const kvoffload_job_t* job);
+/* Starts the stores deferred from the previous step (defer_stores). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_start_step(kvoffload_worker_t worker);
+/* Jobs finished since the last call (never blocks). At most `capacity` are returned; the rest
+ * wait for the next call. */
+KVOFFLOAD_C_API kvoffload_status_t
+kvoffload_worker_get_finished(kvoffload_worker_t worker, kvoffload_finished_transfer_t* finished,
+                              size_t capacity, size_t* num_finished);
+/* Blocks until these jobs (a step's flush set) have finished. Unknown ids are ignored. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_wait(kvoffload_worker_t worker,
+                                                         const kvoffload_job_id_t* jobs,
+                                                         size_t num_jobs);
+/* The host pool: the address of host block `block` and the bytes of each block. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t worker,
+                                                               int32_t block, void** data,
+                                                               size_t* block_bytes);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* KVOFFLOAD_KVOFFLOAD_H */

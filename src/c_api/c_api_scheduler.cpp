@@ -1,0 +1,389 @@
+// The C API's scheduler and step handles (include/kvoffload/kvoffload.h).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "c_api_common.hpp"
+#include "kvoffload/scheduler.hpp"
+
+struct kvoffload_scheduler_s {
+  explicit kvoffload_scheduler_s(const kvoffload::SchedulerConfig& c) : scheduler(c) {}
+  kvoffload::Scheduler scheduler;
+  std::vector<kvoffload::BlockHash> hashes;  // scratch for update/extend
+  std::vector<kvoffload::CompletedJob> completed;
+  std::vector<kvoffload::ManagerEvent> events;
+  std::vector<std::vector<kvoffload_key_t>> event_keys;
+  std::vector<kvoffload_event_t> c_events;
+};
+
+struct kvoffload_step_s {
+  kvoffload::StepResult result;
+  std::vector<std::vector<kvoffload_key_t>> load_keys, store_keys;
+};
+
+namespace kvoffload::capi {
+namespace {
+
+GroupKind to_kind(kvoffload_group_kind_t kind, std::size_t g) {
+  switch (kind) {
+    case KVOFFLOAD_FULL_ATTENTION: return GroupKind::full_attention;
+    case KVOFFLOAD_SLIDING_WINDOW: return GroupKind::sliding_window;
+    case KVOFFLOAD_MAMBA: return GroupKind::mamba;
+  }
+  throw invalid_argument(fmt::format(
+      "kvoffload_scheduler_create: groups[{}].kind is {} (0 full attention, 1 sliding window, "
+      "2 mamba)",
+      g, static_cast<int>(kind)));
+}
+
+SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
+  constexpr std::string_view fn = "kvoffload_scheduler_create";
+  require_struct_size(c.struct_size, sizeof(kvoffload_scheduler_config_t), fn, "config",
+                      "KVOFFLOAD_SCHEDULER_CONFIG_INIT");
+  require_array(c.groups, c.num_groups, fn, "config->groups");
+  SchedulerConfig s;
+  for (std::size_t g = 0; g < c.num_groups; ++g) {
+    s.groups.push_back(
+        {to_kind(c.groups[g].kind, g), c.groups[g].gpu_block_size, c.groups[g].sliding_window});
+  }
+  s.block_size_factor = c.block_size_factor;
+  s.hash_block_size = c.hash_block_size;
+  s.num_workers = c.num_workers;
+  s.prefix_caching = c.prefix_caching != 0;
+  s.gpu_blocks = c.gpu_blocks;
+  s.manager.host_blocks = c.host_blocks;
+  s.manager.policy = c.policy != nullptr ? c.policy : "lru";
+  s.manager.store_threshold = c.store_threshold;
+  s.manager.block_bytes = c.block_bytes;
+  s.manager.enable_events = c.enable_events != 0;
+  s.validate();
+  return s;
+}
+
+void read_hashes(kvoffload_scheduler_s& s, const kvoffload_block_hash_t* hashes, std::size_t n,
+                 std::string_view fn) {
+  require_array(hashes, n, fn, "hashes");
+  s.hashes.clear();
+  s.hashes.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) s.hashes.push_back(to_hash(hashes[i], fn, i));
+}
+
+std::vector<kvoffload_key_t> keys_of(const TransferJob& job) {
+  std::vector<kvoffload_key_t> out;
+  out.reserve(job.keys.size());
+  for (const Key& k : job.keys) out.push_back(to_c(k));
+  return out;
+}
+
+ScheduledRequest to_entry(const kvoffload_scheduled_request_t& r, std::size_t i) {
+  constexpr std::string_view fn = "kvoffload_scheduler_build_step";
+  if (r.request_id == nullptr) {
+    throw invalid_argument(fmt::format("{}: requests[{}].request_id is NULL", fn, i));
+  }
+  ScheduledRequest e;
+  e.request_id = r.request_id;
+  e.num_computed_tokens = r.num_computed_tokens;
+  e.num_scheduled_tokens = r.num_scheduled_tokens;
+  e.resumed = r.resumed != 0;
+  if (r.num_groups > 0 && (r.new_block_ids == nullptr || r.num_new_block_ids == nullptr)) {
+    throw invalid_argument(
+        fmt::format("{}: request \"{}\": new_block_ids or num_new_block_ids is NULL with {} groups",
+                    fn, e.request_id, r.num_groups));
+  }
+  e.new_block_ids.resize(r.num_groups);
+  for (std::size_t g = 0; g < r.num_groups; ++g) {
+    const std::size_t n = r.num_new_block_ids[g];
+    if (n > 0 && r.new_block_ids[g] == nullptr) {
+      throw invalid_argument(
+          fmt::format("{}: request \"{}\": new_block_ids[{}] is NULL but its length is {}", fn,
+                      e.request_id, g, n));
+    }
+    if (n > 0) e.new_block_ids[g].assign(r.new_block_ids[g], r.new_block_ids[g] + n);
+  }
+  return e;
+}
+
+}  // namespace
+}  // namespace kvoffload::capi
+
+using namespace kvoffload;
+using namespace kvoffload::capi;
+
+extern "C" {
+
+kvoffload_status_t kvoffload_scheduler_create(const kvoffload_scheduler_config_t* config,
+                                              kvoffload_scheduler_t* scheduler) {
+  return guard([&] {
+    require(scheduler, "kvoffload_scheduler_create", "scheduler");
+    *scheduler = nullptr;
+    require(config, "kvoffload_scheduler_create", "config");
+    *scheduler = new kvoffload_scheduler_s(to_config(*config));
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_destroy(kvoffload_scheduler_t scheduler) {
+  return guard([&] { delete scheduler; });
+}
+
+kvoffload_status_t kvoffload_scheduler_update_request(kvoffload_scheduler_t s,
+                                                      const char* request_id, int64_t num_tokens,
+                                                      const kvoffload_block_hash_t* hashes,
+                                                      size_t num_hashes, int remote_decode) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_update_request";
+    require(s, fn, "scheduler");
+    require(request_id, fn, "request_id");
+    read_hashes(*s, hashes, num_hashes, fn);
+    s->scheduler.update_request(request_id, num_tokens, s->hashes, remote_decode != 0);
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_extend_request(kvoffload_scheduler_t s,
+                                                      const char* request_id, int64_t num_tokens,
+                                                      const kvoffload_block_hash_t* new_hashes,
+                                                      size_t num_new_hashes) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_extend_request";
+    require(s, fn, "scheduler");
+    require(request_id, fn, "request_id");
+    read_hashes(*s, new_hashes, num_new_hashes, fn);
+    s->scheduler.extend_request(request_id, num_tokens, s->hashes);
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_lookup(kvoffload_scheduler_t s, const char* request_id,
+                                              int64_t num_computed_tokens, int64_t* hit_tokens) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_lookup";
+    require(s, fn, "scheduler");
+    require(request_id, fn, "request_id");
+    require(hit_tokens, fn, "hit_tokens");
+    const auto hit = s->scheduler.lookup(request_id, num_computed_tokens);
+    *hit_tokens = hit.has_value() ? *hit : KVOFFLOAD_RETRY_LATER;
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_on_allocated(kvoffload_scheduler_t s, const char* request_id,
+                                                    const kvoffload_allocated_group_t* groups,
+                                                    size_t num_groups,
+                                                    int64_t num_external_tokens) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_on_allocated";
+    require(s, fn, "scheduler");
+    require(request_id, fn, "request_id");
+    require_array(groups, num_groups, fn, "groups");
+    std::vector<AllocatedGroup> g(num_groups);
+    for (std::size_t i = 0; i < num_groups; ++i) {
+      require_array(groups[i].block_ids, groups[i].num_block_ids, fn,
+                    fmt::format("groups[{}].block_ids", i));
+      if (groups[i].num_block_ids > 0) {
+        g[i].block_ids.assign(groups[i].block_ids, groups[i].block_ids + groups[i].num_block_ids);
+      }
+      g[i].num_computed_blocks = groups[i].num_computed_blocks;
+    }
+    s->scheduler.on_allocated(request_id, g, num_external_tokens);
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_build_step(kvoffload_scheduler_t s,
+                                                  const kvoffload_scheduled_request_t* requests,
+                                                  size_t num_requests, const char* const* preempted,
+                                                  size_t num_preempted, kvoffload_step_t* step) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_build_step";
+    require(step, fn, "step");
+    *step = nullptr;
+    require(s, fn, "scheduler");
+    require_array(requests, num_requests, fn, "requests");
+    require_array(preempted, num_preempted, fn, "preempted");
+    std::vector<ScheduledRequest> entries;
+    entries.reserve(num_requests);
+    for (std::size_t i = 0; i < num_requests; ++i) entries.push_back(to_entry(requests[i], i));
+    std::vector<std::string> gone;
+    for (std::size_t i = 0; i < num_preempted; ++i) {
+      if (preempted[i] == nullptr) {
+        throw invalid_argument(fmt::format("{}: preempted[{}] is NULL", fn, i));
+      }
+      gone.emplace_back(preempted[i]);
+    }
+    auto out = std::make_unique<kvoffload_step_s>();
+    out->result = s->scheduler.build_step(entries, gone);
+    for (const TransferJob& j : out->result.load_jobs) out->load_keys.push_back(keys_of(j));
+    for (const TransferJob& j : out->result.store_jobs) out->store_keys.push_back(keys_of(j));
+    *step = out.release();
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_on_completed(kvoffload_scheduler_t s,
+                                                    const kvoffload_job_report_t* reports,
+                                                    size_t num_reports,
+                                                    kvoffload_completed_job_t* completed,
+                                                    size_t capacity, size_t* num_completed) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_on_completed";
+    require(num_completed, fn, "num_completed");
+    *num_completed = 0;
+    require(s, fn, "scheduler");
+    require_array(reports, num_reports, fn, "reports");
+    require_array(completed, capacity, fn, "completed");
+    if (capacity < num_reports) {
+      // Checked first: the scheduler must not change if the answer cannot be returned.
+      throw invalid_argument(fmt::format(
+          "{}: capacity {} is less than num_reports {} (each report may complete a job)", fn,
+          capacity, num_reports));
+    }
+    std::vector<JobReport> r(num_reports);
+    for (std::size_t i = 0; i < num_reports; ++i) {
+      r[i] = JobReport{reports[i].job, reports[i].count, reports[i].ok != 0};
+    }
+    s->completed = s->scheduler.on_completed(r);
+    for (std::size_t i = 0; i < s->completed.size(); ++i) {
+      const CompletedJob& c = s->completed[i];
+      completed[i] = kvoffload_completed_job_t{
+          c.job, c.kind == JobKind::load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE,
+          c.request_id.c_str(), c.ok ? 1 : 0};
+    }
+    *num_completed = s->completed.size();
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_scheduler_t s,
+                                                   const char* request_id) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_on_finished", "scheduler");
+    require(request_id, "kvoffload_scheduler_on_finished", "request_id");
+    s->scheduler.on_finished(request_id);
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t s) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_reset_cache", "scheduler");
+    s->scheduler.reset_cache();
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_take_events(kvoffload_scheduler_t s,
+                                                   const kvoffload_event_t** events,
+                                                   size_t* num_events) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_take_events";
+    require(s, fn, "scheduler");
+    require(events, fn, "events");
+    require(num_events, fn, "num_events");
+    s->events = s->scheduler.take_events();
+    s->event_keys.clear();
+    s->c_events.clear();
+    for (const ManagerEvent& e : s->events) {
+      std::vector<kvoffload_key_t> keys;
+      keys.reserve(e.keys.size());
+      for (const Key& k : e.keys) keys.push_back(to_c(k));
+      s->event_keys.push_back(std::move(keys));
+    }
+    for (std::size_t i = 0; i < s->events.size(); ++i) {
+      s->c_events.push_back(kvoffload_event_t{s->events[i].removed ? 1 : 0, s->event_keys[i].data(),
+                                              s->event_keys[i].size()});
+    }
+    *events = s->c_events.data();
+    *num_events = s->c_events.size();
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_get_stats(kvoffload_scheduler_t s,
+                                                 kvoffload_scheduler_stats_t* stats) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_get_stats";
+    require(s, fn, "scheduler");
+    require(stats, fn, "stats");
+    require_struct_size(stats->struct_size, sizeof(kvoffload_scheduler_stats_t), fn, "stats",
+                        "KVOFFLOAD_SCHEDULER_STATS_INIT");
+    const CacheStats c = s->scheduler.cache_stats();
+    const SchedulerStats& t = s->scheduler.stats();
+    kvoffload_scheduler_stats_t& o = *stats;
+    o.blocks_total = c.blocks_total;
+    o.blocks_used = c.blocks_used;
+    o.blocks_free = c.blocks_free;
+    o.blocks_writing = c.blocks_writing;
+    o.blocks_being_read = c.blocks_being_read;
+    o.hits = c.hits;
+    o.misses = c.misses;
+    o.deferrals = c.deferrals;
+    o.evictions = c.evictions;
+    o.stores_skipped = c.stores_skipped;
+    o.stores_without_room = c.stores_without_room;
+    o.blocks_stored = c.blocks_stored;
+    o.blocks_loaded = c.blocks_loaded;
+    o.bytes_stored = c.bytes_stored;
+    o.bytes_loaded = c.bytes_loaded;
+    o.lookups = t.lookups;
+    o.hit_tokens = t.hit_tokens;
+    o.load_jobs = t.load_jobs;
+    o.store_jobs = t.store_jobs;
+    o.failed_loads = t.failed_loads;
+    o.failed_stores = t.failed_stores;
+  });
+}
+
+kvoffload_status_t kvoffload_step_num_jobs(kvoffload_step_t step, kvoffload_job_kind_t kind,
+                                           size_t* num_jobs) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_step_num_jobs";
+    require(step, fn, "step");
+    require(num_jobs, fn, "num_jobs");
+    if (kind != KVOFFLOAD_JOB_LOAD && kind != KVOFFLOAD_JOB_STORE) {
+      throw invalid_argument(fmt::format("{}: kind is {} (0 load, 1 store)", fn, int(kind)));
+    }
+    *num_jobs =
+        kind == KVOFFLOAD_JOB_LOAD ? step->result.load_jobs.size() : step->result.store_jobs.size();
+  });
+}
+
+kvoffload_status_t kvoffload_step_get_job(kvoffload_step_t step, kvoffload_job_kind_t kind,
+                                          size_t index, kvoffload_job_t* job) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_step_get_job";
+    require(step, fn, "step");
+    require(job, fn, "job");
+    if (kind != KVOFFLOAD_JOB_LOAD && kind != KVOFFLOAD_JOB_STORE) {
+      throw invalid_argument(fmt::format("{}: kind is {} (0 load, 1 store)", fn, int(kind)));
+    }
+    const bool load = kind == KVOFFLOAD_JOB_LOAD;
+    const auto& jobs = load ? step->result.load_jobs : step->result.store_jobs;
+    if (index >= jobs.size()) {
+      throw invalid_argument(fmt::format("{}: index {} is out of range ({} {} jobs)", fn, index,
+                                         jobs.size(), load ? "load" : "store"));
+    }
+    const TransferJob& j = jobs[index];
+    const auto& keys = (load ? step->load_keys : step->store_keys)[index];
+    *job = kvoffload_job_t{j.id,
+                           kind,
+                           j.request_id.c_str(),
+                           keys.data(),
+                           j.host_block_ids.data(),
+                           j.host_block_ids.size(),
+                           j.gpu.block_ids.data(),
+                           j.gpu.block_ids.size(),
+                           j.gpu.group_sizes.data(),
+                           j.gpu.block_indices.data(),
+                           j.gpu.group_sizes.size()};
+  });
+}
+
+kvoffload_status_t kvoffload_step_get_flush(kvoffload_step_t step, const kvoffload_job_id_t** jobs,
+                                            size_t* num_jobs) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_step_get_flush";
+    require(step, fn, "step");
+    require(jobs, fn, "jobs");
+    require(num_jobs, fn, "num_jobs");
+    *jobs = step->result.flush.data();
+    *num_jobs = step->result.flush.size();
+  });
+}
+
+kvoffload_status_t kvoffload_step_destroy(kvoffload_step_t step) {
+  return guard([&] { delete step; });
+}
+
+}  // extern "C"

@@ -1,0 +1,211 @@
+// The C API's worker handle: the KV layout, a host pool and a TransferEngine on the host or
+// CUDA backend (include/kvoffload/kvoffload.h).
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "c_api_common.hpp"
+#include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/host_backend.hpp"
+#include "kvoffload/kv_layout.hpp"
+#include "kvoffload/pinned_host_pool.hpp"
+#include "kvoffload/transfer_engine.hpp"
+
+struct kvoffload_worker_s {
+  std::unique_ptr<kvoffload::KvLayout> layout;
+  std::unique_ptr<kvoffload::PinnedHostPool> pool;
+  std::unique_ptr<kvoffload::TransferEngine> engine;
+  std::mutex mutex;  // guards the two queues below (the engine locks itself)
+  std::deque<kvoffload::FinishedTransfer> pending;  // finished, not yet handed out
+  std::vector<kvoffload::FinishedTransfer> handed;  // the last call's, owning the messages
+};
+
+namespace kvoffload::capi {
+namespace {
+
+std::unique_ptr<Backend> make_backend(const kvoffload_worker_config_t& c) {
+  constexpr std::string_view fn = "kvoffload_worker_create";
+  switch (c.backend) {
+    case KVOFFLOAD_BACKEND_HOST: {
+      if (c.threads < 0) {
+        throw invalid_argument(
+            fmt::format("{}: config->threads is {} (0: all cores)", fn, c.threads));
+      }
+      HostBackendConfig bc;
+      bc.threads = c.threads;
+      return std::make_unique<HostBackend>(bc);
+    }
+    case KVOFFLOAD_BACKEND_CUDA: {
+      if (!CudaBackend::available()) {
+        throw unsupported(fmt::format(
+            "{}: the CUDA backend needs a CUDA build of kvoffload and a visible device", fn));
+      }
+      CudaBackendConfig cc;
+      cc.device = c.cuda_device;
+      return std::make_unique<CudaBackend>(cc);
+    }
+  }
+  throw invalid_argument(
+      fmt::format("{}: config->backend is {} (0 host, 1 cuda)", fn, static_cast<int>(c.backend)));
+}
+
+TransferJob to_job(const kvoffload_job_t& j) {
+  constexpr std::string_view fn = "kvoffload_worker_submit";
+  if (j.kind != KVOFFLOAD_JOB_LOAD && j.kind != KVOFFLOAD_JOB_STORE) {
+    throw invalid_argument(fmt::format("{}: job {}: kind is {} (0 load, 1 store)", fn, j.id,
+                                       static_cast<int>(j.kind)));
+  }
+  const std::string job = fmt::format("job {}", j.id);
+  require_array(j.keys, j.num_host_blocks, fn, job + " keys");
+  require_array(j.host_block_ids, j.num_host_blocks, fn, job + " host_block_ids");
+  require_array(j.gpu_block_ids, j.num_gpu_block_ids, fn, job + " gpu_block_ids");
+  require_array(j.group_sizes, j.num_groups, fn, job + " group_sizes");
+  require_array(j.block_indices, j.num_groups, fn, job + " block_indices");
+  TransferJob t;
+  t.id = j.id;
+  t.kind = j.kind == KVOFFLOAD_JOB_LOAD ? JobKind::load : JobKind::store;
+  t.request_id = j.request_id != nullptr ? j.request_id : "";
+  for (std::size_t i = 0; i < j.num_host_blocks; ++i) t.keys.push_back(from_c(j.keys[i], fn, i));
+  t.host_block_ids.assign(j.host_block_ids, j.host_block_ids + j.num_host_blocks);
+  t.gpu.block_ids.assign(j.gpu_block_ids, j.gpu_block_ids + j.num_gpu_block_ids);
+  t.gpu.group_sizes.assign(j.group_sizes, j.group_sizes + j.num_groups);
+  t.gpu.block_indices.assign(j.block_indices, j.block_indices + j.num_groups);
+  return t;
+}
+
+}  // namespace
+}  // namespace kvoffload::capi
+
+using namespace kvoffload;
+using namespace kvoffload::capi;
+
+extern "C" {
+
+kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* config,
+                                           kvoffload_worker_t* worker) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_create";
+    require(worker, fn, "worker");
+    *worker = nullptr;
+    require(config, fn, "config");
+    const kvoffload_worker_config_t& c = *config;
+    require_struct_size(c.struct_size, sizeof(kvoffload_worker_config_t), fn, "config",
+                        "KVOFFLOAD_WORKER_CONFIG_INIT");
+    require_array(c.tensors, c.num_tensors, fn, "config->tensors");
+    require_array(c.groups, c.num_groups, fn, "config->groups");
+    std::vector<KvTensor> tensors;
+    for (std::size_t i = 0; i < c.num_tensors; ++i) {
+      const kvoffload_kv_tensor_t& t = c.tensors[i];
+      tensors.push_back({t.base, t.num_blocks, t.page_bytes, t.block_stride_bytes});
+    }
+    std::vector<std::vector<GroupTensor>> groups(c.num_groups);
+    for (std::size_t g = 0; g < c.num_groups; ++g) {
+      require_array(c.groups[g].tensors, c.groups[g].num_tensors, fn,
+                    fmt::format("config->groups[{}].tensors", g));
+      for (std::size_t k = 0; k < c.groups[g].num_tensors; ++k) {
+        groups[g].push_back({c.groups[g].tensors[k].tensor, c.groups[g].tensors[k].page_bytes});
+      }
+    }
+    if (c.host_blocks <= 0) {
+      throw invalid_argument(
+          fmt::format("{}: config->host_blocks is {} (must be > 0)", fn, c.host_blocks));
+    }
+    auto w = std::make_unique<kvoffload_worker_s>();
+    w->layout =
+        std::make_unique<KvLayout>(std::move(tensors), std::move(groups), c.block_size_factor);
+    std::unique_ptr<Backend> backend = make_backend(c);
+    PoolConfig pc;
+    pc.block_bytes = w->layout->pool_block_bytes();
+    pc.host_blocks = c.host_blocks;
+    pc.pinning = c.backend == KVOFFLOAD_BACKEND_CUDA ? Pinning::require : Pinning::off;
+    w->pool = std::make_unique<PinnedHostPool>(pc);
+    const HostRegion region{reinterpret_cast<std::uintptr_t>(w->pool->data()),
+                            w->pool->num_blocks(),
+                            static_cast<std::int64_t>(w->pool->block_bytes()), 0,
+                            static_cast<std::int64_t>(w->pool->block_bytes())};
+    TransferEngineConfig ec;
+    ec.defer_stores = c.defer_stores != 0;
+    w->engine = std::make_unique<TransferEngine>(*w->layout, region, std::move(backend), ec);
+    *worker = w.release();
+  });
+}
+
+kvoffload_status_t kvoffload_worker_destroy(kvoffload_worker_t worker) {
+  return guard([&] { delete worker; });
+}
+
+kvoffload_status_t kvoffload_worker_submit(kvoffload_worker_t w, const kvoffload_job_t* job) {
+  return guard([&] {
+    require(w, "kvoffload_worker_submit", "worker");
+    require(job, "kvoffload_worker_submit", "job");
+    const TransferJob t = to_job(*job);
+    if (t.kind == JobKind::load) {
+      w->engine->submit_load(t);
+    } else {
+      w->engine->submit_store(t);
+    }
+  });
+}
+
+kvoffload_status_t kvoffload_worker_start_step(kvoffload_worker_t w) {
+  return guard([&] {
+    require(w, "kvoffload_worker_start_step", "worker");
+    w->engine->start_step();
+  });
+}
+
+kvoffload_status_t kvoffload_worker_get_finished(kvoffload_worker_t w,
+                                                 kvoffload_finished_transfer_t* finished,
+                                                 size_t capacity, size_t* num_finished) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_get_finished";
+    require(num_finished, fn, "num_finished");
+    *num_finished = 0;
+    require(w, fn, "worker");
+    require_array(finished, capacity, fn, "finished");
+    std::lock_guard lock(w->mutex);
+    for (FinishedTransfer& f : w->engine->get_finished()) w->pending.push_back(std::move(f));
+    w->handed.clear();
+    while (w->handed.size() < capacity && !w->pending.empty()) {
+      w->handed.push_back(std::move(w->pending.front()));
+      w->pending.pop_front();
+    }
+    for (std::size_t i = 0; i < w->handed.size(); ++i) {
+      const FinishedTransfer& f = w->handed[i];
+      finished[i] = kvoffload_finished_transfer_t{
+          f.job, f.kind == JobKind::load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE, f.ok ? 1 : 0,
+          f.error.c_str(), f.bytes};
+    }
+    *num_finished = w->handed.size();
+  });
+}
+
+kvoffload_status_t kvoffload_worker_wait(kvoffload_worker_t w, const kvoffload_job_id_t* jobs,
+                                         size_t num_jobs) {
+  return guard([&] {
+    require(w, "kvoffload_worker_wait", "worker");
+    require_array(jobs, num_jobs, "kvoffload_worker_wait", "jobs");
+    w->engine->wait(std::span<const JobId>(jobs, num_jobs));
+  });
+}
+
+kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t w, int32_t block, void** data,
+                                               size_t* block_bytes) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_host_block";
+    require(w, fn, "worker");
+    require(data, fn, "data");
+    require(block_bytes, fn, "block_bytes");
+    if (block < 0 || block >= w->pool->num_blocks()) {
+      throw invalid_argument(fmt::format("{}: host block {} is out of range (0 to {})", fn, block,
+                                         w->pool->num_blocks() - 1));
+    }
+    *data = w->pool->block(block);
+    *block_bytes = w->pool->block_bytes();
+  });
+}
+
+}  // extern "C"
