@@ -9,21 +9,21 @@
 
 static int failures = 0;
 
-#define CHECK(cond)                                                    \
-  do {                                                                 \
-    if (!(cond)) {                                                     \
+#define CHECK(cond)                                                                            \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
       fprintf(stderr, "%s:%d: CHECK(%s) failed (last error: %s)\n", __FILE__, __LINE__, #cond, \
-              kvoffload_last_error());                                 \
-      failures++;                                                      \
-      return;                                                          \
-    }                                                                  \
+              kvoffload_last_error());                                                         \
+      failures++;                                                                              \
+      return;                                                                                  \
+    }                                                                                          \
   } while (0)
 
 #define OK(call) CHECK((call) == KVOFFLOAD_SUCCESS)
-#define FAILS_WITH(call, status, needle)                                  \
-  do {                                                                    \
-    CHECK((call) == (status));                                            \
-    CHECK(strstr(kvoffload_last_error(), (needle)) != NULL);              \
+#define FAILS_WITH(call, status, needle)                     \
+  do {                                                       \
+    CHECK((call) == (status));                               \
+    CHECK(strstr(kvoffload_last_error(), (needle)) != NULL); \
   } while (0)
 
 enum { GPU_BLOCKS = 64, PAGE = 256, F = 2, TOKENS = 64, BLOCK_TOKENS = 16 };
@@ -97,7 +97,10 @@ static void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_st
   for (kind = 0; kind < 2; ++kind) {
     size_t n = 0;
     OK(kvoffload_step_num_jobs(step, (kvoffload_job_kind_t)kind, &n));
-    if (kind == KVOFFLOAD_JOB_LOAD) *loads = n; else *stores = n;
+    if (kind == KVOFFLOAD_JOB_LOAD)
+      *loads = n;
+    else
+      *stores = n;
     for (i = 0; i < n; ++i) {
       kvoffload_job_t job;
       OK(kvoffload_step_get_job(step, (kvoffload_job_kind_t)kind, i, &job));
@@ -264,32 +267,31 @@ static void errors(void) {
   /* Bad calls name the request and leave the scheduler usable. */
   FAILS_WITH(kvoffload_scheduler_lookup(s, "nobody", 0, &hit), KVOFFLOAD_INVALID_ARGUMENT,
              "nobody");
-  FAILS_WITH(kvoffload_scheduler_update_request(s, "a", 16, NULL, 3, 0),
-             KVOFFLOAD_INVALID_ARGUMENT, "hashes is NULL");
+  FAILS_WITH(kvoffload_scheduler_update_request(s, "a", 16, NULL, 3, 0), KVOFFLOAD_INVALID_ARGUMENT,
+             "hashes is NULL");
   bad.size = 40;
-  FAILS_WITH(kvoffload_scheduler_update_request(s, "a", 16, &bad, 1, 0),
-             KVOFFLOAD_INVALID_ARGUMENT, "hash 0 has size 40");
+  FAILS_WITH(kvoffload_scheduler_update_request(s, "a", 16, &bad, 1, 0), KVOFFLOAD_INVALID_ARGUMENT,
+             "hash 0 has size 40");
   FAILS_WITH(kvoffload_scheduler_update_request(s, NULL, 16, NULL, 0, 0),
              KVOFFLOAD_INVALID_ARGUMENT, "request_id is NULL");
   bad = hash_of(0);
   OK(kvoffload_scheduler_update_request(s, "a", 16, &bad, 1, 0));
   OK(kvoffload_scheduler_lookup(s, "a", 0, &hit));
-  FAILS_WITH(kvoffload_scheduler_lookup(s, "a", -1, &hit), KVOFFLOAD_INVALID_ARGUMENT,
-             "negative");
+  FAILS_WITH(kvoffload_scheduler_lookup(s, "a", -1, &hit), KVOFFLOAD_INVALID_ARGUMENT, "negative");
   memset(&req, 0, sizeof(req));
   req.request_id = "a";
   req.num_scheduled_tokens = 16;
   req.num_groups = 1; /* arrays NULL */
-  FAILS_WITH(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step),
-             KVOFFLOAD_INVALID_ARGUMENT, "new_block_ids or num_new_block_ids is NULL");
+  FAILS_WITH(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step), KVOFFLOAD_INVALID_ARGUMENT,
+             "new_block_ids or num_new_block_ids is NULL");
   CHECK(step == NULL);
-  FAILS_WITH(kvoffload_scheduler_build_step(s, NULL, 2, NULL, 0, &step),
-             KVOFFLOAD_INVALID_ARGUMENT, "requests is NULL but its length is 2");
+  FAILS_WITH(kvoffload_scheduler_build_step(s, NULL, 2, NULL, 0, &step), KVOFFLOAD_INVALID_ARGUMENT,
+             "requests is NULL but its length is 2");
   OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
-  FAILS_WITH(kvoffload_step_get_job(step, KVOFFLOAD_JOB_STORE, 3, &job),
-             KVOFFLOAD_INVALID_ARGUMENT, "index 3 is out of range");
-  FAILS_WITH(kvoffload_step_num_jobs(step, (kvoffload_job_kind_t)9, &n),
-             KVOFFLOAD_INVALID_ARGUMENT, "kind is 9");
+  FAILS_WITH(kvoffload_step_get_job(step, KVOFFLOAD_JOB_STORE, 3, &job), KVOFFLOAD_INVALID_ARGUMENT,
+             "index 3 is out of range");
+  FAILS_WITH(kvoffload_step_num_jobs(step, (kvoffload_job_kind_t)9, &n), KVOFFLOAD_INVALID_ARGUMENT,
+             "kind is 9");
   OK(kvoffload_step_destroy(step));
   FAILS_WITH(kvoffload_scheduler_on_completed(s, &report, 1, done, 1, &n),
              KVOFFLOAD_INVALID_ARGUMENT, "unknown job 12345");
