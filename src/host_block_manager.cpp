@@ -11,6 +11,7 @@ HostBlockManager::HostBlockManager(const ManagerConfig& config)
       block_bytes_(config.block_bytes),
       policy_(make_eviction_policy(config.policy, static_cast<std::size_t>(capacity_))),
       blocks_(static_cast<std::size_t>(capacity_)),
+      keys_(static_cast<std::size_t>(capacity_)),
       index_(static_cast<std::size_t>(capacity_)) {
   freed_.reserve(static_cast<std::size_t>(capacity_));
   if (store_threshold_ > 0) {
@@ -47,10 +48,10 @@ std::int64_t HostBlockManager::num_used() const noexcept {
 }
 
 LookupResult HostBlockManager::peek(const Key& key) const {
-  const HostBlockId* id = index_.find(key);
-  if (id == nullptr) return LookupResult::miss;
-  return blocks_[static_cast<std::size_t>(*id)].state == State::writing ? LookupResult::pending
-                                                                        : LookupResult::hit;
+  const HostBlockId id = block_of(key);
+  if (id < 0) return LookupResult::miss;
+  return blocks_[static_cast<std::size_t>(id)].state == State::writing ? LookupResult::pending
+                                                                       : LookupResult::hit;
 }
 
 LookupResult HostBlockManager::lookup(const Key& key) {
@@ -74,7 +75,7 @@ HostBlockId HostBlockManager::allocate_id() noexcept {
 
 void HostBlockManager::free_id(HostBlockId id) {
   Block& block = blocks_[static_cast<std::size_t>(id)];
-  index_.erase(block.key);
+  index_.erase(detail::KeyIndex::hash(keys_[static_cast<std::size_t>(id)]), id);
   block.state = State::free;
   block.readers = 0;
   freed_.push_back(id);
@@ -97,19 +98,19 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
   // Each key is hashed once; its index slot is prefetched a few keys ahead so the cache
   // misses of a large table overlap.
   key_hashes_.resize(keys.size());
-  for (std::size_t k = 0; k < keys.size(); ++k) key_hashes_[k] = Index::hash_key(keys[k]);
+  for (std::size_t k = 0; k < keys.size(); ++k) key_hashes_[k] = detail::KeyIndex::hash(keys[k]);
   new_positions_.clear();
   keys_to_store.reserve(keys.size());
   constexpr std::size_t kAhead = 8;
   for (std::size_t k = 0; k < std::min(kAhead, keys.size()); ++k) {
-    index_.prefetch_hashed(key_hashes_[k]);
+    index_.prefetch(key_hashes_[k]);
   }
   for (std::size_t k = 0; k < keys.size(); ++k) {
-    if (k + kAhead < keys.size()) index_.prefetch_hashed(key_hashes_[k + kAhead]);
+    if (k + kAhead < keys.size()) index_.prefetch(key_hashes_[k + kAhead]);
     const Key& key = keys[k];
-    if (const HostBlockId* id = index_.find_hashed(key, key_hashes_[k])) {
-      blocks_[static_cast<std::size_t>(*id)].protect_epoch = epoch_;
-      if (key_blocks != nullptr) (*key_blocks)[k] = *id;
+    if (const HostBlockId id = index_.find(key, key_hashes_[k], keys_.data()); id >= 0) {
+      blocks_[static_cast<std::size_t>(id)].protect_epoch = epoch_;
+      if (key_blocks != nullptr) (*key_blocks)[k] = id;
     } else if (store_threshold_ > 0 &&
                lookup_count(key) < static_cast<std::uint32_t>(store_threshold_)) {
       ++stats_.stores_skipped;  // not popular enough yet
@@ -141,7 +142,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     ManagerEvent removed{true, {}};
     if (enable_events_) removed.keys.reserve(scratch_ids_.size());
     for (const HostBlockId id : scratch_ids_) {
-      const Key key = blocks_[static_cast<std::size_t>(id)].key;
+      const Key key = keys_[static_cast<std::size_t>(id)];
       policy_->evict(id, key);
       free_id(id);
       if (enable_events_) removed.keys.push_back(key);
@@ -156,7 +157,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     const Key& key = keys_to_store[k];
     const std::uint32_t position = new_positions_[k];
     const HostBlockId id = allocate_id();
-    if (!index_.insert_hashed(key, key_hashes_[position], id).second) {
+    if (!index_.insert(key, key_hashes_[position], id, keys_.data()).second) {
       // A duplicate within `keys`: store it once, and give the id back where it came from.
       if (id == next_never_used_ - 1) {
         --next_never_used_;
@@ -169,11 +170,11 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     if (key_stored != nullptr) (*key_stored)[position] = 1;
     if (kept != k) keys_to_store[kept] = key;
     ++kept;
+    keys_[static_cast<std::size_t>(id)] = key;
     Block& block = blocks_[static_cast<std::size_t>(id)];
-    block.key = keys_to_store[kept - 1];
     block.state = State::writing;
     block.readers = 0;
-    policy_->insert(id, block.key);
+    policy_->insert(id, key);
     block_ids.push_back(id);
   }
   keys_to_store.resize(kept);
@@ -186,8 +187,7 @@ void HostBlockManager::complete_store(std::span<const Key> keys, bool ok) {
   // writing -> ready / freed transition.
   scratch_ids_.clear();
   for (const Key& key : keys) {
-    const HostBlockId* found = index_.find(key);
-    if (found != nullptr) scratch_ids_.push_back(*found);
+    if (const HostBlockId id = block_of(key); id >= 0) scratch_ids_.push_back(id);
   }
   complete_store_blocks(scratch_ids_, ok);
 }
@@ -203,7 +203,7 @@ void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, b
     if (ok) {
       block.state = State::ready;
       ++stats_.stores;
-      if (enable_events_) stored.keys.push_back(block.key);
+      if (enable_events_) stored.keys.push_back(keys_[static_cast<std::size_t>(id)]);
     } else {
       // A failed store is never a hit: the block goes away at once.
       policy_->erase(id);
@@ -229,7 +229,7 @@ void HostBlockManager::prepare_load(std::span<const Key> keys,
                       r == LookupResult::miss ? "not in the host cache" : "still being stored");
   }
   for (const Key& key : keys) {
-    const HostBlockId id = *index_.find(key);
+    const HostBlockId id = block_of(key);
     Block& block = blocks_[static_cast<std::size_t>(id)];
     if (block.readers++ == 0) ++num_being_read_;
     block_ids.push_back(id);
@@ -239,9 +239,9 @@ void HostBlockManager::prepare_load(std::span<const Key> keys,
 
 void HostBlockManager::complete_load(std::span<const Key> keys) {
   for (const Key& key : keys) {
-    const HostBlockId* id = index_.find(key);
-    if (id == nullptr) continue;
-    Block& block = blocks_[static_cast<std::size_t>(*id)];
+    const HostBlockId id = block_of(key);
+    if (id < 0) continue;
+    Block& block = blocks_[static_cast<std::size_t>(id)];
     if (block.readers > 0 && --block.readers == 0) --num_being_read_;
   }
 }
@@ -260,7 +260,7 @@ void HostBlockManager::touch_blocks(std::span<const HostBlockId> ids) {
 void HostBlockManager::touch(std::span<const Key> keys) {
   scratch_ids_.clear();
   for (const Key& key : keys) {
-    if (const HostBlockId* id = index_.find(key)) scratch_ids_.push_back(*id);
+    if (const HostBlockId id = block_of(key); id >= 0) scratch_ids_.push_back(id);
   }
   if (!scratch_ids_.empty()) {
     policy_->touch(scratch_ids_, [this](HostBlockId id) {
@@ -291,12 +291,11 @@ std::vector<ManagerEvent> HostBlockManager::take_events() {
 const Key* HostBlockManager::key_of(HostBlockId id) const noexcept {
   if (id < 0 || id >= capacity_) return nullptr;
   const Block& b = blocks_[static_cast<std::size_t>(id)];
-  return b.state == State::free ? nullptr : &b.key;
+  return b.state == State::free ? nullptr : &keys_[static_cast<std::size_t>(id)];
 }
 
 HostBlockId HostBlockManager::block_of(const Key& key) const noexcept {
-  const HostBlockId* id = index_.find(key);
-  return id == nullptr ? -1 : *id;
+  return index_.find(key, detail::KeyIndex::hash(key), keys_.data());
 }
 
 std::int32_t HostBlockManager::readers(HostBlockId id) const noexcept {

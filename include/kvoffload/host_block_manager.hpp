@@ -7,6 +7,7 @@
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/detail/key_index.hpp"
 #include "kvoffload/eviction_policy.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/types.hpp"
@@ -112,8 +113,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
 
  private:
   enum class State : std::uint8_t { free, writing, ready };
-  struct Block {
-    Key key;
+  struct Block {  // a block's key is keys_[id]
     State state = State::free;
     std::int32_t readers = 0;
     std::uint32_t protect_epoch = 0;
@@ -135,8 +135,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   detail::FlatHashMap<Key, std::uint32_t, KeyHash> previous_counts_;
   std::unique_ptr<EvictionPolicy> policy_;
   std::vector<Block> blocks_;
-  using Index = detail::FlatHashMap<Key, HostBlockId, KeyHash>;
-  Index index_;
+  std::vector<Key> keys_;  // per block; meaningful while the block is not free
+  detail::KeyIndex index_;
   HostBlockId next_never_used_ = 0;
   std::vector<HostBlockId> freed_;  // a stack: most recently freed on top
   std::uint32_t epoch_ = 0;

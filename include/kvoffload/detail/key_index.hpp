@@ -1,0 +1,97 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "kvoffload/types.hpp"
+
+namespace kvoffload::detail {
+
+/// The host cache's key -> block index. Keys live in the manager's per-block key array; a slot
+/// holds only a key's 64-bit hash and its block id (16 bytes), so inserting a new key or
+/// missing one touches a single cache line of a table a third the size of one that stores
+/// keys, and the key itself is read (keys[id]) only when the hashes match. Open addressing
+/// with linear probing and backward-shift deletion; sized once for a fixed number of blocks
+/// (load factor at most 1/2), so it never rehashes or allocates after construction.
+class KeyIndex {
+ public:
+  KeyIndex() = default;
+  explicit KeyIndex(std::size_t max_entries) {
+    std::size_t n = 16;
+    while (n < 2 * max_entries) n *= 2;
+    slots_.assign(n, Slot{});
+    mask_ = n - 1;
+  }
+
+  /// The hash find/insert/erase expect (never 0: 0 marks an empty slot).
+  [[nodiscard]] static std::uint64_t hash(const Key& key) noexcept {
+    return static_cast<std::uint64_t>(KeyHash{}(key)) | (std::uint64_t{1} << 63);
+  }
+
+  /// The block holding `key` (h == hash(key); keys[id] is block id's key), or -1.
+  [[nodiscard]] HostBlockId find(const Key& key, std::uint64_t h, const Key* keys) const noexcept {
+    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+      const Slot& s = slots_[i];
+      if (s.hash == 0) return -1;
+      if (s.hash == h && keys[s.id] == key) return s.id;
+    }
+  }
+
+  /// Adds key -> id unless the key is present; returns the key's block and whether it was
+  /// added. The caller writes keys[id] = key before the next call.
+  std::pair<HostBlockId, bool> insert(const Key& key, std::uint64_t h, HostBlockId id,
+                                      const Key* keys) noexcept {
+    std::size_t i = h & mask_;
+    for (; slots_[i].hash != 0; i = (i + 1) & mask_) {
+      if (slots_[i].hash == h && keys[slots_[i].id] == key) return {slots_[i].id, false};
+    }
+    slots_[i] = Slot{h, id};
+    ++size_;
+    return {id, true};
+  }
+
+  /// Removes the entry of block `id`, whose key hashes to h. Returns whether it was present.
+  bool erase(std::uint64_t h, HostBlockId id) noexcept {
+    std::size_t i = h & mask_;
+    for (;; i = (i + 1) & mask_) {
+      if (slots_[i].hash == 0) return false;
+      if (slots_[i].id == id && slots_[i].hash == h) break;
+    }
+    // Backward shift: pull later entries of the probe chain into the hole (no tombstones).
+    std::size_t hole = i;
+    for (std::size_t j = (hole + 1) & mask_; slots_[j].hash != 0; j = (j + 1) & mask_) {
+      const std::size_t home = slots_[j].hash & mask_;
+      if (((j - home) & mask_) >= ((j - hole) & mask_)) {
+        slots_[hole] = slots_[j];
+        hole = j;
+      }
+    }
+    slots_[hole] = Slot{};
+    --size_;
+    return true;
+  }
+
+  /// Starts loading the slot a probe for hash h reads first (a few keys ahead in a loop).
+  void prefetch(std::uint64_t h) const noexcept { __builtin_prefetch(&slots_[h & mask_]); }
+
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+
+  void clear() noexcept {
+    if (size_ == 0) return;
+    for (Slot& s : slots_) s = Slot{};
+    size_ = 0;
+  }
+
+ private:
+  struct Slot {
+    std::uint64_t hash = 0;  // 0: empty
+    HostBlockId id = -1;
+  };
+  std::vector<Slot> slots_;
+  std::size_t mask_ = 0;
+  std::size_t size_ = 0;
+};
+
+}  // namespace kvoffload::detail
