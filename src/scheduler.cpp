@@ -366,6 +366,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   }
   out.load_jobs.swap(s.pending_loads);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    if (s.step_idle[i] != 0) continue;  // most requests of a decode step
     s.build_store(*s.step_requests[i], scheduled[i], s.step_blocks.data() + i * s.layouts.size(),
                   out);
   }

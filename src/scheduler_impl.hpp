@@ -169,6 +169,7 @@ struct Scheduler::Impl {
   std::vector<RequestState*> step_requests;  // validate_step's lookups, in entry order
   std::uint64_t step_stamp = 0;
   std::vector<std::int64_t> step_blocks;  // per entry, per group: offloadable / obs
+  std::vector<std::uint8_t> step_idle;    // per entry: 1 if build_store would change nothing
   detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
   std::uint64_t no_room_warnings = 0;
 };

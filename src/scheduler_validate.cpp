@@ -110,6 +110,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
   const std::size_t G = layouts.size();
   step_requests.clear();
   step_blocks.clear();
+  step_idle.clear();
   // A request scheduled twice in one step would be validated against a state its first entry
   // changes: each request is stamped with the step being validated.
   ++step_stamp;
@@ -127,6 +128,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
                       e.new_block_ids.size(), G);
     const std::int64_t offloadable =
         std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
+    bool idle = !e.resumed;  // no new block, nothing newly offloadable: build_store is a no-op
     for (std::size_t g = 0; g < G; ++g) {
       const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
       if (!fresh.empty()) {
@@ -141,6 +143,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
       const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
       step_blocks.push_back(n);
       const std::int64_t s = r.groups[g].next_stored;
+      idle = idle && fresh.empty() && n == s;
       if (n <= s) continue;
       KVOFFLOAD_EXPECTS(num_keys(r, g) >= n,
                         "step: request \"{}\" group {}: {} offloaded blocks are computed but "
@@ -185,6 +188,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
             r.id, g, p));
       }
     }
+    step_idle.push_back(idle ? 1 : 0);
   }
 }
 
