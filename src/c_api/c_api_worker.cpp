@@ -2,55 +2,23 @@
 // CUDA backend (include/kvoffload/kvoffload.h).
 
 #include <deque>
-#include <memory>
 #include <mutex>
-#include <string>
 #include <vector>
 
 #include "c_api_common.hpp"
 #include "kvoffload/cuda_backend.hpp"
-#include "kvoffload/host_backend.hpp"
-#include "kvoffload/kv_layout.hpp"
-#include "kvoffload/pinned_host_pool.hpp"
-#include "kvoffload/transfer_engine.hpp"
+#include "kvoffload/worker.hpp"
 
 struct kvoffload_worker_s {
-  std::unique_ptr<kvoffload::KvLayout> layout;
-  std::unique_ptr<kvoffload::PinnedHostPool> pool;
-  std::unique_ptr<kvoffload::TransferEngine> engine;
-  std::mutex mutex;  // guards the two queues below (the engine locks itself)
+  explicit kvoffload_worker_s(const kvoffload::WorkerConfig& c) : worker(c) {}
+  kvoffload::Worker worker;
+  std::mutex mutex;  // guards the two queues below (the worker locks itself)
   std::deque<kvoffload::FinishedTransfer> pending;  // finished, not yet handed out
   std::vector<kvoffload::FinishedTransfer> handed;  // the last call's, owning the messages
 };
 
 namespace kvoffload::capi {
 namespace {
-
-std::unique_ptr<Backend> make_backend(const kvoffload_worker_config_t& c) {
-  constexpr std::string_view fn = "kvoffload_worker_create";
-  switch (c.backend) {
-    case KVOFFLOAD_BACKEND_HOST: {
-      if (c.threads < 0) {
-        throw invalid_argument(
-            fmt::format("{}: config->threads is {} (0: all cores)", fn, c.threads));
-      }
-      HostBackendConfig bc;
-      bc.threads = c.threads;
-      return std::make_unique<HostBackend>(bc);
-    }
-    case KVOFFLOAD_BACKEND_CUDA: {
-      if (!CudaBackend::available()) {
-        throw unsupported(fmt::format(
-            "{}: the CUDA backend needs a CUDA build of kvoffload and a visible device", fn));
-      }
-      CudaBackendConfig cc;
-      cc.device = c.cuda_device;
-      return std::make_unique<CudaBackend>(cc);
-    }
-  }
-  throw invalid_argument(
-      fmt::format("{}: config->backend is {} (0 host, 1 cuda)", fn, static_cast<int>(c.backend)));
-}
 
 TransferJob to_job(const kvoffload_job_t& j) {
   constexpr std::string_view fn = "kvoffload_worker_submit";
@@ -96,39 +64,38 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
                         "KVOFFLOAD_WORKER_CONFIG_INIT");
     require_array(c.tensors, c.num_tensors, fn, "config->tensors");
     require_array(c.groups, c.num_groups, fn, "config->groups");
-    std::vector<KvTensor> tensors;
+    WorkerConfig wc;
     for (std::size_t i = 0; i < c.num_tensors; ++i) {
       const kvoffload_kv_tensor_t& t = c.tensors[i];
-      tensors.push_back({t.base, t.num_blocks, t.page_bytes, t.block_stride_bytes});
+      wc.tensors.push_back({t.base, t.num_blocks, t.page_bytes, t.block_stride_bytes});
     }
-    std::vector<std::vector<GroupTensor>> groups(c.num_groups);
+    wc.groups.resize(c.num_groups);
     for (std::size_t g = 0; g < c.num_groups; ++g) {
       require_array(c.groups[g].tensors, c.groups[g].num_tensors, fn,
                     fmt::format("config->groups[{}].tensors", g));
       for (std::size_t k = 0; k < c.groups[g].num_tensors; ++k) {
-        groups[g].push_back({c.groups[g].tensors[k].tensor, c.groups[g].tensors[k].page_bytes});
+        wc.groups[g].push_back({c.groups[g].tensors[k].tensor, c.groups[g].tensors[k].page_bytes});
       }
     }
-    if (c.host_blocks <= 0) {
-      throw invalid_argument(
-          fmt::format("{}: config->host_blocks is {} (must be > 0)", fn, c.host_blocks));
+    wc.block_size_factor = c.block_size_factor;
+    wc.host_blocks = c.host_blocks;
+    wc.threads = c.threads;
+    wc.cuda_device = c.cuda_device;
+    wc.defer_stores = c.defer_stores != 0;
+    switch (c.backend) {
+      case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
+      case KVOFFLOAD_BACKEND_CUDA:
+        if (!CudaBackend::available()) {
+          throw unsupported(fmt::format(
+              "{}: the CUDA backend needs a CUDA build of kvoffload and a visible device", fn));
+        }
+        wc.backend = BackendKind::cuda;
+        break;
+      default:
+        throw invalid_argument(fmt::format("{}: config->backend is {} (0 host, 1 cuda)", fn,
+                                           static_cast<int>(c.backend)));
     }
-    auto w = std::make_unique<kvoffload_worker_s>();
-    w->layout =
-        std::make_unique<KvLayout>(std::move(tensors), std::move(groups), c.block_size_factor);
-    std::unique_ptr<Backend> backend = make_backend(c);
-    PoolConfig pc;
-    pc.block_bytes = w->layout->pool_block_bytes();
-    pc.host_blocks = c.host_blocks;
-    pc.pinning = c.backend == KVOFFLOAD_BACKEND_CUDA ? Pinning::require : Pinning::off;
-    w->pool = std::make_unique<PinnedHostPool>(pc);
-    const HostRegion region{reinterpret_cast<std::uintptr_t>(w->pool->data()),
-                            w->pool->num_blocks(),
-                            static_cast<std::int64_t>(w->pool->block_bytes()), 0,
-                            static_cast<std::int64_t>(w->pool->block_bytes())};
-    TransferEngineConfig ec;
-    ec.defer_stores = c.defer_stores != 0;
-    w->engine = std::make_unique<TransferEngine>(*w->layout, region, std::move(backend), ec);
+    auto w = std::make_unique<kvoffload_worker_s>(wc);
     *worker = w.release();
   });
 }
@@ -141,19 +108,14 @@ kvoffload_status_t kvoffload_worker_submit(kvoffload_worker_t w, const kvoffload
   return guard([&] {
     require(w, "kvoffload_worker_submit", "worker");
     require(job, "kvoffload_worker_submit", "job");
-    const TransferJob t = to_job(*job);
-    if (t.kind == JobKind::load) {
-      w->engine->submit_load(t);
-    } else {
-      w->engine->submit_store(t);
-    }
+    w->worker.submit(to_job(*job));
   });
 }
 
 kvoffload_status_t kvoffload_worker_start_step(kvoffload_worker_t w) {
   return guard([&] {
     require(w, "kvoffload_worker_start_step", "worker");
-    w->engine->start_step();
+    w->worker.start_step();
   });
 }
 
@@ -167,7 +129,7 @@ kvoffload_status_t kvoffload_worker_get_finished(kvoffload_worker_t w,
     require(w, fn, "worker");
     require_array(finished, capacity, fn, "finished");
     std::lock_guard lock(w->mutex);
-    for (FinishedTransfer& f : w->engine->get_finished()) w->pending.push_back(std::move(f));
+    for (FinishedTransfer& f : w->worker.get_finished()) w->pending.push_back(std::move(f));
     w->handed.clear();
     while (w->handed.size() < capacity && !w->pending.empty()) {
       w->handed.push_back(std::move(w->pending.front()));
@@ -188,7 +150,7 @@ kvoffload_status_t kvoffload_worker_wait(kvoffload_worker_t w, const kvoffload_j
   return guard([&] {
     require(w, "kvoffload_worker_wait", "worker");
     require_array(jobs, num_jobs, "kvoffload_worker_wait", "jobs");
-    w->engine->wait(std::span<const JobId>(jobs, num_jobs));
+    w->worker.wait(std::span<const JobId>(jobs, num_jobs));
   });
 }
 
@@ -199,12 +161,9 @@ kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t w, int32_t blo
     require(w, fn, "worker");
     require(data, fn, "data");
     require(block_bytes, fn, "block_bytes");
-    if (block < 0 || block >= w->pool->num_blocks()) {
-      throw invalid_argument(fmt::format("{}: host block {} is out of range (0 to {})", fn, block,
-                                         w->pool->num_blocks() - 1));
-    }
-    *data = w->pool->block(block);
-    *block_bytes = w->pool->block_bytes();
+    const std::span<std::byte> b = w->worker.host_block(block);
+    *data = b.data();
+    *block_bytes = b.size();
   });
 }
 

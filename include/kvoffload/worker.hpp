@@ -1,0 +1,68 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+#include "kvoffload/job.hpp"
+#include "kvoffload/kv_layout.hpp"
+#include "kvoffload/transfer_engine.hpp"
+
+namespace kvoffload {
+
+enum class BackendKind : std::uint8_t {
+  host,  ///< HostBackend: memcpy threads; the KV tensors are in host memory
+  cuda,  ///< CudaBackend: the KV tensors are device memory
+};
+
+/// Everything a worker needs: the engine's KV tensors, which of them each group owns, and the
+/// host pool's size (the scheduler's host_blocks).
+struct WorkerConfig {
+  std::vector<KvTensor> tensors;
+  std::vector<std::vector<GroupTensor>> groups;
+  std::int64_t block_size_factor = 1;
+  std::int64_t host_blocks = 0;
+  BackendKind backend = BackendKind::host;
+  int threads = 0;      ///< host backend copy threads (0: all cores)
+  int cuda_device = 0;  ///< CUDA backend device
+  bool defer_stores = false;
+};
+
+class PinnedHostPool;
+
+/// The worker side in one object, as the C API and the Python binding use it: the KV layout,
+/// a host pool sized for it (pinned with the CUDA backend) and a TransferEngine. Thread-safety
+/// as TransferEngine's.
+class KVOFFLOAD_EXPORT Worker {
+ public:
+  /// Throws invalid_argument naming the field for a bad configuration, out_of_memory if the
+  /// pool cannot be allocated, and cuda_error for the CUDA backend in a build or on a machine
+  /// without CUDA.
+  explicit Worker(const WorkerConfig& config);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  /// Starts a load or a store (as job.kind says); throws invalid_argument naming the job and
+  /// group for a job that breaks the invariants or leaves the layout. Nothing is copied then.
+  void submit(const TransferJob& job);
+  void start_step();
+  std::vector<FinishedTransfer> get_finished();
+  void wait(std::span<const JobId> jobs);
+
+  /// Host block `id` of the pool (throws invalid_argument if out of range).
+  [[nodiscard]] std::span<std::byte> host_block(HostBlockId id) const;
+  [[nodiscard]] std::int64_t num_host_blocks() const noexcept;
+  [[nodiscard]] const KvLayout& layout() const noexcept { return *layout_; }
+  [[nodiscard]] TransferStats stats() const;
+
+ private:
+  std::unique_ptr<KvLayout> layout_;
+  std::unique_ptr<PinnedHostPool> pool_;
+  std::unique_ptr<TransferEngine> engine_;
+};
+
+}  // namespace kvoffload
