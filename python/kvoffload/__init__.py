@@ -1,0 +1,294 @@
+"""kvoffload: offload LLM KV-cache blocks between GPU memory and pinned host memory.
+
+The scheduler side (:class:`Scheduler`) decides which blocks of which requests are stored to
+host memory and loaded back; the worker side (:class:`Worker`) runs the copies. Block tensors
+are passed by address and shape (:func:`tensor_of` reads them from a PyTorch tensor or a
+NumPy array), so neither library is a dependency.
+
+Errors raise :class:`Error` subclasses, one per C API status: :class:`InvalidArgument` (also a
+``ValueError``), :class:`OutOfMemory` (also a ``MemoryError``) and :class:`CudaError`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+from ._kvoffload import (  # noqa: F401  (re-exported)
+    CudaError,
+    Error,
+    InvalidArgument,
+    Job,
+    OutOfMemory,
+    _Scheduler,
+    _Worker,
+)
+
+__all__ = [
+    "AllocatedGroup",
+    "CompletedJob",
+    "CudaError",
+    "Error",
+    "Event",
+    "FinishedTransfer",
+    "GroupConfig",
+    "InvalidArgument",
+    "Job",
+    "JobReport",
+    "KvTensor",
+    "OutOfMemory",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerConfig",
+    "Step",
+    "Worker",
+    "WorkerConfig",
+    "tensor_of",
+]
+
+__version__ = "0.1.0"
+
+Key = Tuple[bytes, int]
+
+
+@dataclass
+class GroupConfig:
+    """One KV-cache group: ``kind`` is "full_attention", "sliding_window" or "mamba"."""
+
+    kind: str = "full_attention"
+    gpu_block_size: int = 16
+    sliding_window: int = 0
+
+
+@dataclass
+class SchedulerConfig:
+    groups: List[GroupConfig] = field(default_factory=lambda: [GroupConfig()])
+    host_blocks: int = 1024
+    block_size_factor: int = 1
+    hash_block_size: int = 16
+    num_workers: int = 1
+    prefix_caching: bool = True
+    gpu_blocks: int = 0
+    policy: str = "lru"
+    store_threshold: int = 0
+    block_bytes: int = 0
+    enable_events: bool = True
+
+
+@dataclass
+class AllocatedGroup:
+    """The GPU blocks the engine allocated for one group of a request (nulls included)."""
+
+    block_ids: Sequence[int]
+    num_computed_blocks: int = 0
+
+
+@dataclass
+class ScheduledRequest:
+    request_id: str
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+    new_block_ids: Sequence[Sequence[int]]  # one list per group
+    resumed: bool = False
+
+
+@dataclass
+class JobReport:
+    job: int
+    count: int = 1
+    ok: bool = True
+
+
+@dataclass(frozen=True)
+class CompletedJob:
+    job: int
+    kind: str
+    request_id: str
+    ok: bool
+
+
+@dataclass(frozen=True)
+class Event:
+    removed: bool
+    keys: List[Key]
+
+
+@dataclass
+class Step:
+    """One step's jobs: loads planned since the last step, this step's stores (in request
+    order), and the in-flight stores to wait for first (ascending)."""
+
+    load_jobs: List[Job]
+    store_jobs: List[Job]
+    flush: List[int]
+
+
+class Scheduler:
+    """The offloading scheduler (SEMANTICS 3-8). Single-threaded: one thread calls it."""
+
+    def __init__(self, config: Optional[SchedulerConfig] = None, **overrides):
+        c = config if config is not None else SchedulerConfig()
+        if overrides:
+            c = SchedulerConfig(**{**c.__dict__, **overrides})
+        self.config = c
+        self._s = _Scheduler(
+            groups=[(g.kind, g.gpu_block_size, g.sliding_window) for g in c.groups],
+            block_size_factor=c.block_size_factor,
+            hash_block_size=c.hash_block_size,
+            num_workers=c.num_workers,
+            prefix_caching=c.prefix_caching,
+            gpu_blocks=c.gpu_blocks,
+            host_blocks=c.host_blocks,
+            policy=c.policy,
+            store_threshold=c.store_threshold,
+            block_bytes=c.block_bytes,
+            enable_events=c.enable_events,
+        )
+
+    def update_request(self, request_id: str, num_tokens: int, block_hashes: Sequence[bytes],
+                       remote_decode: bool = False) -> None:
+        """The request's token count and all its block hashes so far."""
+        self._s.update_request(request_id, num_tokens, list(block_hashes), remote_decode)
+
+    def extend_request(self, request_id: str, num_tokens: int,
+                       new_hashes: Sequence[bytes] = ()) -> None:
+        """Like update_request, with only the hashes that are new."""
+        self._s.extend_request(request_id, num_tokens, list(new_hashes))
+
+    def lookup(self, request_id: str, num_computed_tokens: int = 0) -> Optional[int]:
+        """Tokens loadable from host memory (0: none), or None: ask again later."""
+        return self._s.lookup(request_id, num_computed_tokens)
+
+    def on_allocated(self, request_id: str, groups: Sequence[AllocatedGroup],
+                     num_external_tokens: int) -> None:
+        self._s.on_allocated(
+            request_id, [(list(g.block_ids), g.num_computed_blocks) for g in groups],
+            num_external_tokens)
+
+    def build_step(self, scheduled: Iterable[ScheduledRequest],
+                   preempted: Sequence[str] = ()) -> Step:
+        entries = [(e.request_id, e.num_computed_tokens, e.num_scheduled_tokens,
+                    [list(ids) for ids in e.new_block_ids], e.resumed) for e in scheduled]
+        loads, stores, flush = self._s.build_step(entries, list(preempted))
+        return Step(loads, stores, list(flush))
+
+    def on_completed(self, reports: Iterable[JobReport]) -> List[CompletedJob]:
+        done = self._s.on_completed([(r.job, r.count, r.ok) for r in reports])
+        return [CompletedJob(*d) for d in done]
+
+    def on_finished(self, request_id: str) -> None:
+        self._s.on_finished(request_id)
+
+    def reset_cache(self) -> None:
+        self._s.reset_cache()
+
+    def take_events(self) -> List[Event]:
+        return [Event(removed, keys) for removed, keys in self._s.take_events()]
+
+    def stats(self) -> dict:
+        """Cache occupancy and counters (hits, misses, evictions, jobs, bytes)."""
+        return self._s.stats()
+
+    @property
+    def num_requests(self) -> int:
+        return self._s.num_requests
+
+    @property
+    def num_jobs_in_flight(self) -> int:
+        return self._s.num_jobs_in_flight
+
+
+@dataclass
+class KvTensor:
+    """One KV tensor of the engine's cache: ``num_blocks`` pages at ``base + i * stride``."""
+
+    base: int
+    num_blocks: int
+    page_bytes: int
+    block_stride_bytes: int
+
+
+def tensor_of(t) -> KvTensor:
+    """A KvTensor for a PyTorch tensor or a NumPy array whose first dimension is the block
+    index and whose pages (``t[i]``) are contiguous."""
+    if hasattr(t, "data_ptr"):  # PyTorch
+        item = t.element_size()
+        num_blocks = int(t.shape[0])
+        page = int(t[0].numel()) * item if num_blocks > 0 else 0
+        return KvTensor(int(t.data_ptr()), num_blocks, page, int(t.stride(0)) * item)
+    iface = getattr(t, "__array_interface__", None)
+    if iface is None:
+        raise InvalidArgument("tensor_of: expected a PyTorch tensor or a NumPy array, got "
+                              + type(t).__name__)
+    num_blocks = int(t.shape[0])
+    page = int(t[0].nbytes) if num_blocks > 0 else 0
+    return KvTensor(int(iface["data"][0]), num_blocks, page, int(t.strides[0]))
+
+
+@dataclass
+class WorkerConfig:
+    tensors: List[KvTensor]
+    groups: List[List[Tuple[int, int]]]  # per group: (tensor index, page bytes used)
+    host_blocks: int
+    block_size_factor: int = 1
+    backend: str = "host"  # or "cuda"
+    threads: int = 0
+    cuda_device: int = 0
+    defer_stores: bool = False
+
+
+@dataclass(frozen=True)
+class FinishedTransfer:
+    job: int
+    kind: str
+    ok: bool
+    error: str
+    bytes: int
+
+
+class Worker:
+    """Runs the scheduler's jobs: copies between the KV tensors and a host pool it owns."""
+
+    def __init__(self, config: WorkerConfig):
+        self.config = config
+        self._w = _Worker(
+            tensors=[(t.base, t.num_blocks, t.page_bytes, t.block_stride_bytes)
+                     for t in config.tensors],
+            groups=[list(g) for g in config.groups],
+            block_size_factor=config.block_size_factor,
+            host_blocks=config.host_blocks,
+            backend=config.backend,
+            threads=config.threads,
+            cuda_device=config.cuda_device,
+            defer_stores=config.defer_stores,
+        )
+
+    def submit(self, job: Job) -> None:
+        """Starts a load or a store; a job outside the layout raises InvalidArgument."""
+        self._w.submit(job)
+
+    def submit_step(self, step: Step) -> None:
+        """Waits for the step's flush set, then submits its loads and stores."""
+        if step.flush:
+            self.wait(step.flush)
+        for job in step.load_jobs:
+            self.submit(job)
+        for job in step.store_jobs:
+            self.submit(job)
+
+    def start_step(self) -> None:
+        self._w.start_step()
+
+    def get_finished(self) -> List[FinishedTransfer]:
+        return [FinishedTransfer(*f) for f in self._w.get_finished()]
+
+    def wait(self, jobs: Sequence[int]) -> None:
+        self._w.wait(list(jobs))
+
+    def host_block(self, block: int):
+        """A writable NumPy uint8 view of host block ``block`` of the pool."""
+        return self._w.host_block(block)
+
+    @property
+    def num_host_blocks(self) -> int:
+        return self._w.num_host_blocks

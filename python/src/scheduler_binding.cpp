@@ -1,0 +1,228 @@
+// Python binding of the scheduler side: Scheduler, its request/report inputs and the jobs it
+// emits. Jobs expose their id arrays as read-only NumPy views into the job (no copy).
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/scheduler.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kvoffload::python {
+namespace {
+
+template <class T>
+using View = nb::ndarray<nb::numpy, const T, nb::ndim<1>>;
+
+template <class T>
+View<T> view(const std::vector<T>& v) {
+  const std::size_t shape[1] = {v.size()};
+  return View<T>(v.data(), 1, shape, nb::handle());
+}
+
+nb::bytes to_bytes(const BlockHash& h) {
+  return nb::bytes(reinterpret_cast<const char*>(h.data()), h.size());
+}
+
+nb::list keys_to_list(const std::vector<Key>& keys) {
+  nb::list out;
+  for (const Key& k : keys) out.append(nb::make_tuple(to_bytes(k.hash), k.group));
+  return out;
+}
+
+std::string fmt_hash_error(std::string_view what, std::size_t i, std::size_t size) {
+  return std::string(what) + ": block hash " + std::to_string(i) + " has " + std::to_string(size) +
+         " bytes (1 to 32)";
+}
+
+std::vector<BlockHash> to_hashes(const std::vector<nb::bytes>& hashes, std::string_view what) {
+  std::vector<BlockHash> out;
+  out.reserve(hashes.size());
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    const nb::bytes& b = hashes[i];
+    if (b.size() < 1 || b.size() > BlockHash::max_size) {
+      throw invalid_argument(fmt_hash_error(what, i, b.size()));
+    }
+    out.push_back(BlockHash::from_bytes(
+        std::span(reinterpret_cast<const std::uint8_t*>(b.c_str()), b.size())));
+  }
+  return out;
+}
+
+const char* kind_name(JobKind k) {
+  return k == JobKind::load ? "load" : "store";
+}
+
+GroupKind group_kind(const std::string& name, std::size_t g) {
+  return parse_group_kind(name, "groups[" + std::to_string(g) + "].kind");
+}
+
+nb::dict to_dict(const CacheStats& c, const SchedulerStats& s) {
+  nb::dict d;
+  d["blocks_total"] = c.blocks_total;
+  d["blocks_used"] = c.blocks_used;
+  d["blocks_free"] = c.blocks_free;
+  d["blocks_writing"] = c.blocks_writing;
+  d["blocks_being_read"] = c.blocks_being_read;
+  d["hits"] = c.hits;
+  d["misses"] = c.misses;
+  d["deferrals"] = c.deferrals;
+  d["evictions"] = c.evictions;
+  d["stores_skipped"] = c.stores_skipped;
+  d["stores_without_room"] = c.stores_without_room;
+  d["blocks_stored"] = c.blocks_stored;
+  d["blocks_loaded"] = c.blocks_loaded;
+  d["bytes_stored"] = c.bytes_stored;
+  d["bytes_loaded"] = c.bytes_loaded;
+  d["lookups"] = s.lookups;
+  d["hit_tokens"] = s.hit_tokens;
+  d["load_jobs"] = s.load_jobs;
+  d["store_jobs"] = s.store_jobs;
+  d["failed_loads"] = s.failed_loads;
+  d["failed_stores"] = s.failed_stores;
+  return d;
+}
+
+}  // namespace
+
+void bind_scheduler(nb::module_& m) {
+  nb::class_<TransferJob>(m, "Job", "A load or store job, as the scheduler emitted it.")
+      .def_ro("id", &TransferJob::id)
+      .def_prop_ro("kind", [](const TransferJob& j) { return kind_name(j.kind); })
+      .def_ro("request_id", &TransferJob::request_id)
+      .def_prop_ro(
+          "keys", [](const TransferJob& j) { return keys_to_list(j.keys); },
+          "(hash bytes, group) per host block, group-major")
+      .def_prop_ro(
+          "gpu_block_ids", [](const TransferJob& j) { return view(j.gpu.block_ids); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "group_sizes", [](const TransferJob& j) { return view(j.gpu.group_sizes); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "block_indices", [](const TransferJob& j) { return view(j.gpu.block_indices); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "host_block_ids", [](const TransferJob& j) { return view(j.host_block_ids); },
+          nb::rv_policy::reference_internal)
+      .def("__repr__", [](const TransferJob& j) {
+        return "Job(id=" + std::to_string(j.id) + ", kind='" + kind_name(j.kind) +
+               "', request_id='" + j.request_id +
+               "', host_blocks=" + std::to_string(j.host_block_ids.size()) +
+               ", gpu_blocks=" + std::to_string(j.gpu.block_ids.size()) + ")";
+      });
+
+  nb::class_<Scheduler>(m, "_Scheduler")
+      .def(
+          "__init__",
+          [](Scheduler* self,
+             const std::vector<std::tuple<std::string, std::int64_t, std::int64_t>>& groups,
+             std::int64_t block_size_factor, std::int64_t hash_block_size, std::int64_t num_workers,
+             bool prefix_caching, std::int64_t gpu_blocks, std::int64_t host_blocks,
+             const std::string& policy, std::int64_t store_threshold, std::int64_t block_bytes,
+             bool enable_events) {
+            SchedulerConfig c;
+            for (std::size_t g = 0; g < groups.size(); ++g) {
+              c.groups.push_back({group_kind(std::get<0>(groups[g]), g), std::get<1>(groups[g]),
+                                  std::get<2>(groups[g])});
+            }
+            c.block_size_factor = block_size_factor;
+            c.hash_block_size = hash_block_size;
+            c.num_workers = num_workers;
+            c.prefix_caching = prefix_caching;
+            c.gpu_blocks = gpu_blocks;
+            c.manager.host_blocks = host_blocks;
+            c.manager.policy = policy;
+            c.manager.store_threshold = store_threshold;
+            c.manager.block_bytes = block_bytes;
+            c.manager.enable_events = enable_events;
+            new (self) Scheduler(c);
+          },
+          "groups"_a, "block_size_factor"_a, "hash_block_size"_a, "num_workers"_a,
+          "prefix_caching"_a, "gpu_blocks"_a, "host_blocks"_a, "policy"_a, "store_threshold"_a,
+          "block_bytes"_a, "enable_events"_a)
+      .def(
+          "update_request",
+          [](Scheduler& s, std::string_view id, std::int64_t num_tokens,
+             const std::vector<nb::bytes>& hashes, bool remote_decode) {
+            s.update_request(id, num_tokens, to_hashes(hashes, "update_request"), remote_decode);
+          },
+          "request_id"_a, "num_tokens"_a, "block_hashes"_a, "remote_decode"_a = false)
+      .def(
+          "extend_request",
+          [](Scheduler& s, std::string_view id, std::int64_t num_tokens,
+             const std::vector<nb::bytes>& hashes) {
+            s.extend_request(id, num_tokens, to_hashes(hashes, "extend_request"));
+          },
+          "request_id"_a, "num_tokens"_a, "new_hashes"_a)
+      .def("lookup", &Scheduler::lookup, "request_id"_a, "num_computed_tokens"_a)
+      .def(
+          "on_allocated",
+          [](Scheduler& s, std::string_view id,
+             const std::vector<std::pair<std::vector<GpuBlockId>, std::int64_t>>& groups,
+             std::int64_t num_external_tokens) {
+            std::vector<AllocatedGroup> g;
+            g.reserve(groups.size());
+            for (const auto& [ids, computed] : groups) g.push_back({ids, computed});
+            s.on_allocated(id, g, num_external_tokens);
+          },
+          "request_id"_a, "groups"_a, "num_external_tokens"_a)
+      .def(
+          "build_step",
+          [](Scheduler& s,
+             const std::vector<std::tuple<std::string, std::int64_t, std::int64_t,
+                                          std::vector<std::vector<GpuBlockId>>, bool>>& scheduled,
+             const std::vector<std::string>& preempted) {
+            std::vector<ScheduledRequest> entries;
+            entries.reserve(scheduled.size());
+            for (const auto& [id, computed, count, ids, resumed] : scheduled) {
+              entries.push_back({id, computed, count, ids, resumed});
+            }
+            StepResult r = s.build_step(entries, preempted);
+            nb::list loads, stores;
+            for (TransferJob& j : r.load_jobs) loads.append(nb::cast(std::move(j)));
+            for (TransferJob& j : r.store_jobs) stores.append(nb::cast(std::move(j)));
+            return nb::make_tuple(loads, stores, r.flush);
+          },
+          "scheduled"_a, "preempted"_a)
+      .def(
+          "on_completed",
+          [](Scheduler& s, const std::vector<std::tuple<JobId, std::int64_t, bool>>& reports) {
+            std::vector<JobReport> r;
+            r.reserve(reports.size());
+            for (const auto& [job, count, ok] : reports) r.push_back({job, count, ok});
+            nb::list out;
+            for (const CompletedJob& c : s.on_completed(r)) {
+              out.append(nb::make_tuple(c.job, kind_name(c.kind), c.request_id, c.ok));
+            }
+            return out;
+          },
+          "reports"_a)
+      .def("on_finished", &Scheduler::on_finished, "request_id"_a)
+      .def("reset_cache", &Scheduler::reset_cache)
+      .def("take_events",
+           [](Scheduler& s) {
+             nb::list out;
+             for (const ManagerEvent& e : s.take_events()) {
+               out.append(nb::make_tuple(e.removed, keys_to_list(e.keys)));
+             }
+             return out;
+           })
+      .def("stats", [](const Scheduler& s) { return to_dict(s.cache_stats(), s.stats()); })
+      .def_prop_ro("num_requests", &Scheduler::num_requests)
+      .def_prop_ro("num_jobs_in_flight", &Scheduler::num_jobs_in_flight);
+}
+
+}  // namespace kvoffload::python

@@ -1,0 +1,85 @@
+// Python binding of the worker side: a Worker over KV tensors given by address and shape
+// (so PyTorch or NumPy tensors work without a dependency on either).
+
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/worker.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kvoffload::python {
+
+void bind_worker(nb::module_& m) {
+  nb::class_<Worker>(m, "_Worker")
+      .def(
+          "__init__",
+          [](Worker* self,
+             const std::vector<
+                 std::tuple<std::uintptr_t, std::int64_t, std::int64_t, std::int64_t>>& tensors,
+             const std::vector<std::vector<std::pair<std::int32_t, std::int64_t>>>& groups,
+             std::int64_t block_size_factor, std::int64_t host_blocks, const std::string& backend,
+             int threads, int cuda_device, bool defer_stores) {
+            WorkerConfig c;
+            for (const auto& [base, blocks, page, stride] : tensors) {
+              c.tensors.push_back({base, blocks, page, stride});
+            }
+            for (const auto& g : groups) {
+              std::vector<GroupTensor> gt;
+              for (const auto& [tensor, page] : g) gt.push_back({tensor, page});
+              c.groups.push_back(std::move(gt));
+            }
+            c.block_size_factor = block_size_factor;
+            c.host_blocks = host_blocks;
+            if (backend == "host") {
+              c.backend = BackendKind::host;
+            } else if (backend == "cuda") {
+              c.backend = BackendKind::cuda;
+            } else {
+              throw invalid_argument("worker: backend is \"" + backend +
+                                     "\" (\"host\" or \"cuda\")");
+            }
+            c.threads = threads;
+            c.cuda_device = cuda_device;
+            c.defer_stores = defer_stores;
+            new (self) Worker(c);
+          },
+          "tensors"_a, "groups"_a, "block_size_factor"_a, "host_blocks"_a, "backend"_a, "threads"_a,
+          "cuda_device"_a, "defer_stores"_a)
+      .def("submit", &Worker::submit, "job"_a)
+      .def("start_step", &Worker::start_step)
+      .def("get_finished",
+           [](Worker& w) {
+             nb::list out;
+             for (const FinishedTransfer& f : w.get_finished()) {
+               out.append(nb::make_tuple(f.job, f.kind == JobKind::load ? "load" : "store", f.ok,
+                                         f.error, f.bytes));
+             }
+             return out;
+           })
+      .def(
+          "wait", [](Worker& w, const std::vector<JobId>& jobs) { w.wait(jobs); }, "jobs"_a,
+          nb::call_guard<nb::gil_scoped_release>())
+      .def(
+          "host_block",
+          [](const Worker& w, HostBlockId id) {
+            const std::span<std::byte> b = w.host_block(id);
+            const std::size_t shape[1] = {b.size()};
+            return nb::ndarray<nb::numpy, std::uint8_t, nb::ndim<1>>(
+                reinterpret_cast<std::uint8_t*>(b.data()), 1, shape, nb::handle());
+          },
+          "block"_a, nb::rv_policy::reference_internal)
+      .def_prop_ro("num_host_blocks", &Worker::num_host_blocks);
+}
+
+}  // namespace kvoffload::python

@@ -1,0 +1,83 @@
+import numpy as np
+import pytest
+
+import kvoffload as kv
+from conftest import block_hashes
+
+
+def two_group_scheduler(**kw):
+    cfg = kv.SchedulerConfig(
+        groups=[kv.GroupConfig("full_attention", 16),
+                kv.GroupConfig("sliding_window", 16, sliding_window=32)],
+        block_size_factor=2, host_blocks=64, **kw)
+    return kv.Scheduler(cfg)
+
+
+def test_store_then_hit_then_load():
+    s = two_group_scheduler()
+    h = block_hashes("p", 8)  # 128 tokens
+    s.update_request("a", 128, h)
+    assert s.lookup("a", 0) == 0
+    s.on_allocated("a", [kv.AllocatedGroup([]), kv.AllocatedGroup([])], 0)
+    step = s.build_step([kv.ScheduledRequest("a", 0, 128, [list(range(1, 9)), list(range(11, 19))])])
+    assert step.load_jobs == [] and len(step.store_jobs) == 1
+    job = step.store_jobs[0]
+    assert job.kind == "store" and job.request_id == "a"
+    # 4 host blocks of 2 GPU blocks per group; the window group stores only what it keeps.
+    assert isinstance(job.gpu_block_ids, np.ndarray) and job.gpu_block_ids.dtype == np.int32
+    assert int(job.group_sizes.sum()) == len(job.gpu_block_ids)
+    assert list(job.gpu_block_ids[:8]) == list(range(1, 9))
+    assert len(job.host_block_ids) == len(job.keys)
+    assert job.keys[0] == (h[1], 0)  # the hash of the last hash block the host block covers
+    assert not job.gpu_block_ids.flags.writeable
+    done = s.on_completed([kv.JobReport(job.id)])
+    assert done == [kv.CompletedJob(job.id, "store", "a", True)]
+    events = s.take_events()
+    assert len(events) == 1 and not events[0].removed and events[0].keys == job.keys
+    s.on_finished("a")
+    assert s.num_requests == 0
+
+    s.update_request("b", 128, h)
+    hit = s.lookup("b", 0)
+    assert hit is not None and hit > 0
+    # The window group gets null blocks (0) outside its 32-token window, counted as computed.
+    s.on_allocated("b", [kv.AllocatedGroup(list(range(21, 29))),
+                         kv.AllocatedGroup([0] * 6 + [37, 38], num_computed_blocks=6)], hit)
+    step = s.build_step([kv.ScheduledRequest("b", hit, 128 - hit, [[], []])])
+    assert len(step.load_jobs) == 1 and step.load_jobs[0].kind == "load"
+    load = step.load_jobs[0]
+    assert list(load.gpu_block_ids) == list(range(21, 29)) + [37, 38]
+    assert list(load.group_sizes) == [8, 2]
+    stats = s.stats()
+    assert stats["load_jobs"] == 1 and stats["blocks_stored"] == len(job.keys)
+
+
+def test_job_views_outlive_the_step():
+    s = kv.Scheduler(host_blocks=8)
+    s.update_request("a", 32, block_hashes("v", 2))
+    s.lookup("a")
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    ids = s.build_step([kv.ScheduledRequest("a", 0, 32, [[5, 6]])]).store_jobs[0].gpu_block_ids
+    # The view keeps its job alive after the Step and the Job objects are gone.
+    import gc
+    gc.collect()
+    assert list(ids) == [5, 6]
+
+
+def test_lookup_defers_while_a_store_is_in_flight():
+    s = kv.Scheduler(host_blocks=8)
+    h = block_hashes("d", 2)
+    s.update_request("a", 32, h)
+    s.lookup("a")
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    job = s.build_step([kv.ScheduledRequest("a", 0, 32, [[1, 2]])]).store_jobs[0]
+    s.update_request("b", 32, h)
+    assert s.lookup("b") is None  # being stored: ask again later
+    s.on_completed([kv.JobReport(job.id)])
+    assert s.lookup("b") == 32
+
+
+def test_config_overrides_and_policies():
+    s = kv.Scheduler(kv.SchedulerConfig(host_blocks=4), policy="arc")
+    assert s.config.policy == "arc" and s.config.host_blocks == 4
+    assert s.stats()["blocks_total"] == 4

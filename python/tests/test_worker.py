@@ -1,0 +1,57 @@
+import numpy as np
+
+import kvoffload as kv
+from conftest import block_hashes
+
+
+def test_round_trip_through_the_host_pool():
+    """Store a request's pages, overwrite the GPU copy, load them into other blocks of a
+    second request with the same prompt and compare the bytes."""
+    f, page = 2, 128
+    gpu = np.zeros((32, page), dtype=np.uint8)  # the "GPU" KV tensor: 32 blocks
+    rng = np.random.default_rng(7)
+    s = kv.Scheduler(host_blocks=16, block_size_factor=f)
+    w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, page)]], host_blocks=16,
+                                  block_size_factor=f, threads=1))
+    h = block_hashes("w", 4)  # 64 tokens: 4 GPU blocks, 2 host blocks
+    first = [1, 2, 3, 4]
+    gpu[first] = rng.integers(0, 256, size=(4, page), dtype=np.uint8)
+    original = gpu[first].copy()
+
+    s.update_request("a", 64, h)
+    assert s.lookup("a") == 0
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    step = s.build_step([kv.ScheduledRequest("a", 0, 64, [first])])
+    w.submit_step(step)
+    w.wait([j.id for j in step.store_jobs])
+    finished = w.get_finished()
+    assert [(x.job, x.kind, x.ok) for x in finished] == [(step.store_jobs[0].id, "store", True)]
+    assert finished[0].bytes == 4 * page
+    s.on_completed([kv.JobReport(x.job, ok=x.ok) for x in finished])
+    s.on_finished("a")
+    host = step.store_jobs[0].host_block_ids
+    assert np.array_equal(w.host_block(int(host[0]))[: 2 * page], original[:2].reshape(-1))
+
+    gpu[first] = 0  # the GPU copy is gone
+    second = [9, 10, 11, 12]
+    s.update_request("b", 64, h)
+    hit = s.lookup("b")
+    assert hit == 64
+    s.on_allocated("b", [kv.AllocatedGroup(second)], hit)
+    step = s.build_step([kv.ScheduledRequest("b", hit, 0, [[]])])
+    assert len(step.load_jobs) == 1
+    w.submit_step(step)
+    w.wait([step.load_jobs[0].id])
+    done = s.on_completed([kv.JobReport(x.job, ok=x.ok) for x in w.get_finished()])
+    assert [d.kind for d in done] == ["load"] and done[0].ok
+    assert np.array_equal(gpu[second], original)
+
+
+def test_tensor_of_reads_numpy_layouts():
+    a = np.zeros((10, 4, 8), dtype=np.float16)
+    t = kv.tensor_of(a)
+    assert (t.num_blocks, t.page_bytes, t.block_stride_bytes) == (10, 64, 64)
+    assert t.base == a.__array_interface__["data"][0]
+    padded = np.zeros((10, 96), dtype=np.uint8)[:, :64]  # pages of 64 bytes, 96 apart
+    t = kv.tensor_of(padded)
+    assert (t.page_bytes, t.block_stride_bytes) == (64, 96)
