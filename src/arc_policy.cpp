@@ -1,7 +1,6 @@
 #include "kvoffload/arc_policy.hpp"
 
 #include <algorithm>
-#include <ranges>
 
 namespace kvoffload {
 
@@ -58,7 +57,9 @@ void ArcPolicy::touch(std::span<const HostBlockId> ids,
     std::fill(touch_stamp_.begin(), touch_stamp_.end(), 0);
     stamp_ = 1;
   }
-  for (const HostBlockId id : std::views::reverse(ids)) {
+  // Last to first (a plain loop: clang 14 cannot compile libstdc++ 12's views::reverse).
+  for (std::size_t i = ids.size(); i-- > 0;) {
+    const HostBlockId id = ids[i];
     const auto node = static_cast<std::uint32_t>(id);
     if (id < 0 || !resident_.linked(node) || touch_stamp_[node] == stamp_)
       continue;  // one access a call

@@ -1,7 +1,5 @@
 #include "kvoffload/lru_policy.hpp"
 
-#include <ranges>
-
 #include "expects.hpp"
 #include "kvoffload/arc_policy.hpp"
 
@@ -33,7 +31,9 @@ void LruPolicy::touch(std::span<const HostBlockId> ids,
                       detail::function_ref<bool(HostBlockId)> /*ready*/) {
   // Moving an id twice leaves it where its first occurrence from the front puts it, which is
   // one access either way.
-  for (const HostBlockId id : std::views::reverse(ids)) {
+  // Last to first (a plain loop: clang 14 cannot compile libstdc++ 12's views::reverse).
+  for (std::size_t i = ids.size(); i-- > 0;) {
+    const HostBlockId id = ids[i];
     const auto node = static_cast<std::uint32_t>(id);
     if (id >= 0 && list_.linked(node)) list_.push_back(kRecency, node);
   }

@@ -5,9 +5,11 @@
 // crash reaches a C caller.
 
 #include <cstddef>
+#include <cstring>
 #include <new>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
 
@@ -56,6 +58,16 @@ kvoffload_status_t guard(F&& f) noexcept {
     set_last_error("unknown exception");
     return KVOFFLOAD_INTERNAL_ERROR;
   }
+}
+
+/// An enum a C caller passed, as its integer. C may store any int in it, and reading an
+/// out-of-range value as a C++ enum is undefined behaviour (UBSan reports it), so the bytes
+/// are copied instead.
+template <class E>
+int raw_enum(const E& e) noexcept {
+  std::underlying_type_t<E> v;
+  std::memcpy(&v, &e, sizeof v);
+  return static_cast<int>(v);
 }
 
 /// Throws invalid_argument "<fn>: <what> is NULL" when p is null.

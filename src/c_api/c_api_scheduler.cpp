@@ -25,16 +25,27 @@ struct kvoffload_step_s {
 namespace kvoffload::capi {
 namespace {
 
-GroupKind to_kind(kvoffload_group_kind_t kind, std::size_t g) {
-  switch (kind) {
+GroupKind to_kind(const kvoffload_group_kind_t& kind, std::size_t g) {
+  const int k = raw_enum(kind);
+  switch (k) {
     case KVOFFLOAD_FULL_ATTENTION: return GroupKind::full_attention;
     case KVOFFLOAD_SLIDING_WINDOW: return GroupKind::sliding_window;
     case KVOFFLOAD_MAMBA: return GroupKind::mamba;
+    default: break;
   }
   throw invalid_argument(fmt::format(
       "kvoffload_scheduler_create: groups[{}].kind is {} (0 full attention, 1 sliding window, "
       "2 mamba)",
-      g, static_cast<int>(kind)));
+      g, k));
+}
+
+/// A job kind from a C caller: true for loads; throws for anything but 0 and 1.
+bool is_load(const kvoffload_job_kind_t& kind, std::string_view fn) {
+  const int k = raw_enum(kind);
+  if (k != KVOFFLOAD_JOB_LOAD && k != KVOFFLOAD_JOB_STORE) {
+    throw invalid_argument(fmt::format("{}: kind is {} (0 load, 1 store)", fn, k));
+  }
+  return k == KVOFFLOAD_JOB_LOAD;
 }
 
 SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
@@ -331,11 +342,7 @@ kvoffload_status_t kvoffload_step_num_jobs(kvoffload_step_t step, kvoffload_job_
     constexpr std::string_view fn = "kvoffload_step_num_jobs";
     require(step, fn, "step");
     require(num_jobs, fn, "num_jobs");
-    if (kind != KVOFFLOAD_JOB_LOAD && kind != KVOFFLOAD_JOB_STORE) {
-      throw invalid_argument(fmt::format("{}: kind is {} (0 load, 1 store)", fn, int(kind)));
-    }
-    *num_jobs =
-        kind == KVOFFLOAD_JOB_LOAD ? step->result.load_jobs.size() : step->result.store_jobs.size();
+    *num_jobs = is_load(kind, fn) ? step->result.load_jobs.size() : step->result.store_jobs.size();
   });
 }
 
@@ -345,10 +352,7 @@ kvoffload_status_t kvoffload_step_get_job(kvoffload_step_t step, kvoffload_job_k
     constexpr std::string_view fn = "kvoffload_step_get_job";
     require(step, fn, "step");
     require(job, fn, "job");
-    if (kind != KVOFFLOAD_JOB_LOAD && kind != KVOFFLOAD_JOB_STORE) {
-      throw invalid_argument(fmt::format("{}: kind is {} (0 load, 1 store)", fn, int(kind)));
-    }
-    const bool load = kind == KVOFFLOAD_JOB_LOAD;
+    const bool load = is_load(kind, fn);
     const auto& jobs = load ? step->result.load_jobs : step->result.store_jobs;
     if (index >= jobs.size()) {
       throw invalid_argument(fmt::format("{}: index {} is out of range ({} {} jobs)", fn, index,
@@ -357,7 +361,7 @@ kvoffload_status_t kvoffload_step_get_job(kvoffload_step_t step, kvoffload_job_k
     const TransferJob& j = jobs[index];
     const auto& keys = (load ? step->load_keys : step->store_keys)[index];
     *job = kvoffload_job_t{j.id,
-                           kind,
+                           load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE,
                            j.request_id.c_str(),
                            keys.data(),
                            j.host_block_ids.data(),

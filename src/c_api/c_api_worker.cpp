@@ -22,9 +22,9 @@ namespace {
 
 TransferJob to_job(const kvoffload_job_t& j) {
   constexpr std::string_view fn = "kvoffload_worker_submit";
-  if (j.kind != KVOFFLOAD_JOB_LOAD && j.kind != KVOFFLOAD_JOB_STORE) {
-    throw invalid_argument(fmt::format("{}: job {}: kind is {} (0 load, 1 store)", fn, j.id,
-                                       static_cast<int>(j.kind)));
+  const int kind = raw_enum(j.kind);
+  if (kind != KVOFFLOAD_JOB_LOAD && kind != KVOFFLOAD_JOB_STORE) {
+    throw invalid_argument(fmt::format("{}: job {}: kind is {} (0 load, 1 store)", fn, j.id, kind));
   }
   const std::string job = fmt::format("job {}", j.id);
   require_array(j.keys, j.num_host_blocks, fn, job + " keys");
@@ -34,7 +34,7 @@ TransferJob to_job(const kvoffload_job_t& j) {
   require_array(j.block_indices, j.num_groups, fn, job + " block_indices");
   TransferJob t;
   t.id = j.id;
-  t.kind = j.kind == KVOFFLOAD_JOB_LOAD ? JobKind::load : JobKind::store;
+  t.kind = kind == KVOFFLOAD_JOB_LOAD ? JobKind::load : JobKind::store;
   t.request_id = j.request_id != nullptr ? j.request_id : "";
   for (std::size_t i = 0; i < j.num_host_blocks; ++i) t.keys.push_back(from_c(j.keys[i], fn, i));
   t.host_block_ids.assign(j.host_block_ids, j.host_block_ids + j.num_host_blocks);
@@ -82,7 +82,7 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     wc.threads = c.threads;
     wc.cuda_device = c.cuda_device;
     wc.defer_stores = c.defer_stores != 0;
-    switch (c.backend) {
+    switch (raw_enum(c.backend)) {
       case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
       case KVOFFLOAD_BACKEND_CUDA:
         if (!CudaBackend::available()) {
@@ -92,8 +92,8 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
         wc.backend = BackendKind::cuda;
         break;
       default:
-        throw invalid_argument(fmt::format("{}: config->backend is {} (0 host, 1 cuda)", fn,
-                                           static_cast<int>(c.backend)));
+        throw invalid_argument(
+            fmt::format("{}: config->backend is {} (0 host, 1 cuda)", fn, raw_enum(c.backend)));
     }
     auto w = std::make_unique<kvoffload_worker_s>(wc);
     *worker = w.release();

@@ -53,13 +53,16 @@ TEST_CASE("HostBackend reports each direction in submission order", "[host_backe
   HostBackendConfig c;
   c.threads = 2;
   HostBackend backend(c);
-  std::vector<std::uint8_t> a(1 << 22, 1), b(1 << 22);
+  std::vector<std::uint8_t> a(1 << 22, 1);
+  std::vector<std::vector<std::uint8_t>> b(20);  // a destination per job: no two jobs race
   std::vector<Ticket> stores, loads;
   for (JobId j = 0; j < 20; ++j) {
     const Direction dir = j % 3 == 0 ? Direction::load : Direction::store;
     // Big and small jobs mixed, so later small ones often finish first.
     const std::uint64_t bytes = j % 2 == 0 ? (1 << 22) : 4096;
-    const Ticket t = backend.submit(plan_of(j, dir, {{addr(a), addr(b), bytes}}));
+    auto& dst = b[static_cast<std::size_t>(j)];
+    dst.resize(bytes);
+    const Ticket t = backend.submit(plan_of(j, dir, {{addr(a), addr(dst), bytes}}));
     (dir == Direction::load ? loads : stores).push_back(t);
   }
   for (const Ticket t : stores) backend.wait(t);
