@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "expects.hpp"
+#include "kvoffload/detail/single_thread_guard.hpp"
 #include "logging.hpp"
 #include "scheduler_impl.hpp"
 
@@ -18,6 +19,14 @@ constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
 }
 
 }  // namespace
+
+// Debug builds check the single-threaded contract at every mutating call.
+#ifndef NDEBUG
+#define KVOFFLOAD_ONE_THREAD(impl, what) \
+  const detail::SingleThreadGuard::Scope one_thread_scope_((impl).one_thread, what)
+#else
+#define KVOFFLOAD_ONE_THREAD(impl, what) (void)0
+#endif
 
 Scheduler::Impl::Impl(const SchedulerConfig& cfg)
     : config(cfg), layouts(derive_layouts(cfg)), f(cfg.block_size_factor), manager(cfg.manager) {
@@ -300,6 +309,7 @@ Scheduler& Scheduler::operator=(Scheduler&&) noexcept = default;
 
 void Scheduler::update_request(std::string_view request_id, std::int64_t num_tokens,
                                std::span<const BlockHash> block_hashes, bool remote_decode) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "update_request");
   KVOFFLOAD_EXPECTS(!request_id.empty(), "request: the request id is empty");
   KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
                     num_tokens);
@@ -326,6 +336,7 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
 
 void Scheduler::extend_request(std::string_view request_id, std::int64_t num_tokens,
                                std::span<const BlockHash> new_hashes) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "extend_request");
   RequestState& r = impl_->find_record(request_id, "request");
   KVOFFLOAD_EXPECTS(!r.finished, "request \"{}\" is finished and cannot be updated", r.id);
   KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
@@ -340,6 +351,7 @@ void Scheduler::extend_request(std::string_view request_id, std::int64_t num_tok
 
 std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
                                               std::int64_t num_computed_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "lookup");
   RequestState& r = impl_->find_record(request_id, "lookup");
   KVOFFLOAD_EXPECTS(!r.finished, "lookup: request \"{}\" is finished", request_id);
   KVOFFLOAD_EXPECTS(num_computed_tokens >= 0,
@@ -350,6 +362,7 @@ std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
 
 void Scheduler::on_allocated(std::string_view request_id, std::span<const AllocatedGroup> groups,
                              std::int64_t num_external_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "on_allocated");
   RequestState& r = impl_->find_looked_up(request_id, "alloc");
   impl_->validate_allocated(r, groups, num_external_tokens);
   impl_->on_allocated(r, groups, num_external_tokens);
@@ -357,6 +370,7 @@ void Scheduler::on_allocated(std::string_view request_id, std::span<const Alloca
 
 StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
                                  std::span<const std::string> preempted) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "build_step");
   Impl& s = *impl_;
   s.validate_step(scheduled, preempted);
   StepResult out;
@@ -377,6 +391,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
 }
 
 std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> reports) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "on_completed");
   Impl& s = *impl_;
   s.validate_reports(reports);
   std::vector<CompletedJob> done;
@@ -392,6 +407,7 @@ std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> rep
 }
 
 void Scheduler::on_finished(std::string_view request_id) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "on_finished");
   Impl& s = *impl_;
   RequestState* found = s.requests.find(request_id);
   if (found == nullptr || found->finished) return;
@@ -409,6 +425,7 @@ void Scheduler::on_finished(std::string_view request_id) {
 }
 
 void Scheduler::reset_cache() {
+  KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
   Impl& s = *impl_;
   for (const auto& [id, job] : s.jobs) s.flush.push_back(id);
   if (!s.pending_loads.empty()) {
@@ -432,6 +449,7 @@ void Scheduler::reset_cache() {
 }
 
 std::vector<ManagerEvent> Scheduler::take_events() {
+  KVOFFLOAD_ONE_THREAD(*impl_, "take_events");
   return impl_->manager.take_events();
 }
 const SchedulerStats& Scheduler::stats() const noexcept {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/detail/single_thread_guard.hpp"
 #include "kvoffload/scheduler.hpp"
 #include "registrations.hpp"
 #include "request_table.hpp"
@@ -172,6 +173,7 @@ struct Scheduler::Impl {
   std::vector<std::uint8_t> step_idle;    // per entry: 1 if build_store would change nothing
   detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
   std::uint64_t no_room_warnings = 0;
+  detail::SingleThreadGuard one_thread;  // debug builds: concurrent calls throw
 };
 
 }  // namespace kvoffload

@@ -100,7 +100,8 @@ KVOFFLOAD_EXPORT CudaBackendConfig calibrate(const CudaBackendConfig& config);
 /// GPU compaction of a device-resident block table (the per-offloaded-block GPU ids of a job,
 /// null blocks included): CUB DeviceSelect drops the nulls and a segmented reduction counts
 /// each group's real ids, checked against the job's group sizes, all on the stream with no
-/// host round trip. Temporary storage is sized once, at construction.
+/// host round trip. Temporary storage is sized once, at construction. Thread-safety: one
+/// thread at a time (its temporary storage is shared by the calls).
 class KVOFFLOAD_EXPORT DeviceCompactor {
  public:
   DeviceCompactor(std::int64_t max_ids, int max_groups);

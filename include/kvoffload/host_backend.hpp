@@ -23,6 +23,7 @@ struct HostBackendConfig {
 /// A real backend for machines without a GPU (and for CPU-side KV caches): worker threads run
 /// each plan's descriptors with memcpy over ordinary memory. Results per direction come out
 /// in submission order. A plan with a null or overlapping descriptor fails instead of copying.
+/// Thread-safety: as Backend (submit, poll and wait from any threads; one lock inside).
 class KVOFFLOAD_EXPORT HostBackend final : public Backend {
  public:
   explicit HostBackend(const HostBackendConfig& config = {});

@@ -9,7 +9,8 @@
 namespace kvoffload {
 
 /// Least-recently-used order (SEMANTICS 10): one intrusive recency list over block ids, so
-/// every operation is O(1) per block and allocation-free after construction.
+/// every operation is O(1) per block and allocation-free after construction. Not thread-safe:
+/// only the manager calls it.
 class KVOFFLOAD_EXPORT LruPolicy final : public EvictionPolicy {
  public:
   explicit LruPolicy(std::size_t capacity);

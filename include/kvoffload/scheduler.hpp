@@ -89,7 +89,9 @@ struct CacheStats {
 /// Errors: every public function throws kvoffload::invalid_argument for bad input (the list
 /// of SEMANTICS 8b and a few more), with a message naming the request, group, job or field;
 /// the scheduler is then unchanged.
-/// Threads: single-threaded by contract; one thread (the engine's scheduler) calls it.
+/// Thread-safety: single-threaded by contract; one thread (the engine's scheduler) calls it,
+/// or the engine holds a lock around every call. Debug builds check it: a call made while
+/// another thread is inside throws kvoffload::error saying so.
 class KVOFFLOAD_EXPORT Scheduler {
  public:
   explicit Scheduler(const SchedulerConfig& config);

@@ -23,7 +23,8 @@ using JobId = std::int64_t;
 inline constexpr GpuBlockId null_block = 0;
 
 /// An opaque content hash of 1 to 32 bytes, stored inline so keys never touch the heap.
-/// Bytes past size() are zero, so whole-array comparison is equality.
+/// Bytes past size() are zero, so whole-array comparison is equality. A value type: safe to
+/// read from any number of threads.
 class KVOFFLOAD_EXPORT BlockHash {
  public:
   static constexpr std::size_t max_size = 32;
