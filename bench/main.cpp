@@ -35,6 +35,12 @@ int main(int argc, char** argv) {
   auto* pool = app.add_subcommand("pool", "host pool allocation time: 1 thread vs all cores");
   pool->add_option("--size", pool_size, "pool size (e.g. 8GiB)");
   auto* e2e = app.add_subcommand("e2e", "steps per second of the end-to-end loop");
+  std::int64_t soak_steps = 1000000, soak_samples = 50;
+  auto* soak = app.add_subcommand(
+      "soak", "a long verified end-to-end run sampling resident memory (not part of all)");
+  soak->add_option("--steps", soak_steps, "engine steps")->capture_default_str();
+  soak->add_option("--samples", soak_samples, "memory samples along the run")
+      ->capture_default_str();
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
@@ -56,6 +62,7 @@ int main(int argc, char** argv) {
     if (compact->parsed() || every) doc["compact"] = kvbench::run_compact(opt);
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
+    if (soak->parsed()) doc["soak"] = kvbench::run_soak(opt, soak_steps, soak_samples);
   } catch (const std::exception& e) {
     std::cerr << "kvoffload-bench: " << e.what() << "\n";
     return 1;

@@ -4,7 +4,7 @@
 usage: bench/plot.py RESULTS.json OUT_DIR
 Writes copy_host.png (HostBackend bandwidth vs piece size with the memcpy ceiling),
 copy_cuda_<dir>.png (per mode, with the one-copy ceiling) when the GPU sweep is present, and
-scheduler.png (step cost per configuration). Needs matplotlib (pip install matplotlib).
+scheduler.png (step cost per configuration), and soak.png (resident memory over a soak run). Needs matplotlib (pip install matplotlib).
 """
 import json
 import os
@@ -76,6 +76,22 @@ def scheduler(doc, out):
     fig.savefig(os.path.join(out, "scheduler.png"), dpi=110)
 
 
+def soak(doc, out):
+    data = doc.get("soak")
+    if not data:
+        return
+    curve = data["curve"]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([p["step"] for p in curve], [p["rss_mib"] for p in curve], "o-", markersize=3)
+    ax.set_xlabel("engine step")
+    ax.set_ylabel("resident memory (MiB)")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"soak: {data['steps']:,} verified steps, growth after warm-up "
+                 f"{data['rss_growth_after_warmup_mib']:.2f} MiB")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "soak.png"), dpi=110)
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
     out = sys.argv[2]
@@ -84,6 +100,7 @@ def main():
         copy_host(doc, out)
     copy_cuda(doc, out)
     scheduler(doc, out)
+    soak(doc, out)
     print("charts in", out)
 
 

@@ -2,6 +2,7 @@
 
 // One function per kvoffload-bench subcommand; each returns its part of the JSON document.
 
+#include <cstdint>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -19,5 +20,6 @@ nlohmann::json run_calibrate(const Options& opt);
 nlohmann::json run_compact(const Options& opt);
 nlohmann::json run_pool(const Options& opt, const std::string& size);
 nlohmann::json run_e2e(const Options& opt);
+nlohmann::json run_soak(const Options& opt, std::int64_t steps, std::int64_t samples);
 
 }  // namespace kvbench

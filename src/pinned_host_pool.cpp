@@ -7,6 +7,7 @@
 #include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -158,9 +159,13 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   if (config.pinning == Pinning::off) return;
   const bool have_device = cuda_device_count() > 0;
   if (!have_device) {
-    KVOFFLOAD_EXPECTS(
-        config.pinning != Pinning::require, "pinning: registration was required but {}",
-        built_with_cuda() ? "no CUDA device is visible" : "this build has no CUDA support");
+    if (config.pinning == Pinning::require) {
+      const std::string what = fmt::format(
+          "pinning: registration was required but {}",
+          built_with_cuda() ? "no CUDA device is visible" : "this build has no CUDA support");
+      if (!config.allow_unpinned) throw cuda_error(what);
+      detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned)", what);
+    }
     return;  // plain memory: the HostBackend and every CPU path work on it
   }
 #if defined(KVOFFLOAD_HAVE_CUDA)
@@ -171,7 +176,13 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   const std::size_t chunk = blocks_per_chunk * block_bytes_;
   for (std::size_t offset = 0; offset < size_bytes(); offset += chunk) {
     const std::size_t len = std::min(chunk, size_bytes() - offset);
-    const int err = detail::cuda_host_register(base_ + offset, len);
+    // Fault injection for tests: KVOFFLOAD_FAULT_REGISTER_CHUNK=k fails the k-th registration
+    // (from 0), after the earlier ones succeeded, to exercise the unwinding below.
+    const char* inject = std::getenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
+    const long fail_chunk = inject != nullptr ? std::strtol(inject, nullptr, 10) : -1L;
+    const int err = static_cast<long>(registered_.size()) == fail_chunk
+                        ? 2  // cudaErrorMemoryAllocation
+                        : detail::cuda_host_register(base_ + offset, len);
     if (err == 0) {
       registered_.emplace_back(base_ + offset, len);
       continue;

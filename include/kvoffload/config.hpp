@@ -33,8 +33,9 @@ struct ManagerConfig {
   std::int64_t threshold_tracker_keys = 0;
   /// Bytes of one host block, for the byte counters of the statistics (0: unknown).
   std::int64_t block_bytes = 0;
-  /// Record "stored"/"removed" events for take_events(). Engines that do not publish KV
-  /// events can turn this off to save the copies.
+  /// Record "stored"/"removed" events for take_events(). They accumulate until taken, so an
+  /// engine that does not publish KV events must turn this off (or call take_events() every
+  /// step) to keep memory flat.
   bool enable_events = true;
 };
 

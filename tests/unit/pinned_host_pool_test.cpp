@@ -1,3 +1,4 @@
+#include <cstdlib>
 #include <cstring>
 #include <set>
 
@@ -105,7 +106,33 @@ TEST_CASE("Without a CUDA device the pool is plain memory; requiring pinning fai
   c.pinning = Pinning::automatic;
   CHECK_FALSE(PinnedHostPool(c).report().pinned);
   c.pinning = Pinning::require;
+  CHECK_THROWS_AS(PinnedHostPool(c), cuda_error);
   CHECK_THROWS_WITH(PinnedHostPool(c), ContainsSubstring("pinning"));
+  // A failed registration with allow_unpinned falls back to plain memory that still works.
+  c.allow_unpinned = true;
+  PinnedHostPool pool(c);
+  CHECK_FALSE(pool.report().pinned);
+  std::memset(pool.block(3), 0x5a, pool.block_bytes());
+  CHECK(static_cast<unsigned char>(pool.block(3)[pool.block_bytes() - 1]) == 0x5a);
+}
+
+TEST_CASE("A [gpu] registration that fails partway unwinds, or falls back when allowed",
+          "[gpu][pool][faults]") {
+  if (cuda_device_count() == 0) SKIP("no CUDA device");
+  PoolConfig c = small(8, 1 << 20);
+  c.pinning = Pinning::require;
+  c.register_chunk_bytes = 2 << 20;  // 4 registrations; the second fails
+  ::setenv("KVOFFLOAD_FAULT_REGISTER_CHUNK", "1", 1);
+  CHECK_THROWS_AS(PinnedHostPool(c), cuda_error);
+  c.allow_unpinned = true;
+  {
+    PinnedHostPool pool(c);
+    CHECK_FALSE(pool.report().pinned);
+    CHECK(pool.report().registrations == 0);  // the first chunk was unregistered again
+  }
+  ::unsetenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
+  c.allow_unpinned = false;
+  CHECK(PinnedHostPool(c).report().pinned);
 }
 
 TEST_CASE("Bad pool configurations name the field", "[pool]") {

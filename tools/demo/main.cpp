@@ -23,8 +23,20 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   bool no_verify = false;
   app.add_flag("--no-verify", no_verify, "skip the byte comparison (for timing)");
+  app.add_option("--max-running", c.max_running, "requests running at once")->capture_default_str();
+  // Fault injection (a FaultyBackend around the HostBackend) and the reliability invariants.
+  app.add_option("--fail", c.faults.fail, "probability that a transfer fails halfway")
+      ->capture_default_str();
+  app.add_option("--delay", c.faults.delay, "probability that a completion is held back")
+      ->capture_default_str();
+  app.add_flag("--reorder", c.faults.reorder, "complete transfers in random order");
+  app.add_flag("--check-invariants", c.check_invariants,
+               "check the cache against the worker's successful stores after every step, and "
+               "drain at the end");
   CLI11_PARSE(app, argc, argv);
   c.verify = !no_verify;
+  c.faulty = c.faults.fail > 0 || c.faults.delay > 0 || c.faults.reorder;
+  c.faults.seed = c.seed;
 
   std::printf(
       "kvoffload-demo: %lld steps, 3 groups (full attention, sliding window 128, mamba), "
@@ -49,9 +61,26 @@ int main(int argc, char** argv) {
     std::printf(
         "stored %s, loaded %s; %lld preemptions\n", kvoffload::format_bytes(r.bytes_stored).c_str(),
         kvoffload::format_bytes(r.bytes_loaded).c_str(), static_cast<long long>(r.preemptions));
+    if (c.faulty || c.check_invariants) {
+      std::printf(
+          "faults: %llu transfers failed, %llu completions delayed; %lld failed loads reported, "
+          "%lld failed stores; %llu store attempts found the cache full; %lld invariant checks, "
+          "%lld violations%s\n",
+          static_cast<unsigned long long>(r.injected_failures),
+          static_cast<unsigned long long>(r.delayed_results),
+          static_cast<long long>(r.failed_loads_reported), static_cast<long long>(r.failed_stores),
+          static_cast<unsigned long long>(r.stores_without_room),
+          static_cast<long long>(r.invariant_checks),
+          static_cast<long long>(r.invariant_violations), r.drained ? ", drained clean" : "");
+    }
     if (r.mismatches != 0) {
       std::printf("FAILED: %lld mismatching pages, first at %s\n",
                   static_cast<long long>(r.mismatches), r.first_mismatch.c_str());
+      return 1;
+    }
+    if (r.invariant_violations != 0) {
+      std::printf("FAILED: %lld invariant violations, first at %s\n",
+                  static_cast<long long>(r.invariant_violations), r.first_violation.c_str());
       return 1;
     }
     std::printf("OK: every loaded block matched what was stored\n");

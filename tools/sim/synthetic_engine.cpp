@@ -9,7 +9,9 @@
 #include <random>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
+#include "kvoffload/faulty_backend.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/kv_layout.hpp"
 #include "kvoffload/pinned_host_pool.hpp"
@@ -74,6 +76,8 @@ struct SyntheticEngine::Impl {
     sc.hash_block_size = c.hash_block_size;
     sc.manager.host_blocks = c.host_blocks;
     sc.manager.policy = c.policy;
+    // Events accumulate until take_events(); only the invariant checks read them.
+    sc.manager.enable_events = c.check_invariants;
     scheduler = std::make_unique<Scheduler>(sc);
     const auto G = c.groups.size();
     // Per group, per layer, K and V: separate tensors in "GPU" memory (host RAM here).
@@ -99,8 +103,13 @@ struct SyntheticEngine::Impl {
     bc.threads = c.copy_threads;
     TransferEngineConfig ec;
     ec.defer_stores = c.defer_stores;
-    engine =
-        std::make_unique<TransferEngine>(*layout, region, std::make_unique<HostBackend>(bc), ec);
+    std::unique_ptr<Backend> backend = std::make_unique<HostBackend>(bc);
+    if (c.faulty) {
+      auto faulty_backend = std::make_unique<FaultyBackend>(std::move(backend), c.faults);
+      faulty = faulty_backend.get();
+      backend = std::move(faulty_backend);
+    }
+    engine = std::make_unique<TransferEngine>(*layout, region, std::move(backend), ec);
     for (GpuBlockId id = static_cast<GpuBlockId>(c.gpu_blocks - 1); id >= 1; --id) {
       free_ids.push_back(id);
     }
@@ -258,9 +267,138 @@ struct SyntheticEngine::Impl {
     }
   }
 
+  void violation(const std::string& what) {
+    if (report.invariant_violations++ == 0) {
+      report.first_violation = "step " + std::to_string(report.steps) + ": " + what;
+    }
+  }
+
+  /// Loads planned by this step load only keys whose store succeeded and that were not
+  /// evicted since; then this step's evictions leave the shadow cache.
+  void after_build(const StepResult& out) {
+    for (const TransferJob& job : out.load_jobs) {
+      for (const Key& k : job.keys) {
+        if (stored_ok.count(k) == 0) {
+          violation("load job " + std::to_string(job.id) + " loads " + to_string(k) +
+                    ", which no successful store put in the cache (or which was evicted)");
+        }
+      }
+    }
+    for (const ManagerEvent& e : scheduler->take_events()) {
+      if (!e.removed) continue;  // "stored" comes from the scheduler: the truth is the worker's
+      for (const Key& k : e.keys) {
+        if (stored_ok.erase(k) == 0) violation("evicted " + to_string(k) + ", which was not ready");
+      }
+    }
+  }
+
+  /// The worker's view: a successful store puts its keys in the shadow cache; a failed load
+  /// must come back from the scheduler as failed.
+  void transfer_finished(const FinishedTransfer& t) {
+    if (t.kind == JobKind::store) {
+      auto it = store_keys.find(t.job);
+      if (it == store_keys.end())
+        return violation("store job " + std::to_string(t.job) + " finished twice");
+      if (t.ok) {
+        stored_ok.insert(it->second.begin(), it->second.end());
+      } else {
+        ++report.failed_stores;
+      }
+      store_keys.erase(it);
+    } else if (!t.ok) {
+      failed_loads.insert(t.job);
+    }
+  }
+
+  void completed(const CompletedJob& c) {
+    if (c.kind != JobKind::load) return;
+    const bool failed = failed_loads.erase(c.job) > 0;
+    if (failed != !c.ok) {
+      violation("load job " + std::to_string(c.job) + " was reported " +
+                (c.ok ? "ok although its transfer failed" : "failed although it succeeded"));
+    }
+    if (!c.ok) ++report.failed_loads_reported;
+  }
+
+  /// The host cache's ready keys are exactly the shadow cache.
+  void check_cache() {
+    ++report.invariant_checks;
+    const HostBlockManager& m = scheduler->manager();
+    std::size_t ready = 0;
+    for (HostBlockId id = 0; id < m.capacity(); ++id) {
+      const Key* k = m.key_of(id);
+      if (k == nullptr || m.peek(*k) != LookupResult::hit) continue;
+      ++ready;
+      if (stored_ok.count(*k) == 0) {
+        violation("host block " + std::to_string(id) + " serves " + to_string(*k) +
+                  " as a hit, but no successful store of it is known (or it was evicted)");
+      }
+    }
+    if (ready != stored_ok.size()) {
+      violation(std::to_string(stored_ok.size()) +
+                " keys were stored successfully and not evicted, " + "but the cache has " +
+                std::to_string(ready) + " ready blocks");
+    }
+    report.stores_without_room = scheduler->cache_stats().stores_without_room;
+    if (faulty != nullptr) {
+      const FaultyBackend::Counts fc = faulty->counts();
+      report.injected_failures = fc.failed;
+      report.delayed_results = fc.delayed;
+    }
+  }
+
+  void drain() {
+    // No new work: emit the planned loads, start deferred stores, then wait for everything
+    // and report it, until the scheduler has nothing in flight.
+    for (int round = 0; round < 100000 && scheduler->num_jobs_in_flight() > 0; ++round) {
+      const StepResult out = scheduler->build_step({});
+      if (config.check_invariants) after_build(out);
+      for (const TransferJob& job : out.load_jobs) {
+        engine->submit_load(job);
+        submitted.insert(job.id);
+        load_jobs.emplace(job.id, job);
+      }
+      engine->start_step();
+      engine->wait(std::vector<JobId>(submitted.begin(), submitted.end()));
+      std::vector<JobReport> reports;
+      for (const FinishedTransfer& t : engine->get_finished()) {
+        reports.push_back({t.job, 1, t.ok});
+        submitted.erase(t.job);
+        if (config.check_invariants) transfer_finished(t);
+        if (t.kind == JobKind::load) {
+          auto it = load_jobs.find(t.job);
+          if (it != load_jobs.end()) {
+            if (t.ok && config.verify) verify_load(it->second);
+            load_jobs.erase(it);
+          }
+        }
+      }
+      for (const CompletedJob& c : scheduler->on_completed(reports)) {
+        if (config.check_invariants) completed(c);
+      }
+    }
+    const HostBlockManager& m = scheduler->manager();
+    if (scheduler->num_jobs_in_flight() != 0) violation("jobs still in flight after draining");
+    if (m.num_writing() != 0) violation(std::to_string(m.num_writing()) + " blocks left writing");
+    if (m.num_being_read() != 0)
+      violation(std::to_string(m.num_being_read()) + " blocks left being read");
+    for (HostBlockId id = 0; id < m.capacity(); ++id) {
+      if (m.readers(id) != 0) violation("host block " + std::to_string(id) + " has readers left");
+    }
+    if (!failed_loads.empty())
+      violation(std::to_string(failed_loads.size()) + " failed loads never reported");
+    check_cache();
+    report.drained = true;
+  }
+
   void step() {
     engine->start_step();
-    if (chance(0.3) || running.empty()) admit();
+    // Arrivals, with a bounded backlog: an open queue that grows forever would be the
+    // simulated engine's leak, not the library's (the soak run measures memory).
+    if ((chance(0.3) || running.empty()) &&
+        static_cast<int>(waiting.size()) < 2 * config.max_running) {
+      admit();
+    }
     std::size_t started = 0;
     for (std::size_t n = waiting.size();
          n > 0 && static_cast<int>(running.size() + loading.size() + started) < config.max_running;
@@ -310,10 +448,12 @@ struct SyntheticEngine::Impl {
     }
 
     const StepResult out = scheduler->build_step(entries, preempted);
+    if (config.check_invariants) after_build(out);
     engine->wait(out.flush);  // the fence: stores still reading reused blocks finish first
     for (const std::string& id : preempted) restart(requests.at(id));
     for (const TransferJob& job : out.load_jobs) {
       engine->submit_load(job);
+      submitted.insert(job.id);
       load_jobs.emplace(job.id, job);
       ++report.load_jobs;
     }
@@ -338,13 +478,17 @@ struct SyntheticEngine::Impl {
     }
     for (const TransferJob& job : out.store_jobs) {
       engine->submit_store(job);
+      submitted.insert(job.id);
       ++report.store_jobs;
+      if (config.check_invariants) store_keys.emplace(job.id, job.keys);
     }
 
     // Finished transfers go back to the scheduler.
     std::vector<JobReport> reports;
     for (const FinishedTransfer& t : engine->get_finished()) {
       reports.push_back({t.job, 1, t.ok});
+      submitted.erase(t.job);
+      if (config.check_invariants) transfer_finished(t);
       if (t.kind == JobKind::load) {
         auto it = load_jobs.find(t.job);
         if (it != load_jobs.end()) {
@@ -354,6 +498,7 @@ struct SyntheticEngine::Impl {
       }
     }
     for (const CompletedJob& c : scheduler->on_completed(reports)) {
+      if (config.check_invariants) completed(c);
       if (c.kind != JobKind::load) continue;
       Request& r = requests.at(c.request_id);
       loading.erase(r.id);
@@ -381,6 +526,7 @@ struct SyntheticEngine::Impl {
       }
     }
     ++report.steps;
+    if (config.check_invariants) check_cache();
     const TransferStats ts = engine->stats();
     report.bytes_stored = ts.bytes_stored;
     report.bytes_loaded = ts.bytes_loaded;
@@ -405,6 +551,14 @@ struct SyntheticEngine::Impl {
   std::set<std::string> loading;
   std::vector<std::string> running;
   std::unordered_map<JobId, TransferJob> load_jobs;
+  // Invariant checking (check_invariants): the keys whose store succeeded and that were not
+  // evicted since, by the worker's account; each in-flight store's keys; failed loads not yet
+  // reported to the engine.
+  FaultyBackend* faulty = nullptr;
+  std::unordered_set<Key, KeyHash> stored_ok;
+  std::unordered_map<JobId, std::vector<Key>> store_keys;
+  std::unordered_set<JobId> failed_loads;
+  std::unordered_set<JobId> submitted;  // jobs given to the engine and not yet finished
   SimReport report;
   std::chrono::steady_clock::time_point start;
 };
@@ -423,7 +577,12 @@ SimReport SyntheticEngine::run(const std::function<void(const SimReport&)>& prog
     impl_->step();
     if (progress && every > 0 && (i + 1) % every == 0) progress(impl_->report);
   }
+  if (impl_->config.check_invariants) impl_->drain();
   return impl_->report;
+}
+
+void SyntheticEngine::drain() {
+  impl_->drain();
 }
 
 }  // namespace kvsim

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "kvoffload/config.hpp"
+#include "kvoffload/faulty_backend.hpp"
 
 namespace kvsim {
 
@@ -35,6 +36,14 @@ struct SimConfig {
   bool defer_stores = true;
   bool verify = true;  ///< compare every loaded byte (off for speed measurements)
   int copy_threads = 0;
+  /// Fault injection: wrap the HostBackend in a FaultyBackend with these settings.
+  bool faulty = false;
+  kvoffload::FaultConfig faults;
+  /// Check the reliability invariants after every step (and drain at the end of run()):
+  /// a key is ready in the host cache exactly when a store of it succeeded and it was not
+  /// evicted since; every load job loads only such keys; every failed load is reported to
+  /// the engine as failed; when all jobs are done no block is writing or being read.
+  bool check_invariants = false;
 };
 
 struct SimReport {
@@ -51,6 +60,16 @@ struct SimReport {
   std::uint64_t bytes_loaded = 0;
   double seconds = 0;
   std::string first_mismatch;  ///< where, if any
+  // Fault injection and invariants (check_invariants).
+  std::uint64_t injected_failures = 0;     ///< plans the FaultyBackend failed
+  std::uint64_t delayed_results = 0;       ///< results it held back
+  std::int64_t failed_loads_reported = 0;  ///< loads the scheduler reported failed
+  std::int64_t failed_stores = 0;
+  std::uint64_t stores_without_room = 0;  ///< store attempts with the host cache full
+  std::int64_t invariant_checks = 0;
+  std::int64_t invariant_violations = 0;  ///< must be 0
+  std::string first_violation;
+  bool drained = false;  ///< run() ended with every job finished and the checks above
 };
 
 class SyntheticEngine {
@@ -62,6 +81,9 @@ class SyntheticEngine {
 
   /// Runs one step; the report so far.
   const SimReport& step();
+  /// Stops admitting work and finishes every job in flight, then checks that no host block is
+  /// left writing or being read (part of run() when check_invariants is set).
+  void drain();
   /// Runs config.steps steps, calling `progress` every `every` steps.
   SimReport run(const std::function<void(const SimReport&)>& progress = {},
                 std::int64_t every = 1000);
