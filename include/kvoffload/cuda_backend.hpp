@@ -117,10 +117,11 @@ class KVOFFLOAD_EXPORT DeviceCompactor {
                std::int64_t* group_counts, int* mismatch, std::uintptr_t stream);
 
  private:
-  std::int64_t max_ids_;
-  int max_groups_;
-  void* temp_ = nullptr;
-  std::size_t temp_bytes_ = 0;
+  // Unused in a build without CUDA (whose constructor throws).
+  [[maybe_unused]] std::int64_t max_ids_;
+  [[maybe_unused]] int max_groups_;
+  [[maybe_unused]] void* temp_ = nullptr;
+  [[maybe_unused]] std::size_t temp_bytes_ = 0;
 };
 
 }  // namespace kvoffload
