@@ -347,6 +347,29 @@ struct SyntheticEngine::Impl {
     }
   }
 
+  /// Finished transfers go back to the scheduler (successful loads verified first); returns
+  /// the jobs that completed.
+  std::vector<CompletedJob> report_finished() {
+    std::vector<JobReport> reports;
+    for (const FinishedTransfer& t : engine->get_finished()) {
+      reports.push_back({t.job, 1, t.ok});
+      submitted.erase(t.job);
+      if (config.check_invariants) transfer_finished(t);
+      if (t.kind == JobKind::load) {
+        auto it = load_jobs.find(t.job);
+        if (it != load_jobs.end()) {
+          if (t.ok && config.verify) verify_load(it->second);
+          load_jobs.erase(it);
+        }
+      }
+    }
+    std::vector<CompletedJob> done = scheduler->on_completed(reports);
+    if (config.check_invariants) {
+      for (const CompletedJob& c : done) completed(c);
+    }
+    return done;
+  }
+
   void drain() {
     // No new work: emit the planned loads, start deferred stores, then wait for everything
     // and report it, until the scheduler has nothing in flight.
@@ -360,22 +383,7 @@ struct SyntheticEngine::Impl {
       }
       engine->start_step();
       engine->wait(std::vector<JobId>(submitted.begin(), submitted.end()));
-      std::vector<JobReport> reports;
-      for (const FinishedTransfer& t : engine->get_finished()) {
-        reports.push_back({t.job, 1, t.ok});
-        submitted.erase(t.job);
-        if (config.check_invariants) transfer_finished(t);
-        if (t.kind == JobKind::load) {
-          auto it = load_jobs.find(t.job);
-          if (it != load_jobs.end()) {
-            if (t.ok && config.verify) verify_load(it->second);
-            load_jobs.erase(it);
-          }
-        }
-      }
-      for (const CompletedJob& c : scheduler->on_completed(reports)) {
-        if (config.check_invariants) completed(c);
-      }
+      (void)report_finished();
     }
     const HostBlockManager& m = scheduler->manager();
     if (scheduler->num_jobs_in_flight() != 0) violation("jobs still in flight after draining");
@@ -483,22 +491,7 @@ struct SyntheticEngine::Impl {
       if (config.check_invariants) store_keys.emplace(job.id, job.keys);
     }
 
-    // Finished transfers go back to the scheduler.
-    std::vector<JobReport> reports;
-    for (const FinishedTransfer& t : engine->get_finished()) {
-      reports.push_back({t.job, 1, t.ok});
-      submitted.erase(t.job);
-      if (config.check_invariants) transfer_finished(t);
-      if (t.kind == JobKind::load) {
-        auto it = load_jobs.find(t.job);
-        if (it != load_jobs.end()) {
-          if (t.ok && config.verify) verify_load(it->second);
-          load_jobs.erase(it);
-        }
-      }
-    }
-    for (const CompletedJob& c : scheduler->on_completed(reports)) {
-      if (config.check_invariants) completed(c);
+    for (const CompletedJob& c : report_finished()) {
       if (c.kind != JobKind::load) continue;
       Request& r = requests.at(c.request_id);
       loading.erase(r.id);
