@@ -52,6 +52,23 @@ static int page_has(int block, int label) {
   return 1;
 }
 
+/* A worker config over `gpu`: one tensor, one group using whole pages. */
+static void one_tensor_worker(kvoffload_worker_config_t* wc, kvoffload_kv_tensor_t* tensor,
+                              kvoffload_group_tensor_t* gt, kvoffload_group_tensors_t* gts) {
+  tensor->base = (uintptr_t)gpu;
+  tensor->num_blocks = GPU_BLOCKS;
+  tensor->page_bytes = PAGE;
+  tensor->block_stride_bytes = PAGE;
+  gt->tensor = 0;
+  gt->page_bytes = PAGE;
+  gts->tensors = gt;
+  gts->num_tensors = 1;
+  wc->tensors = tensor;
+  wc->num_tensors = 1;
+  wc->groups = gts;
+  wc->num_groups = 1;
+}
+
 static void make(kvoffload_scheduler_t* s, kvoffload_worker_t* w) {
   kvoffload_group_config_t group = KVOFFLOAD_GROUP_CONFIG_INIT;
   kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
@@ -67,18 +84,7 @@ static void make(kvoffload_scheduler_t* s, kvoffload_worker_t* w) {
   sc.host_blocks = 8;
   OK(kvoffload_scheduler_create(&sc, s));
 
-  tensor.base = (uintptr_t)gpu;
-  tensor.num_blocks = GPU_BLOCKS;
-  tensor.page_bytes = PAGE;
-  tensor.block_stride_bytes = PAGE;
-  gt.tensor = 0;
-  gt.page_bytes = PAGE;
-  gts.tensors = &gt;
-  gts.num_tensors = 1;
-  wc.tensors = &tensor;
-  wc.num_tensors = 1;
-  wc.groups = &gts;
-  wc.num_groups = 1;
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
   wc.block_size_factor = F;
   wc.host_blocks = 8;
   wc.threads = 1;
@@ -304,16 +310,7 @@ static void errors(void) {
   OK(kvoffload_scheduler_destroy(s));
 
   /* Worker: bad layouts, jobs outside it, the CUDA backend without CUDA, a pool too large. */
-  tensor.base = (uintptr_t)gpu;
-  tensor.num_blocks = GPU_BLOCKS;
-  tensor.page_bytes = PAGE;
-  tensor.block_stride_bytes = PAGE;
-  gts.tensors = &gt;
-  gts.num_tensors = 1;
-  wc.tensors = &tensor;
-  wc.num_tensors = 1;
-  wc.groups = &gts;
-  wc.num_groups = 1;
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
   wc.host_blocks = 0;
   FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "host_blocks");
   wc.host_blocks = 4;
