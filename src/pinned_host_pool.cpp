@@ -174,12 +174,12 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   const std::size_t blocks_per_chunk = std::max<std::size_t>(
       1, static_cast<std::size_t>(config.register_chunk_bytes) / block_bytes_);
   const std::size_t chunk = blocks_per_chunk * block_bytes_;
+  // Fault injection for tests: KVOFFLOAD_FAULT_REGISTER_CHUNK=k fails the k-th registration
+  // (from 0), after the earlier ones succeeded, to exercise the unwinding below.
+  const char* inject = std::getenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
+  const long fail_chunk = inject != nullptr ? std::strtol(inject, nullptr, 10) : -1L;
   for (std::size_t offset = 0; offset < size_bytes(); offset += chunk) {
     const std::size_t len = std::min(chunk, size_bytes() - offset);
-    // Fault injection for tests: KVOFFLOAD_FAULT_REGISTER_CHUNK=k fails the k-th registration
-    // (from 0), after the earlier ones succeeded, to exercise the unwinding below.
-    const char* inject = std::getenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
-    const long fail_chunk = inject != nullptr ? std::strtol(inject, nullptr, 10) : -1L;
     const int err = static_cast<long>(registered_.size()) == fail_chunk
                         ? 2  // cudaErrorMemoryAllocation
                         : detail::cuda_host_register(base_ + offset, len);

@@ -26,10 +26,12 @@ std::unique_ptr<Backend> make_backend(const WorkerConfig& c) {
 
 }  // namespace
 
-Worker::Worker(const WorkerConfig& c) {
+Worker::Worker(const WorkerConfig& c) : Worker(c, make_backend(c)) {}
+
+Worker::Worker(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
+  KVOFFLOAD_EXPECTS(backend != nullptr, "worker: no backend");
   KVOFFLOAD_EXPECTS(c.host_blocks > 0, "worker: host_blocks is {} (must be > 0)", c.host_blocks);
   layout_ = std::make_unique<KvLayout>(c.tensors, c.groups, c.block_size_factor);
-  std::unique_ptr<Backend> backend = make_backend(c);
   PoolConfig pc;
   pc.block_bytes = layout_->pool_block_bytes();
   pc.host_blocks = c.host_blocks;

@@ -42,6 +42,9 @@ class KVOFFLOAD_EXPORT Worker {
   /// pool cannot be allocated, and cuda_error for the CUDA backend in a build or on a machine
   /// without CUDA.
   explicit Worker(const WorkerConfig& config);
+  /// With a backend of the caller's (a FaultyBackend for fault injection, say); the config's
+  /// backend, threads and cuda_device are then unused.
+  Worker(const WorkerConfig& config, std::unique_ptr<Backend> backend);
   ~Worker();
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;

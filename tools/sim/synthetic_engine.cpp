@@ -13,10 +13,8 @@
 
 #include "kvoffload/faulty_backend.hpp"
 #include "kvoffload/host_backend.hpp"
-#include "kvoffload/kv_layout.hpp"
-#include "kvoffload/pinned_host_pool.hpp"
 #include "kvoffload/scheduler.hpp"
-#include "kvoffload/transfer_engine.hpp"
+#include "kvoffload/worker.hpp"
 
 namespace kvsim {
 
@@ -81,35 +79,28 @@ struct SyntheticEngine::Impl {
     scheduler = std::make_unique<Scheduler>(sc);
     const auto G = c.groups.size();
     // Per group, per layer, K and V: separate tensors in "GPU" memory (host RAM here).
-    std::vector<KvTensor> tensors;
-    std::vector<std::vector<GroupTensor>> groups(G);
+    WorkerConfig wc;
+    wc.groups.resize(G);
     for (std::size_t g = 0; g < G; ++g) {
       for (int t = 0; t < 2 * c.layers; ++t) {
         gpu.emplace_back(static_cast<std::size_t>(c.gpu_blocks * c.page_bytes));
-        tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.back().data()), c.gpu_blocks,
-                           c.page_bytes, c.page_bytes});
-        groups[g].push_back({static_cast<std::int32_t>(tensors.size() - 1), c.page_bytes});
+        wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.back().data()), c.gpu_blocks,
+                              c.page_bytes, c.page_bytes});
+        wc.groups[g].push_back({static_cast<std::int32_t>(wc.tensors.size() - 1), c.page_bytes});
       }
     }
-    layout = std::make_unique<KvLayout>(tensors, groups, c.block_size_factor);
-    PoolConfig pc;
-    pc.block_bytes = layout->pool_block_bytes();
-    pc.host_blocks = c.host_blocks;
-    pool = std::make_unique<PinnedHostPool>(pc);
-    HostRegion region{reinterpret_cast<std::uintptr_t>(pool->data()), pool->num_blocks(),
-                      static_cast<std::int64_t>(pool->block_bytes()), 0,
-                      static_cast<std::int64_t>(pool->block_bytes())};
+    wc.block_size_factor = c.block_size_factor;
+    wc.host_blocks = c.host_blocks;
+    wc.defer_stores = c.defer_stores;
     HostBackendConfig bc;
     bc.threads = c.copy_threads;
-    TransferEngineConfig ec;
-    ec.defer_stores = c.defer_stores;
     std::unique_ptr<Backend> backend = std::make_unique<HostBackend>(bc);
     if (c.faulty) {
       auto faulty_backend = std::make_unique<FaultyBackend>(std::move(backend), c.faults);
       faulty = faulty_backend.get();
       backend = std::move(faulty_backend);
     }
-    engine = std::make_unique<TransferEngine>(*layout, region, std::move(backend), ec);
+    engine = std::make_unique<Worker>(wc, std::move(backend));
     for (GpuBlockId id = static_cast<GpuBlockId>(c.gpu_blocks - 1); id >= 1; --id) {
       free_ids.push_back(id);
     }
@@ -377,7 +368,7 @@ struct SyntheticEngine::Impl {
       const StepResult out = scheduler->build_step({});
       if (config.check_invariants) after_build(out);
       for (const TransferJob& job : out.load_jobs) {
-        engine->submit_load(job);
+        engine->submit(job);
         submitted.insert(job.id);
         load_jobs.emplace(job.id, job);
       }
@@ -460,7 +451,7 @@ struct SyntheticEngine::Impl {
     engine->wait(out.flush);  // the fence: stores still reading reused blocks finish first
     for (const std::string& id : preempted) restart(requests.at(id));
     for (const TransferJob& job : out.load_jobs) {
-      engine->submit_load(job);
+      engine->submit(job);
       submitted.insert(job.id);
       load_jobs.emplace(job.id, job);
       ++report.load_jobs;
@@ -485,7 +476,7 @@ struct SyntheticEngine::Impl {
       if (r.computed >= r.prompt) r.num_tokens = std::min(r.computed + 1, r.max_len + 1);
     }
     for (const TransferJob& job : out.store_jobs) {
-      engine->submit_store(job);
+      engine->submit(job);
       submitted.insert(job.id);
       ++report.store_jobs;
       if (config.check_invariants) store_keys.emplace(job.id, job.keys);
@@ -532,9 +523,7 @@ struct SyntheticEngine::Impl {
   std::mt19937_64 rng;
   std::unique_ptr<Scheduler> scheduler;
   std::vector<std::vector<std::uint8_t>> gpu;
-  std::unique_ptr<KvLayout> layout;
-  std::unique_ptr<PinnedHostPool> pool;
-  std::unique_ptr<TransferEngine> engine;
+  std::unique_ptr<Worker> engine;  // layout, host pool and transfer engine
   std::vector<GpuBlockId> free_ids;
   std::vector<std::vector<BlockHash>> families;
   std::int64_t max_obs = 0;
