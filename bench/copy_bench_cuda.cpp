@@ -72,8 +72,10 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
       CudaBackendConfig c;
       c.mode = mode;
       c.staging_bytes = std::min<std::uint64_t>(total, std::uint64_t{256} << 20);
+      const std::uint64_t job_bytes = std::min<std::uint64_t>(total, std::uint64_t{64} << 20);
       CudaBackend backend(c);
       nlohmann::json row{{"piece_bytes", piece}, {"mode", std::string(to_string(mode))}};
+      const CudaBackendStats before = backend.stats();
       for (const std::string dir : {"d2h", "h2d", "both"}) {
         std::vector<double> bw, ratio, cpu_ns;
         for (std::size_t r = 0; r < runs; ++r) {
@@ -81,18 +83,23 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
                                   ? ceiling_gbps(gpu, host, total, cudaMemcpyHostToDevice, stream)
                                   : ceiling_gbps(host, gpu, total, cudaMemcpyDeviceToHost, stream);
           const std::uint64_t half = total / 2;
+          // Jobs of at most job_bytes each (a request's worth), so staged jobs fit the
+          // staging buffer instead of silently running as kernel jobs.
           std::vector<CopyPlan> plans;
+          auto add = [&](std::uint64_t offset, std::uint64_t bytes, Direction d) {
+            for (std::uint64_t at = 0; at < bytes; at += job_bytes) {
+              const std::uint64_t n = std::min(job_bytes, bytes - at);
+              if (n < piece) break;
+              plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu) + offset + at,
+                                        reinterpret_cast<std::uintptr_t>(host) + offset + at, n,
+                                        piece, d));
+            }
+          };
           if (dir == "both") {
-            plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu),
-                                      reinterpret_cast<std::uintptr_t>(host), half, piece,
-                                      Direction::store));
-            plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu) + half,
-                                      reinterpret_cast<std::uintptr_t>(host) + half, half, piece,
-                                      Direction::load));
+            add(0, half, Direction::store);
+            add(half, half, Direction::load);
           } else {
-            plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu),
-                                      reinterpret_cast<std::uintptr_t>(host), total, piece,
-                                      dir == "d2h" ? Direction::store : Direction::load));
+            add(0, total, dir == "d2h" ? Direction::store : Direction::load);
           }
           std::uint64_t bytes = 0, pieces = 0;
           for (const auto& p : plans) {
@@ -118,6 +125,13 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
                     {"ratio_to_one_copy_median", summarize(ratio).median},
                     {"cpu_ns_per_descriptor_median", summarize(cpu_ns).median}};
       }
+      // The modes the jobs really ran in (staged falls back to kernel when staging is full;
+      // automatic picks per job).
+      const CudaBackendStats after = backend.stats();
+      row["modes_used"] = {{"batch", after.jobs_batch - before.jobs_batch},
+                           {"memcpy", after.jobs_memcpy - before.jobs_memcpy},
+                           {"kernel", after.jobs_kernel - before.jobs_kernel},
+                           {"staged", after.jobs_staged - before.jobs_staged}};
       rows.push_back(row);
       progress.step(format_bytes(piece) + " " + std::string(to_string(mode)));
     }
@@ -131,6 +145,7 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
   (void)cudaGetDevice(&device);
   (void)cudaGetDeviceProperties(&prop, device);
   return {{"backend", "cuda"},
+          {"job_bytes", std::min<std::uint64_t>(total, std::uint64_t{64} << 20)},
           {"device", std::string(prop.name)},
           {"total_bytes", total},
           {"baseline", "one cudaMemcpyAsync of the same total bytes"},
@@ -140,7 +155,9 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
 nlohmann::json run_calibrate(const Options& /*opt*/) {
   if (!CudaBackend::available()) return {{"skipped", "no CUDA device"}};
   const CudaBackendConfig c = calibrate(CudaBackendConfig{});
-  return {{"small_piece_bytes", c.small_piece_bytes}, {"staged_min_pieces", c.staged_min_pieces}};
+  return {{"store_small_piece_bytes", c.store_small_piece_bytes},
+          {"load_small_piece_bytes", c.load_small_piece_bytes},
+          {"staged_min_pieces", c.staged_min_pieces}};
 }
 
 nlohmann::json run_compact(const Options& opt) {

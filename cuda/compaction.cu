@@ -24,6 +24,18 @@ __global__ void check_group_counts(const std::int64_t* counts, const std::int64_
   if (g < groups && counts[g] != expected[g]) *mismatch = 1;
 }
 
+// Ids below 0 or above their group's largest block id are a mismatch too.
+__global__ void check_id_range(const std::int32_t* ids, std::int64_t n, const std::int64_t* offsets,
+                               int groups, const std::int64_t* max_id, int* mismatch) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    int g = 0;
+    while (g + 1 < groups && i >= offsets[g + 1]) ++g;
+    const std::int32_t id = ids[i];
+    if (id < 0 || id > max_id[g]) *mismatch = 1;
+  }
+}
+
 }  // namespace
 
 int compaction_temp_bytes(std::int64_t max_ids, int max_groups, std::size_t* bytes) noexcept {
@@ -44,8 +56,8 @@ int compaction_temp_bytes(std::int64_t max_ids, int max_groups, std::size_t* byt
 
 int compact_block_ids(const std::int32_t* ids, std::int64_t n, const std::int64_t* offsets,
                       int groups, const std::int64_t* expected, std::int32_t* out,
-                      std::int64_t* count, std::int64_t* group_counts, int* mismatch, void* temp,
-                      std::size_t temp_bytes, void* stream) noexcept {
+                      const std::int64_t* max_id, std::int64_t* count, std::int64_t* group_counts,
+                      int* mismatch, void* temp, std::size_t temp_bytes, void* stream) noexcept {
   const auto s = static_cast<cudaStream_t>(stream);
   std::size_t bytes = temp_bytes;
   cudaError_t e = cub::DeviceSelect::If(temp, bytes, ids, out, count, n, NotNullBlock{}, s);
@@ -58,6 +70,10 @@ int compact_block_ids(const std::int32_t* ids, std::int64_t n, const std::int64_
   e = cudaMemsetAsync(mismatch, 0, sizeof(int), s);
   if (e != cudaSuccess) return static_cast<int>(e);
   check_group_counts<<<(groups + 127) / 128, 128, 0, s>>>(group_counts, expected, groups, mismatch);
+  e = cudaGetLastError();
+  if (e != cudaSuccess || max_id == nullptr || n == 0) return static_cast<int>(e);
+  const auto blocks = static_cast<unsigned>(std::min<std::int64_t>((n + 255) / 256, 1024));
+  check_id_range<<<blocks, 256, 0, s>>>(ids, n, offsets, groups, max_id, mismatch);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -19,11 +19,11 @@ int launch_copy_pieces(const DevicePiece* pieces, std::uint64_t count, int ctas,
 
 namespace kvoffload::detail {
 
-/// Builds count * L.max_tensors pieces from compacted ids on the device (piece_for), then
-/// copies them: the device-table path, with no host round trip. `count` is read on the device.
-int launch_build_and_copy(const DeviceJobLayout& layout, const std::int32_t* ids,
-                          const std::int64_t* count, const std::int64_t* group_counts,
-                          const std::int32_t* host_ids, DevicePiece* pieces,
-                          std::uint64_t max_pieces, int ctas, int threads, void* stream) noexcept;
+/// The device-table path's piece builder: build_piece for each of max_pieces pieces (empty
+/// ones when *mismatch is set). All pointers are device memory.
+int launch_build_pieces(const DeviceJobLayout& layout, const std::int32_t* ids,
+                        const std::int64_t* count, const std::int64_t* group_counts,
+                        const std::int32_t* host_ids, const int* mismatch, DevicePiece* pieces,
+                        std::uint64_t max_pieces, int ctas, int threads, void* stream) noexcept;
 
 }  // namespace kvoffload::detail

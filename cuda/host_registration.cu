@@ -5,7 +5,8 @@
 namespace kvoffload::detail {
 
 int cuda_host_register(void* ptr, std::size_t bytes) noexcept {
-  const cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable);
+  const cudaError_t e =
+      cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
   if (e != cudaSuccess) (void)cudaGetLastError();  // do not leave the error for the next call
   return static_cast<int>(e);
 }

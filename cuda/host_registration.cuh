@@ -7,7 +7,9 @@
 
 namespace kvoffload::detail {
 
-/// cudaHostRegister(ptr, bytes, cudaHostRegisterPortable). Returns the cudaError_t.
+/// cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped): pinned for
+/// every device and mapped into their address spaces (the kernel modes read it). Returns the
+/// cudaError_t.
 int cuda_host_register(void* ptr, std::size_t bytes) noexcept;
 /// cudaHostUnregister(ptr). Returns the cudaError_t.
 int cuda_host_unregister(void* ptr) noexcept;

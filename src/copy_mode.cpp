@@ -32,7 +32,9 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
   if (want == CopyMode::automatic) {
     const std::uint64_t n = plan.descriptors.size();
     const std::uint64_t average = n == 0 ? 0 : plan.total_bytes / n;
-    if (n == 0 || average >= config.small_piece_bytes) {
+    const std::uint64_t small = plan.direction == Direction::store ? config.store_small_piece_bytes
+                                                                   : config.load_small_piece_bytes;
+    if (n == 0 || average >= small) {
       want = large;
     } else if (plan.direction == Direction::store && n >= config.staged_min_pieces &&
                plan.total_bytes <= config.staging_bytes) {

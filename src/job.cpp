@@ -4,8 +4,8 @@
 
 namespace kvoffload {
 
-void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
-                          std::int64_t block_size_factor) {
+void check_job_shape(const TransferJob& job, std::int64_t num_groups,
+                     std::int64_t block_size_factor) {
   const GpuSpec& gpu = job.gpu;
   const auto G = static_cast<std::size_t>(num_groups);
   KVOFFLOAD_EXPECTS(gpu.group_sizes.size() == G && gpu.block_indices.size() == G,
@@ -14,7 +14,6 @@ void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
   KVOFFLOAD_EXPECTS(job.keys.size() == job.host_block_ids.size(),
                     "job {}: {} keys but {} host blocks", job.id, job.keys.size(),
                     job.host_block_ids.size());
-  std::int64_t total = 0;
   std::size_t key = 0;
   for (std::size_t g = 0; g < G; ++g) {
     const std::int64_t size = gpu.group_sizes[g];
@@ -33,11 +32,18 @@ void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
                       "job {} group {}: {} GPU blocks starting at sub-block {} need {} host "
                       "blocks, the job has {}",
                       job.id, g, size, index, expected, host_blocks);
-    total += size;
   }
   KVOFFLOAD_EXPECTS(key == job.keys.size(),
                     "job {}: keys are not grouped by ascending group (key {} has group {})", job.id,
                     key, key < job.keys.size() ? job.keys[key].group : 0U);
+}
+
+void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
+                          std::int64_t block_size_factor) {
+  check_job_shape(job, num_groups, block_size_factor);
+  const GpuSpec& gpu = job.gpu;
+  std::int64_t total = 0;
+  for (const std::int64_t size : gpu.group_sizes) total += size;
   KVOFFLOAD_EXPECTS(total == static_cast<std::int64_t>(gpu.block_ids.size()),
                     "job {}: group sizes add up to {} but there are {} GPU block ids", job.id,
                     total, gpu.block_ids.size());

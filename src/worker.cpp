@@ -2,23 +2,42 @@
 
 #include "expects.hpp"
 #include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/device_runtime.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/pinned_host_pool.hpp"
+#include "kvoffload/sim_device.hpp"
 
 namespace kvoffload {
 namespace {
 
-std::unique_ptr<Backend> make_backend(const WorkerConfig& c) {
+/// The pool's pinning and the host-side checks of the config, before anything is allocated.
+void check_config(const WorkerConfig& c) {
+  KVOFFLOAD_EXPECTS(c.threads >= 0, "worker: threads is {} (0: all cores)", c.threads);
+  KVOFFLOAD_EXPECTS(!c.compute_stream || *c.compute_stream != per_thread_default_stream,
+                    "worker: compute_stream is cudaStreamPerThread, which names a different "
+                    "stream on each thread; pass the engine's stream itself");
+  KVOFFLOAD_EXPECTS(!c.compute_stream || c.backend == BackendKind::cuda,
+                    "worker: compute_stream is set but the backend is the host backend (it is "
+                    "for the CUDA backend)");
+  KVOFFLOAD_EXPECTS(c.runtime == nullptr || c.backend == BackendKind::cuda,
+                    "worker: runtime is set but the backend is the host backend");
+}
+
+std::unique_ptr<Backend> make_backend(const WorkerConfig& c, const PinnedHostPool& pool) {
   if (c.backend == BackendKind::cuda) {
+    CudaBackendConfig cc;
+    cc.device = c.cuda_device;
+    cc.compute_stream = c.compute_stream;
+    cc.loads_wait_for_compute = c.loads_wait_for_compute;
+    cc.host_base = reinterpret_cast<std::uintptr_t>(pool.data());
+    cc.host_bytes = pool.size_bytes();
+    if (c.runtime != nullptr) return std::make_unique<CudaBackend>(cc, c.runtime);
     if (!CudaBackend::available()) {
       throw cuda_error(
           "worker: the CUDA backend needs a CUDA build of kvoffload and a visible device");
     }
-    CudaBackendConfig cc;
-    cc.device = c.cuda_device;
     return std::make_unique<CudaBackend>(cc);
   }
-  KVOFFLOAD_EXPECTS(c.threads >= 0, "worker: threads is {} (0: all cores)", c.threads);
   HostBackendConfig bc;
   bc.threads = c.threads;
   return std::make_unique<HostBackend>(bc);
@@ -26,17 +45,45 @@ std::unique_ptr<Backend> make_backend(const WorkerConfig& c) {
 
 }  // namespace
 
-Worker::Worker(const WorkerConfig& c) : Worker(c, make_backend(c)) {}
+Worker::Worker(const WorkerConfig& c) {
+  init(c, nullptr);
+}
 
 Worker::Worker(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   KVOFFLOAD_EXPECTS(backend != nullptr, "worker: no backend");
+  init(c, std::move(backend));
+}
+
+void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
+  check_config(c);
   KVOFFLOAD_EXPECTS(c.host_blocks > 0, "worker: host_blocks is {} (must be > 0)", c.host_blocks);
+  if (backend == nullptr && c.backend == BackendKind::cuda && c.runtime == nullptr &&
+      !CudaBackend::available()) {
+    throw cuda_error(
+        "worker: the CUDA backend needs a CUDA build of kvoffload and a visible device");
+  }
   layout_ = std::make_unique<KvLayout>(c.tensors, c.groups, c.block_size_factor);
   PoolConfig pc;
   pc.block_bytes = layout_->pool_block_bytes();
   pc.host_blocks = c.host_blocks;
-  pc.pinning = c.backend == BackendKind::cuda ? Pinning::require : Pinning::off;
+  // Pinned (and mapped) for the CUDA runtime; a simulated device registers it itself.
+  pc.pinning =
+      c.backend == BackendKind::cuda && c.runtime == nullptr ? Pinning::require : Pinning::off;
   pool_ = std::make_unique<PinnedHostPool>(pc);
+  if (auto* sim = dynamic_cast<SimDevice*>(c.runtime.get()); sim != nullptr) {
+    if (sim->host_register(pool_->data(), pool_->size_bytes()) != dev::ok) {
+      throw cuda_error("worker: registering the pool with the simulated device failed");
+    }
+    registered_with_ = c.runtime;
+  }
+  if (backend == nullptr) {
+    backend = make_backend(c, *pool_);
+  } else if (c.compute_stream) {
+    auto* cuda = dynamic_cast<CudaBackend*>(backend.get());
+    KVOFFLOAD_EXPECTS(cuda != nullptr,
+                      "worker: compute_stream is set but the backend is not the CUDA backend");
+    cuda->set_compute_stream(c.compute_stream);
+  }
   const HostRegion region{reinterpret_cast<std::uintptr_t>(pool_->data()), pool_->num_blocks(),
                           static_cast<std::int64_t>(pool_->block_bytes()), 0,
                           static_cast<std::int64_t>(pool_->block_bytes())};
@@ -48,6 +95,16 @@ Worker::Worker(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
 // The engine goes first: its backend may still be copying into the pool.
 Worker::~Worker() {
   engine_.reset();
+  if (registered_with_ != nullptr && pool_ != nullptr) {
+    (void)static_cast<SimDevice&>(*registered_with_).host_unregister(pool_->data());
+  }
+}
+
+void Worker::set_compute_stream(std::optional<std::uintptr_t> stream) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&engine_->backend());
+  KVOFFLOAD_EXPECTS(cuda != nullptr,
+                    "worker: set_compute_stream needs the CUDA backend (this worker's is not)");
+  cuda->set_compute_stream(stream);
 }
 
 void Worker::submit(const TransferJob& job) {

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -34,31 +35,73 @@ struct CudaBackendConfig {
   int kernel_ctas = 8;    ///< CTAs of the copy kernels: few, so the forward pass keeps its SMs
   int kernel_threads = 256;
   std::uint64_t staging_bytes = std::uint64_t{64} << 20;  ///< per backend, device and host
-  // automatic mode: pieces averaging under small_piece_bytes go to the kernel (or, for stores
-  // of at least staged_min_pieces pieces, staged); larger ones to batch. `calibrate` measures
-  // small_piece_bytes on the current device.
-  std::uint64_t small_piece_bytes = std::uint64_t{64} << 10;
+  /// Pinned memory per stream for uploading piece arrays and device-table inputs (a ring; a
+  /// job that does not fit gets a pinned allocation of its own).
+  std::uint64_t ring_bytes = std::uint64_t{4} << 20;
+  // automatic mode: pieces averaging under the direction's threshold go to the kernel (or, for
+  // stores of at least staged_min_pieces pieces, staged); larger ones to batch. Kernel loads
+  // read over PCIe and are slower than kernel stores, so the thresholds differ; `calibrate`
+  // measures both on the current device.
+  std::uint64_t store_small_piece_bytes = std::uint64_t{64} << 10;
+  std::uint64_t load_small_piece_bytes = std::uint64_t{32} << 10;
   std::uint64_t staged_min_pieces = 256;
+  /// The engine's compute stream (a cudaStream_t's value; 0 is the legacy default stream,
+  /// which is PyTorch's default stream). Unset: nothing is waited for. Set: every store, and
+  /// every load unless loads_wait_for_compute is false, first waits for the work queued on it
+  /// when the job is submitted: the forward pass writing the KV a store reads, or reading
+  /// blocks a load overwrites. cudaStreamPerThread (2) is refused: it names a different
+  /// stream on the backend's threads.
+  std::optional<std::uintptr_t> compute_stream;
+  bool loads_wait_for_compute = true;
+  /// The pinned host region jobs copy to and from (the worker's pool). When given, the
+  /// backend checks at construction that it is registered and mapped for the device; if not
+  /// (an unpinned pool, say), the kernel, staged and device-table modes are disabled with a
+  /// logged reason instead of faulting. Unset (0 bytes): only the device's capability counts.
+  std::uintptr_t host_base = 0;
+  std::uint64_t host_bytes = 0;
+};
+
+/// What the backend did (for benchmarks: which mode each job really used).
+struct CudaBackendStats {
+  std::uint64_t jobs_batch = 0, jobs_memcpy = 0, jobs_kernel = 0, jobs_staged = 0;
+  std::uint64_t jobs_device_table = 0;
+  std::uint64_t staged_fell_back = 0;  ///< staged jobs run as kernel jobs: staging was full
+  std::uint64_t ring_fell_back = 0;    ///< uploads that got their own pinned allocation
 };
 
 /// The automatic mode's decision, as a pure function (tested on the CPU).
 KVOFFLOAD_EXPORT CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
                                            bool batch_available, bool kernel_available);
 
+class DeviceRuntime;
+
 /// The production backend: a pool of CUDA streams (stores and loads apart, so both copy engines
 /// work at once; loads at higher priority), copies per the mode, completion polled through
-/// events without blocking, results per direction in submission order. Stores wait for the
-/// engine's compute stream (set_compute_stream) because the KV they read is still being
-/// written. A failed CUDA call fails its job with the error's name: never silent wrong data. A
-/// bad pointer in kernel mode corrupts the CUDA context; every later job then fails too.
-/// Thread-safety: submit and poll may be called from different threads.
+/// events without blocking, results per direction in submission order.
+///
+/// Ordering: with a compute stream set, jobs wait for the engine's work queued before their
+/// submission (see CudaBackendConfig::compute_stream), on the device, without blocking the
+/// host.
+///
+/// Errors: a CUDA call that fails when it is made (a bad argument, a range past the end of an
+/// allocation, out of memory) fails its job with the error's name, and nothing else. A fault
+/// while a kernel or copy runs (cudaErrorIllegalAddress, say) is different: CUDA poisons the
+/// whole context, the engine's too, and every later job and CUDA call fails; the process must
+/// be restarted. Failed jobs are never reported as ok: no silent wrong data.
+///
+/// Every CUDA call goes through a DeviceRuntime (device_runtime.hpp): the CUDA runtime, or a
+/// SimDevice in tests. Thread-safety: submit, poll, wait and shutdown may be called from
+/// different threads; a job waited for stays alive even when another thread polls it.
 class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
  public:
   /// A CUDA build and at least one device.
   static bool available() noexcept;
 
-  /// Throws cuda_error without a device (or a CUDA build), invalid_argument for a bad config.
+  /// On the CUDA runtime. Throws cuda_error without a device (or a CUDA build),
+  /// invalid_argument naming the field for a bad config.
   explicit CudaBackend(const CudaBackendConfig& config = {});
+  /// On `runtime` (a SimDevice, say).
+  CudaBackend(const CudaBackendConfig& config, std::shared_ptr<DeviceRuntime> runtime);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -66,36 +109,47 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   Ticket submit(CopyPlan plan) override;
   void poll(std::vector<BackendResult>& finished) override;
   void wait(Ticket ticket) override;
+  /// Work already on the GPU cannot be recalled: both ways wait for it before returning.
+  /// Without drain, the jobs not finished by then are reported failed with "cancelled".
   void shutdown(bool drain) override;
 
   /// The device-table path, for engines whose block table is already on the GPU: `table`
   /// (device memory) holds the job's GPU block ids per offloaded block with the null blocks
-  /// still in, group g's at [offsets[g], offsets[g + 1]) (offsets on the host). On one stream
-  /// and with no host round trip, the backend drops the nulls (CUB), checks each group's count
-  /// against job.gpu.group_sizes (a mismatch fails the job), builds the copy pieces from the
-  /// layout and the job's host blocks, and copies them with the kernel. job.gpu.block_ids is
-  /// not read. Needs mapped pinned memory (kernel_available); at most 8 groups of 8 tensors.
+  /// still in, group g's at [offsets[g], offsets[g + 1]) (offsets on the host, from 0,
+  /// non-decreasing). On one stream and with no host round trip, the backend drops the nulls
+  /// (CUB), checks each group's count against job.gpu.group_sizes and each id against the
+  /// group's tensors, builds the copy pieces from the layout and the job's host blocks, and
+  /// copies them with the kernel. A job that fails the check copies no byte and is reported
+  /// failed. job.gpu.block_ids is not read; everything else is checked on the host like the
+  /// planner does (invalid_argument). Needs mapped pinned memory (kernel_available); at most
+  /// 8 groups of 8 tensors.
   Ticket submit_device_table(const TransferJob& job, Direction direction, const KvLayout& layout,
                              const HostRegion& host, const std::int32_t* table,
                              std::span<const std::int64_t> offsets);
 
-  /// Stores submitted from now on first wait for the work queued on this cudaStream_t (the
-  /// engine's compute stream) at their submission. 0 turns it off.
-  void set_compute_stream(std::uintptr_t stream);
+  /// Changes the compute stream for jobs submitted from now on (see
+  /// CudaBackendConfig::compute_stream); nullopt turns the waits off.
+  void set_compute_stream(std::optional<std::uintptr_t> stream);
   [[nodiscard]] bool batch_available() const noexcept;
   [[nodiscard]] bool kernel_available() const noexcept;
-  /// The mode the backend would use for `plan`.
+  /// The mode the backend would use for `plan` (before staging space is considered).
   [[nodiscard]] CopyMode mode_for(const CopyPlan& plan) const noexcept;
   [[nodiscard]] const CudaBackendConfig& config() const noexcept;
+  [[nodiscard]] CudaBackendStats stats() const;
+  /// Test-only: jobs stop waiting for the compute stream, so that tests can show they catch
+  /// the race this causes. Never in production.
+  void unsafe_skip_compute_wait_for_testing(bool skip);
 
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
-/// Measures, on the current device, the piece size below which the kernel mode beats batch
-/// copies, and returns `config` with small_piece_bytes set to it. Takes a second or two.
-KVOFFLOAD_EXPORT CudaBackendConfig calibrate(const CudaBackendConfig& config);
+/// Measures, on config.device, the piece sizes below which the kernel mode beats batch copies,
+/// for stores and for loads apart, and returns `config` with store_small_piece_bytes and
+/// load_small_piece_bytes set. Takes a few seconds. `runtime` null: the CUDA runtime.
+KVOFFLOAD_EXPORT CudaBackendConfig calibrate(const CudaBackendConfig& config,
+                                             std::shared_ptr<DeviceRuntime> runtime = nullptr);
 
 /// GPU compaction of a device-resident block table (the per-offloaded-block GPU ids of a job,
 /// null blocks included): CUB DeviceSelect drops the nulls and a segmented reduction counts
@@ -104,7 +158,9 @@ KVOFFLOAD_EXPORT CudaBackendConfig calibrate(const CudaBackendConfig& config);
 /// thread at a time (its temporary storage is shared by the calls).
 class KVOFFLOAD_EXPORT DeviceCompactor {
  public:
-  DeviceCompactor(std::int64_t max_ids, int max_groups);
+  /// `runtime` null: the CUDA runtime (throws cuda_error in a build without CUDA).
+  DeviceCompactor(std::int64_t max_ids, int max_groups,
+                  std::shared_ptr<DeviceRuntime> runtime = nullptr);
   ~DeviceCompactor();
   DeviceCompactor(const DeviceCompactor&) = delete;
   DeviceCompactor& operator=(const DeviceCompactor&) = delete;
@@ -117,11 +173,11 @@ class KVOFFLOAD_EXPORT DeviceCompactor {
                std::int64_t* group_counts, int* mismatch, std::uintptr_t stream);
 
  private:
-  // Unused in a build without CUDA (whose constructor throws).
-  [[maybe_unused]] std::int64_t max_ids_;
-  [[maybe_unused]] int max_groups_;
-  [[maybe_unused]] void* temp_ = nullptr;
-  [[maybe_unused]] std::size_t temp_bytes_ = 0;
+  std::shared_ptr<DeviceRuntime> rt_;
+  std::int64_t max_ids_;
+  int max_groups_;
+  void* temp_ = nullptr;
+  std::size_t temp_bytes_ = 0;
 };
 
 }  // namespace kvoffload

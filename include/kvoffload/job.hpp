@@ -39,4 +39,10 @@ struct TransferJob {
 KVOFFLOAD_EXPORT void check_job_invariants(const TransferJob& job, std::int64_t num_groups,
                                            std::int64_t block_size_factor);
 
+/// The part of check_job_invariants that does not read gpu.block_ids (the device-table path
+/// takes its ids from a device table): one size and one non-negative index per group, and
+/// per group the number of host blocks its size and index need, keys grouped by group.
+KVOFFLOAD_EXPORT void check_job_shape(const TransferJob& job, std::int64_t num_groups,
+                                      std::int64_t block_size_factor);
+
 }  // namespace kvoffload

@@ -283,9 +283,20 @@ typedef struct kvoffload_worker_config {
   int threads;      /* host backend copy threads (0: all cores) */
   int cuda_device;  /* CUDA backend device */
   int defer_stores; /* 1: a step's stores start at the next kvoffload_worker_start_step */
+  /* CUDA backend: the engine's compute stream. With has_compute_stream = 1, stores (and loads,
+   * unless loads_wait_for_compute is 0) wait on the device for the work queued on
+   * compute_stream when they are submitted. compute_stream is a cudaStream_t's value; 0 is the
+   * legacy default stream (PyTorch's default). cudaStreamPerThread is refused. Without it,
+   * nothing is waited for: only right if the engine synchronizes before submitting. */
+  int has_compute_stream;
+  uintptr_t compute_stream;
+  int loads_wait_for_compute; /* default 1 */
 } kvoffload_worker_config_t;
-#define KVOFFLOAD_WORKER_CONFIG_INIT \
-  { sizeof(kvoffload_worker_config_t), NULL, 0, NULL, 0, 1, 0, KVOFFLOAD_BACKEND_HOST, 0, 0, 0 }
+#define KVOFFLOAD_WORKER_CONFIG_INIT                                                               \
+  {                                                                                                \
+    sizeof(kvoffload_worker_config_t), NULL, 0, NULL, 0, 1, 0, KVOFFLOAD_BACKEND_HOST, 0, 0, 0, 0, \
+        0, 1                                                                                       \
+  }
 
 typedef struct kvoffload_finished_transfer {
   kvoffload_job_id_t job;
@@ -303,6 +314,12 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_destroy(kvoffload_worker_t w
  * outside the layout is refused with KVOFFLOAD_INVALID_ARGUMENT and nothing is copied. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_submit(kvoffload_worker_t worker,
                                                            const kvoffload_job_t* job);
+/* Changes the compute stream for jobs submitted from now on (see kvoffload_worker_config_t);
+ * has_stream = 0 turns the waits off. KVOFFLOAD_INVALID_ARGUMENT for a host-backend worker or
+ * cudaStreamPerThread. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_set_compute_stream(kvoffload_worker_t worker,
+                                                                       int has_stream,
+                                                                       uintptr_t stream);
 /* Starts the stores deferred from the previous step (defer_stores). */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_start_step(kvoffload_worker_t worker);
 /* Jobs finished since the last call (never blocks). At most `capacity` are returned; the rest

@@ -3,6 +3,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -12,6 +13,8 @@
 #include "kvoffload/transfer_engine.hpp"
 
 namespace kvoffload {
+
+class DeviceRuntime;
 
 enum class BackendKind : std::uint8_t {
   host,  ///< HostBackend: memcpy threads; the KV tensors are in host memory
@@ -29,6 +32,16 @@ struct WorkerConfig {
   int threads = 0;      ///< host backend copy threads (0: all cores)
   int cuda_device = 0;  ///< CUDA backend device
   bool defer_stores = false;
+  /// CUDA backend: the engine's compute stream (a cudaStream_t's value; 0 is the legacy
+  /// default stream, PyTorch's default). Stores, and loads unless loads_wait_for_compute is
+  /// false, wait on the device for the work queued on it when they are submitted. Unset:
+  /// nothing is waited for, which is only right if the engine synchronizes before submitting.
+  /// The host backend refuses it.
+  std::optional<std::uintptr_t> compute_stream;
+  bool loads_wait_for_compute = true;
+  /// CUDA backend: where its CUDA calls go. Null: the CUDA runtime; a SimDevice runs the
+  /// backend on the CPU (the pool is then registered with the simulated device).
+  std::shared_ptr<DeviceRuntime> runtime;
 };
 
 class PinnedHostPool;
@@ -55,6 +68,10 @@ class KVOFFLOAD_EXPORT Worker {
   void start_step();
   std::vector<FinishedTransfer> get_finished();
   void wait(std::span<const JobId> jobs);
+  /// Changes the compute stream for jobs submitted from now on (WorkerConfig::compute_stream);
+  /// nullopt turns the waits off. Throws invalid_argument for a backend other than CUDA or for
+  /// cudaStreamPerThread.
+  void set_compute_stream(std::optional<std::uintptr_t> stream);
 
   /// Host block `id` of the pool (throws invalid_argument if out of range).
   [[nodiscard]] std::span<std::byte> host_block(HostBlockId id) const;
@@ -63,7 +80,10 @@ class KVOFFLOAD_EXPORT Worker {
   [[nodiscard]] TransferStats stats() const;
 
  private:
+  void init(const WorkerConfig& config, std::unique_ptr<Backend> backend);
+
   std::unique_ptr<KvLayout> layout_;
+  std::shared_ptr<DeviceRuntime> registered_with_;  // a SimDevice the pool is registered with
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
 };

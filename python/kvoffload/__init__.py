@@ -43,6 +43,7 @@ __all__ = [
     "Step",
     "Worker",
     "WorkerConfig",
+    "stream_handle",
     "tensor_of",
 ]
 
@@ -235,6 +236,13 @@ class WorkerConfig:
     threads: int = 0
     cuda_device: int = 0
     defer_stores: bool = False
+    # CUDA backend: the engine's compute stream, as an int (a cudaStream_t's value; 0 is the
+    # legacy default stream, PyTorch's default) or any object with a ``cuda_stream``
+    # attribute, such as ``torch.cuda.Stream``. Stores, and loads unless
+    # loads_wait_for_compute is False, wait on the GPU for the work queued on it when they are
+    # submitted. None: nothing is waited for. cudaStreamPerThread (2) is refused.
+    compute_stream: Optional[object] = None
+    loads_wait_for_compute: bool = True
 
 
 @dataclass(frozen=True)
@@ -244,6 +252,26 @@ class FinishedTransfer:
     ok: bool
     error: str
     bytes: int
+
+
+def stream_handle(stream) -> Optional[int]:
+    """The cudaStream_t value of ``stream``: None, an int, or an object with a ``cuda_stream``
+    attribute (``torch.cuda.Stream``, ``torch.cuda.current_stream()``)."""
+    if stream is None:
+        return None
+    if isinstance(stream, bool):
+        raise InvalidArgument("compute_stream: expected a stream or an int, got a bool")
+    if isinstance(stream, int):
+        value = stream
+    elif hasattr(stream, "cuda_stream"):
+        value = int(stream.cuda_stream)
+    else:
+        raise InvalidArgument("compute_stream: expected an int handle or an object with a "
+                              "cuda_stream attribute (torch.cuda.Stream), got "
+                              + type(stream).__name__)
+    if value < 0:
+        raise InvalidArgument(f"compute_stream: {value} is negative")
+    return value
 
 
 class Worker:
@@ -261,7 +289,14 @@ class Worker:
             threads=config.threads,
             cuda_device=config.cuda_device,
             defer_stores=config.defer_stores,
+            compute_stream=stream_handle(config.compute_stream),
+            loads_wait_for_compute=config.loads_wait_for_compute,
         )
+
+    def set_compute_stream(self, stream) -> None:
+        """Jobs submitted from now on wait for ``stream`` (see WorkerConfig.compute_stream);
+        None turns the waits off."""
+        self._w.set_compute_stream(stream_handle(stream))
 
     def submit(self, job: Job) -> None:
         """Starts a load or a store; a job outside the layout raises InvalidArgument."""

@@ -2,6 +2,7 @@
 // (so PyTorch or NumPy tensors work without a dependency on either).
 
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/tuple.h>
@@ -29,7 +30,8 @@ void bind_worker(nb::module_& m) {
                  std::tuple<std::uintptr_t, std::int64_t, std::int64_t, std::int64_t>>& tensors,
              const std::vector<std::vector<std::pair<std::int32_t, std::int64_t>>>& groups,
              std::int64_t block_size_factor, std::int64_t host_blocks, const std::string& backend,
-             int threads, int cuda_device, bool defer_stores) {
+             int threads, int cuda_device, bool defer_stores,
+             std::optional<std::uintptr_t> compute_stream, bool loads_wait_for_compute) {
             WorkerConfig c;
             for (const auto& [base, blocks, page, stride] : tensors) {
               c.tensors.push_back({base, blocks, page, stride});
@@ -52,10 +54,13 @@ void bind_worker(nb::module_& m) {
             c.threads = threads;
             c.cuda_device = cuda_device;
             c.defer_stores = defer_stores;
+            c.compute_stream = compute_stream;
+            c.loads_wait_for_compute = loads_wait_for_compute;
             new (self) Worker(c);
           },
           "tensors"_a, "groups"_a, "block_size_factor"_a, "host_blocks"_a, "backend"_a, "threads"_a,
-          "cuda_device"_a, "defer_stores"_a)
+          "cuda_device"_a, "defer_stores"_a, "compute_stream"_a.none(), "loads_wait_for_compute"_a)
+      .def("set_compute_stream", &Worker::set_compute_stream, "stream"_a.none())
       .def("submit", &Worker::submit, "job"_a)
       .def("start_step", &Worker::start_step)
       .def("get_finished",

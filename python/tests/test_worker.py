@@ -1,3 +1,4 @@
+import pytest
 import numpy as np
 
 import kvoffload as kv
@@ -55,3 +56,37 @@ def test_tensor_of_reads_numpy_layouts():
     padded = np.zeros((10, 96), dtype=np.uint8)[:, :64]  # pages of 64 bytes, 96 apart
     t = kv.tensor_of(padded)
     assert (t.page_bytes, t.block_stride_bytes) == (64, 96)
+
+
+class _FakeTorchStream:
+    """Stands in for torch.cuda.Stream: only the cuda_stream attribute is read."""
+
+    def __init__(self, handle):
+        self.cuda_stream = handle
+
+
+def test_compute_stream_handles():
+    """An int or anything with a cuda_stream attribute; 0 (the legacy stream) is a stream,
+    None is not; bools and other objects are refused by name."""
+    assert kv.stream_handle(None) is None
+    assert kv.stream_handle(0) == 0
+    assert kv.stream_handle(0x7f00) == 0x7f00
+    assert kv.stream_handle(_FakeTorchStream(0x1234)) == 0x1234
+    with pytest.raises(kv.InvalidArgument, match="compute_stream"):
+        kv.stream_handle(True)
+    with pytest.raises(kv.InvalidArgument, match="cuda_stream attribute"):
+        kv.stream_handle("stream")
+
+
+def test_compute_stream_is_checked_by_the_worker():
+    gpu = np.zeros((4, 64), dtype=np.uint8)
+    base = dict(tensors=[kv.tensor_of(gpu)], groups=[[(0, 64)]], host_blocks=2, threads=1)
+    # cudaStreamPerThread names another stream on the backend's threads.
+    with pytest.raises(kv.InvalidArgument, match="cudaStreamPerThread"):
+        kv.Worker(kv.WorkerConfig(**base, backend="cuda", compute_stream=2))
+    # The host backend has no compute stream, not even the legacy one (0).
+    with pytest.raises(kv.InvalidArgument, match="host backend"):
+        kv.Worker(kv.WorkerConfig(**base, compute_stream=_FakeTorchStream(0)))
+    w = kv.Worker(kv.WorkerConfig(**base))
+    with pytest.raises(kv.InvalidArgument, match="needs the CUDA backend"):
+        w.set_compute_stream(0)

@@ -1,6 +1,7 @@
 // The C API's worker handle: the KV layout, a host pool and a TransferEngine on the host or
 // CUDA backend (include/kvoffload/kvoffload.h).
 
+#include <cstddef>
 #include <deque>
 #include <mutex>
 #include <vector>
@@ -60,8 +61,10 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     *worker = nullptr;
     require(config, fn, "config");
     const kvoffload_worker_config_t& c = *config;
-    require_struct_size(c.struct_size, sizeof(kvoffload_worker_config_t), fn, "config",
-                        "KVOFFLOAD_WORKER_CONFIG_INIT");
+    // Structs from before the compute-stream fields are accepted; those fields then default.
+    constexpr std::size_t v1_size = offsetof(kvoffload_worker_config_t, has_compute_stream);
+    require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_WORKER_CONFIG_INIT");
+    const bool has_v2 = c.struct_size >= sizeof(kvoffload_worker_config_t);
     require_array(c.tensors, c.num_tensors, fn, "config->tensors");
     require_array(c.groups, c.num_groups, fn, "config->groups");
     WorkerConfig wc;
@@ -82,6 +85,10 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     wc.threads = c.threads;
     wc.cuda_device = c.cuda_device;
     wc.defer_stores = c.defer_stores != 0;
+    if (has_v2) {
+      if (c.has_compute_stream != 0) wc.compute_stream = c.compute_stream;
+      wc.loads_wait_for_compute = c.loads_wait_for_compute != 0;
+    }
     switch (raw_enum(c.backend)) {
       case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
       case KVOFFLOAD_BACKEND_CUDA:
@@ -97,6 +104,15 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     }
     auto w = std::make_unique<kvoffload_worker_s>(wc);
     *worker = w.release();
+  });
+}
+
+kvoffload_status_t kvoffload_worker_set_compute_stream(kvoffload_worker_t w, int has_stream,
+                                                       uintptr_t stream) {
+  return guard([&] {
+    require(w, "kvoffload_worker_set_compute_stream", "worker");
+    w->worker.set_compute_stream(has_stream != 0 ? std::optional<std::uintptr_t>(stream)
+                                                 : std::nullopt);
   });
 }
 

@@ -347,7 +347,27 @@ static void errors(void) {
              "host block 4 is out of range");
   OK(kvoffload_worker_host_block(w, 3, &data, &n));
   CHECK(data != NULL && n >= PAGE);
+  FAILS_WITH(kvoffload_worker_set_compute_stream(w, 1, 0), KVOFFLOAD_INVALID_ARGUMENT,
+             "needs the CUDA backend");
+  FAILS_WITH(kvoffload_worker_set_compute_stream(NULL, 1, 0), KVOFFLOAD_INVALID_ARGUMENT,
+             "worker is NULL");
   OK(kvoffload_worker_destroy(w));
+
+  /* The compute stream: only for the CUDA backend, never cudaStreamPerThread (0x2). */
+  wc.has_compute_stream = 1;
+  wc.compute_stream = 0;
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT,
+             "compute_stream is set but the backend is the host backend");
+  wc.compute_stream = 2;
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "cudaStreamPerThread");
+  /* A struct from before the compute-stream fields: accepted, they take their defaults. */
+  wc.struct_size = offsetof(kvoffload_worker_config_t, has_compute_stream);
+  OK(kvoffload_worker_create(&wc, &w));
+  OK(kvoffload_worker_destroy(w));
+  wc.struct_size = offsetof(kvoffload_worker_config_t, has_compute_stream) - 1;
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "struct_size");
+  wc.struct_size = sizeof(wc);
+  wc.has_compute_stream = 0;
 }
 
 int main(void) {

@@ -80,7 +80,7 @@ TEST_CASE("Staged pieces lie back to back in the staging buffer", "[kernel_body]
 
 TEST_CASE("The automatic copy mode follows piece size, count and direction", "[copy_mode]") {
   CudaBackendConfig c;
-  c.small_piece_bytes = 64 << 10;
+  c.store_small_piece_bytes = c.load_small_piece_bytes = 64 << 10;
   c.staged_min_pieces = 4;
   c.staging_bytes = 1 << 20;
   auto plan = [](Direction dir, std::size_t n, std::uint64_t piece) {
@@ -157,8 +157,11 @@ TEST_CASE("Device-table pieces (piece_for) copy exactly what the planner copies"
     for (int g = 0; g < 2; ++g) {
       L.block_index[g] = job.gpu.block_indices[static_cast<std::size_t>(g)];
       L.first_host[g] = first;
-      first +=
+      L.host_count[g] =
           (job.gpu.group_sizes[static_cast<std::size_t>(g)] + L.block_index[g] % f + f - 1) / f;
+      L.expected[g] = job.gpu.group_sizes[static_cast<std::size_t>(g)];
+      L.max_id[g] = 127;
+      first += L.host_count[g];
       const auto& tensors = b.layout->group(static_cast<std::size_t>(g));
       L.tensors[g] = static_cast<int>(tensors.size());
       L.max_tensors = std::max(L.max_tensors, L.tensors[g]);
@@ -184,4 +187,44 @@ TEST_CASE("Device-table pieces (piece_for) copy exactly what the planner copies"
     CHECK(b.host_memory == by_planner);
     CHECK((b.host_memory != host_start || job.gpu.block_ids.empty()));
   }
+}
+
+TEST_CASE("build_piece emits no bytes for a failed check, past the count or past the tensors",
+          "[kernel_body]") {
+  detail::DeviceJobLayout L{};
+  L.groups = 2;
+  L.max_tensors = 1;
+  L.block_size_factor = 2;
+  L.host_base = 1 << 20;
+  L.host_stride = 4096;
+  L.store = true;
+  L.tensors[0] = L.tensors[1] = 1;
+  L.first_host[1] = 1;
+  L.host_count[0] = L.host_count[1] = 1;
+  L.expected[0] = L.expected[1] = 2;
+  L.max_id[0] = L.max_id[1] = 9;
+  L.tensor[0][0] = {1 << 24, 512, 512, 0};
+  L.tensor[1][0] = {1 << 25, 512, 512, 0};
+  const std::int32_t host_ids[] = {3, 4};
+  std::int32_t ids[] = {1, 2, 3, 4};
+  std::int64_t counts[] = {2, 2};
+  std::int64_t count = 4;
+  int mismatch = 0;
+  auto piece = [&](std::uint64_t x) {
+    return detail::build_piece(L, ids, &count, counts, host_ids, &mismatch, x);
+  };
+  CHECK(piece(0).bytes == 512);
+  CHECK(piece(0).src == (1U << 24) + 512);
+  CHECK(piece(0).dst == (1U << 20) + 3 * 4096);
+  CHECK(piece(3).dst == (1U << 20) + 4 * 4096 + 512);
+  CHECK(piece(4).bytes == 0);  // past the count
+  mismatch = 1;
+  for (std::uint64_t x = 0; x < 4; ++x) CHECK(piece(x).bytes == 0);
+  mismatch = 0;
+  ids[1] = 10;  // past the group's tensors
+  CHECK(piece(1).bytes == 0);
+  ids[1] = 2;
+  counts[0] = 3;  // a wrong table: group 0 claims 3 ids, more than the job's 2
+  count = 5;
+  CHECK(piece(2).bytes == 0);  // the third id of group 0 is clamped away
 }

@@ -27,28 +27,55 @@ struct alignas(16) Vec16 {
   std::uint64_t a, b;
 };
 
-/// Lane `lane` of `lanes` copies its share of one piece: 16-byte words when source,
-/// destination and length allow, single bytes otherwise. Together the lanes copy every byte
-/// exactly once.
-KVOFFLOAD_HOST_DEVICE inline void copy_piece(const DevicePiece& p, unsigned lane, unsigned lanes) {
-  const bool aligned = ((p.src | p.dst | p.bytes) & 15U) == 0;
-  if (aligned) {
-    const auto* s = reinterpret_cast<const Vec16*>(p.src);
-    auto* d = reinterpret_cast<Vec16*>(p.dst);
-    const std::uint64_t n = p.bytes / 16;
-    for (std::uint64_t i = lane; i < n; i += lanes) d[i] = s[i];
-    return;
+#if defined(__CUDACC__) || defined(__GNUC__)
+#define KVOFFLOAD_RESTRICT __restrict__
+#else
+#define KVOFFLOAD_RESTRICT
+#endif
+
+/// Lane `lane` of `lanes` copies its share of one piece. When source and destination are
+/// equally aligned modulo 16: a byte head up to the 16-byte boundary, a body of 16-byte words
+/// (four in flight per lane), a byte tail; otherwise single bytes. Together the lanes copy
+/// every byte exactly once. The piece is taken by value (in registers).
+KVOFFLOAD_HOST_DEVICE inline void copy_piece(const DevicePiece p, unsigned lane, unsigned lanes) {
+  const auto* KVOFFLOAD_RESTRICT s = reinterpret_cast<const unsigned char*>(p.src);
+  auto* KVOFFLOAD_RESTRICT d = reinterpret_cast<unsigned char*>(p.dst);
+  const std::uint64_t n = p.bytes;
+  std::uint64_t head = n;  // unaligned pieces are all head
+  std::uint64_t words = 0;
+  if (((p.src ^ p.dst) & 15U) == 0) {
+    head = (16 - (p.src & 15U)) & 15U;
+    if (head > n) head = n;
+    words = (n - head) / 16;
   }
-  const auto* s = reinterpret_cast<const unsigned char*>(p.src);
-  auto* d = reinterpret_cast<unsigned char*>(p.dst);
-  for (std::uint64_t i = lane; i < p.bytes; i += lanes) d[i] = s[i];
+  for (std::uint64_t i = lane; i < head; i += lanes) d[i] = s[i];
+  const auto* KVOFFLOAD_RESTRICT vs = reinterpret_cast<const Vec16*>(s + head);
+  auto* KVOFFLOAD_RESTRICT vd = reinterpret_cast<Vec16*>(d + head);
+  std::uint64_t w = lane;
+  const std::uint64_t step = lanes;
+  for (; w + 3 * step < words; w += 4 * step) {
+    const Vec16 a = vs[w];
+    const Vec16 b = vs[w + step];
+    const Vec16 c = vs[w + 2 * step];
+    const Vec16 e = vs[w + 3 * step];
+    vd[w] = a;
+    vd[w + step] = b;
+    vd[w + 2 * step] = c;
+    vd[w + 3 * step] = e;
+  }
+  for (; w < words; w += step) vd[w] = vs[w];
+  const std::uint64_t tail = head + words * 16;
+  for (std::uint64_t i = tail + lane; i < n; i += lanes) d[i] = s[i];
 }
 
 /// Which pieces warp `warp` of `warps` handles: piece i goes to warp i % warps.
 KVOFFLOAD_HOST_DEVICE inline void copy_pieces(const DevicePiece* pieces, std::uint64_t count,
                                               unsigned warp, unsigned warps, unsigned lane,
                                               unsigned lanes) {
-  for (std::uint64_t i = warp; i < count; i += warps) copy_piece(pieces[i], lane, lanes);
+  for (std::uint64_t i = warp; i < count; i += warps) {
+    const DevicePiece p = pieces[i];
+    if (p.bytes != 0) copy_piece(p, lane, lanes);
+  }
 }
 
 /// The staged store: piece i's bytes go to staging + offsets[i] (the exclusive prefix sum of
@@ -88,13 +115,18 @@ struct DeviceJobLayout {
   bool store;  ///< GPU -> host; else host -> GPU
   std::int64_t block_index[kMaxGroups];
   std::int64_t first_host[kMaxGroups];  ///< index into host_ids of the group's first block
+  std::int64_t host_count[kMaxGroups];  ///< the group's host blocks
+  std::int64_t expected[kMaxGroups];    ///< the job's group_sizes: no group copies more
+  std::int64_t max_id[kMaxGroups];      ///< the largest valid GPU block id of the group
   int tensors[kMaxGroups];
   Tensor tensor[kMaxGroups][kMaxTensors];
 };
 
 /// Piece `k` of compacted GPU block `i` (ids and group_counts as the compaction wrote them;
 /// host_ids are the job's host blocks, group-major). Groups with fewer tensors than
-/// max_tensors yield empty pieces (bytes 0) for the rest.
+/// max_tensors yield empty pieces (bytes 0) for the rest, and so does every position that a
+/// wrong table would push past the group's expected size, host blocks or block ids: the
+/// builder never addresses memory outside the job's blocks.
 KVOFFLOAD_HOST_DEVICE inline DevicePiece piece_for(const DeviceJobLayout& L,
                                                    const std::int32_t* ids,
                                                    const std::int64_t* group_counts,
@@ -107,14 +139,35 @@ KVOFFLOAD_HOST_DEVICE inline DevicePiece piece_for(const DeviceJobLayout& L,
     ++g;
   }
   if (k >= L.tensors[g]) return DevicePiece{0, 0, 0};
+  const std::int64_t within = static_cast<std::int64_t>(i - start);
+  if (within >= L.expected[g]) return DevicePiece{0, 0, 0};
+  const std::int32_t id = ids[i];
+  if (id <= 0 || id > L.max_id[g]) return DevicePiece{0, 0, 0};
   const std::int64_t f = L.block_size_factor;
-  const std::int64_t pos = L.block_index[g] % f + static_cast<std::int64_t>(i - start);
+  const std::int64_t pos = L.block_index[g] % f + within;
+  if (pos / f >= L.host_count[g]) return DevicePiece{0, 0, 0};
   const std::int32_t host = host_ids[L.first_host[g] + pos / f];
   const DeviceJobLayout::Tensor& t = L.tensor[g][k];
-  const std::uint64_t gpu = t.base + static_cast<std::uint64_t>(ids[i]) * t.stride;
+  const std::uint64_t gpu = t.base + static_cast<std::uint64_t>(id) * t.stride;
   const std::uint64_t hst = L.host_base + static_cast<std::uint64_t>(host) * L.host_stride +
                             t.host_offset + static_cast<std::uint64_t>(pos % f) * t.page_bytes;
   return L.store ? DevicePiece{gpu, hst, t.page_bytes} : DevicePiece{hst, gpu, t.page_bytes};
+}
+
+/// Piece x of the device-table path's piece array (x / max_tensors is the compacted block,
+/// x % max_tensors the tensor): empty past *count and for every piece when the compaction set
+/// *mismatch, so a job that fails its check copies no byte.
+KVOFFLOAD_HOST_DEVICE inline DevicePiece build_piece(const DeviceJobLayout& L,
+                                                     const std::int32_t* ids,
+                                                     const std::int64_t* count,
+                                                     const std::int64_t* group_counts,
+                                                     const std::int32_t* host_ids,
+                                                     const int* mismatch, std::uint64_t x) {
+  const auto per_block = static_cast<std::uint64_t>(L.max_tensors);
+  if (*mismatch != 0 || x >= static_cast<std::uint64_t>(*count) * per_block) {
+    return DevicePiece{0, 0, 0};
+  }
+  return piece_for(L, ids, group_counts, host_ids, x / per_block, static_cast<int>(x % per_block));
 }
 
 }  // namespace kvoffload::detail

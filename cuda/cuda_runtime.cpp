@@ -1,0 +1,225 @@
+// The CUDA runtime behind the DeviceRuntime seam: one call per method, statuses passed
+// through as cudaError_t values. Host code (compiled by the C++ compiler against cudart); the
+// kernels and CUB live in copy_kernels.cu and compaction.cu.
+
+#include <cuda.h>  // driver types for cuMemcpyBatchAsync, resolved at run time
+#include <cuda_runtime_api.h>
+
+#include <mutex>
+
+#include <fmt/format.h>
+
+#include "compaction.cuh"
+#include "copy_kernels.cuh"
+#include "kvoffload/copy_planner.hpp"
+#include "kvoffload/device_runtime.hpp"
+
+namespace kvoffload {
+namespace {
+
+static_assert(dev::ok == cudaSuccess && dev::invalid_value == cudaErrorInvalidValue &&
+              dev::memory_allocation == cudaErrorMemoryAllocation &&
+              dev::invalid_device == cudaErrorInvalidDevice &&
+              dev::invalid_resource_handle == cudaErrorInvalidResourceHandle &&
+              dev::not_ready == cudaErrorNotReady &&
+              dev::illegal_address == cudaErrorIllegalAddress &&
+              dev::not_supported == cudaErrorNotSupported && dev::unknown == cudaErrorUnknown);
+// cudaStreamPerThread is ((cudaStream_t)0x2) in driver_types.h.
+static_assert(per_thread_default_stream == 0x2);
+static_assert(sizeof(CopyDescriptor) == sizeof(detail::DevicePiece));
+
+// cuMemcpyBatchAsync as the 12.8 driver ABI defines it (with failIdx): requesting that version
+// keeps a build with CUDA 13 headers working on any 12.8+ driver.
+using BatchFn = CUresult (*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
+                             CUmemcpyAttributes*, std::size_t*, std::size_t, std::size_t*,
+                             CUstream);
+
+BatchFn resolve_batch() noexcept {
+  void* fn = nullptr;
+  cudaDriverEntryPointQueryResult status{};
+  if (cudaGetDriverEntryPointByVersion("cuMemcpyBatchAsync", &fn, 12080, cudaEnableDefault,
+                                       &status) != cudaSuccess ||
+      status != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return nullptr;
+  }
+  return reinterpret_cast<BatchFn>(fn);
+}
+
+cudaStream_t S(StreamHandle h) {
+  return reinterpret_cast<cudaStream_t>(h);
+}
+cudaEvent_t E(EventHandle h) {
+  return reinterpret_cast<cudaEvent_t>(h);
+}
+int I(cudaError_t e) {
+  return static_cast<int>(e);
+}
+
+class CudaRuntime final : public DeviceRuntime {
+ public:
+  int device_count() noexcept override {
+    int count = 0;
+    if (cudaGetDeviceCount(&count) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return 0;
+    }
+    return count;
+  }
+  int get_device(int* device) noexcept override { return I(cudaGetDevice(device)); }
+  int set_device(int device) noexcept override { return I(cudaSetDevice(device)); }
+  int stream_priority_range(int* least, int* greatest) noexcept override {
+    return I(cudaDeviceGetStreamPriorityRange(least, greatest));
+  }
+  int can_map_host_memory(int device, bool* yes) noexcept override {
+    int v = 0;
+    const cudaError_t e =
+        cudaDeviceGetAttribute(&v, cudaDevAttrCanUseHostPointerForRegisteredMem, device);
+    *yes = e == cudaSuccess && v == 1;
+    return I(e);
+  }
+  int host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept override {
+    *yes = false;
+    if (bytes == 0) return I(cudaSuccess);
+    // Both ends must be pinned host memory whose device pointer is the host pointer itself
+    // (registered with cudaHostRegisterMapped on a system with unified addressing).
+    for (const void* p :
+         {ptr, static_cast<const void*>(static_cast<const char*>(ptr) + bytes - 1)}) {
+      cudaPointerAttributes attr{};
+      if (cudaPointerGetAttributes(&attr, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return I(cudaSuccess);
+      }
+      if (attr.type != cudaMemoryTypeHost) return I(cudaSuccess);
+      void* device_ptr = nullptr;
+      if (cudaHostGetDevicePointer(&device_ptr, const_cast<void*>(p), 0) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return I(cudaSuccess);
+      }
+      if (device_ptr != p) return I(cudaSuccess);
+    }
+    *yes = true;
+    return I(cudaSuccess);
+  }
+  int stream_create(int priority, StreamHandle* stream) noexcept override {
+    cudaStream_t s = nullptr;
+    const cudaError_t e = cudaStreamCreateWithPriority(&s, cudaStreamNonBlocking, priority);
+    *stream = reinterpret_cast<StreamHandle>(s);
+    return I(e);
+  }
+  int stream_destroy(StreamHandle stream) noexcept override {
+    return I(cudaStreamDestroy(S(stream)));
+  }
+  int stream_synchronize(StreamHandle stream) noexcept override {
+    return I(cudaStreamSynchronize(S(stream)));
+  }
+  int event_create(EventHandle* event) noexcept override {
+    cudaEvent_t ev = nullptr;
+    const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+    *event = reinterpret_cast<EventHandle>(ev);
+    return I(e);
+  }
+  int event_destroy(EventHandle event) noexcept override { return I(cudaEventDestroy(E(event))); }
+  int event_record(EventHandle event, StreamHandle stream) noexcept override {
+    return I(cudaEventRecord(E(event), S(stream)));
+  }
+  int stream_wait_event(StreamHandle stream, EventHandle event) noexcept override {
+    return I(cudaStreamWaitEvent(S(stream), E(event), cudaEventWaitDefault));
+  }
+  int event_query(EventHandle event) noexcept override {
+    const cudaError_t e = cudaEventQuery(E(event));
+    // Not an error, but do not leave it for the next launch check to find.
+    if (e == cudaErrorNotReady) (void)cudaGetLastError();
+    return I(e);
+  }
+  int event_synchronize(EventHandle event) noexcept override {
+    return I(cudaEventSynchronize(E(event)));
+  }
+  int device_synchronize() noexcept override { return I(cudaDeviceSynchronize()); }
+  int malloc_device(void** ptr, std::size_t bytes) noexcept override {
+    return I(cudaMalloc(ptr, bytes));
+  }
+  int free_device(void* ptr) noexcept override { return I(cudaFree(ptr)); }
+  int malloc_host(void** ptr, std::size_t bytes) noexcept override {
+    return I(cudaHostAlloc(ptr, bytes, cudaHostAllocPortable | cudaHostAllocMapped));
+  }
+  int free_host(void* ptr) noexcept override { return I(cudaFreeHost(ptr)); }
+  int malloc_async(void** ptr, std::size_t bytes, StreamHandle stream) noexcept override {
+    return I(cudaMallocAsync(ptr, bytes, S(stream)));
+  }
+  int free_async(void* ptr, StreamHandle stream) noexcept override {
+    return I(cudaFreeAsync(ptr, S(stream)));
+  }
+  int memcpy_async(void* dst, const void* src, std::size_t bytes,
+                   StreamHandle stream) noexcept override {
+    return I(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream)));
+  }
+  bool batch_available() noexcept override {
+    std::call_once(batch_once_, [this] { batch_ = resolve_batch(); });
+    return batch_ != nullptr;
+  }
+  int memcpy_batch_async(const CopyDescriptor* copies, std::size_t count, bool src_in_stream_order,
+                         StreamHandle stream, std::size_t* fail_index) noexcept override {
+    if (!batch_available()) return I(cudaErrorNotSupported);
+    if (count == 0) return I(cudaSuccess);
+    // The driver takes separate arrays; they are read during the call only.
+    thread_local std::vector<CUdeviceptr> dsts, srcs;
+    thread_local std::vector<std::size_t> sizes;
+    dsts.resize(count);
+    srcs.resize(count);
+    sizes.resize(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      dsts[i] = copies[i].dst;
+      srcs[i] = copies[i].src;
+      sizes[i] = copies[i].bytes;
+    }
+    CUmemcpyAttributes attr{};
+    attr.srcAccessOrder =
+        src_in_stream_order ? CU_MEMCPY_SRC_ACCESS_ORDER_STREAM : CU_MEMCPY_SRC_ACCESS_ORDER_ANY;
+    std::size_t index = 0;
+    const CUresult r = batch_(dsts.data(), srcs.data(), sizes.data(), count, &attr, &index, 1,
+                              fail_index, reinterpret_cast<CUstream>(stream));
+    if (r == CUDA_SUCCESS) return I(cudaSuccess);
+    // CUresult and cudaError_t share the values the backend tells apart.
+    return r == CUDA_ERROR_INVALID_VALUE ? I(cudaErrorInvalidValue) : static_cast<int>(r);
+  }
+  int launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64_t count, int ctas,
+                         int threads, StreamHandle stream) noexcept override {
+    return detail::launch_copy_pieces(pieces, count, ctas, threads, S(stream));
+  }
+  int launch_build_pieces(const detail::DeviceJobLayout& layout, const std::int32_t* ids,
+                          const std::int64_t* count, const std::int64_t* group_counts,
+                          const std::int32_t* host_ids, const int* mismatch,
+                          detail::DevicePiece* pieces, std::uint64_t max_pieces, int ctas,
+                          int threads, StreamHandle stream) noexcept override {
+    return detail::launch_build_pieces(layout, ids, count, group_counts, host_ids, mismatch, pieces,
+                                       max_pieces, ctas, threads, S(stream));
+  }
+  int compaction_temp_bytes(std::int64_t max_ids, int max_groups,
+                            std::size_t* bytes) noexcept override {
+    return detail::compaction_temp_bytes(max_ids, max_groups, bytes);
+  }
+  int launch_compact(const CompactArgs& a, StreamHandle stream) noexcept override {
+    return detail::compact_block_ids(a.ids, a.n, a.offsets, a.groups, a.expected, a.out, a.max_id,
+                                     a.count, a.group_counts, a.mismatch, a.temp, a.temp_bytes,
+                                     S(stream));
+  }
+  int get_last_error() noexcept override { return I(cudaGetLastError()); }
+  std::string describe(int status) const override {
+    const auto e = static_cast<cudaError_t>(status);
+    return fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
+  }
+
+ private:
+  std::once_flag batch_once_;
+  BatchFn batch_ = nullptr;
+};
+
+}  // namespace
+
+std::shared_ptr<DeviceRuntime> cuda_runtime() {
+  static const std::shared_ptr<DeviceRuntime> runtime = std::make_shared<CudaRuntime>();
+  return runtime;
+}
+
+}  // namespace kvoffload

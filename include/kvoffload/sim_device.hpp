@@ -1,0 +1,118 @@
+#pragma once
+
+// A simulated CUDA device on the CPU, for testing the CUDA backend (and an engine's use of it)
+// on machines without a GPU. Each stream is a FIFO run by its own thread with seeded random
+// delays; events and cross-stream waits follow CUDA's rules (an event captures the work queued
+// when it is recorded; a wait orders only the work queued after it); "device memory" is host
+// memory; the copy kernels and the compaction run their __host__ __device__ bodies on the CPU.
+// It reports what a real device punishes or silently gets wrong, as violations():
+//   - an operation that reads or writes bytes that an unordered operation on another stream
+//     writes (or writes bytes it reads): a data race between streams (vector clocks);
+//   - a host access (host_access) to bytes that queued or unordered device work still uses;
+//   - use of a destroyed stream or event, or a stream and event of different devices;
+//   - a kernel touching memory that is neither device memory nor mapped pinned host memory,
+//     which, as on a GPU, also poisons the context: every later call fails with
+//     illegal_address.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kvoffload/device_runtime.hpp"
+#include "kvoffload/export.hpp"
+
+namespace kvoffload {
+
+struct SimConfig {
+  std::uint64_t seed = 1;
+  int devices = 1;
+  int max_delay_us = 40;        ///< each operation waits a random 0..max_delay_us first
+  bool batch_available = true;  ///< cuMemcpyBatchAsync present
+  bool map_host_memory = true;  ///< registered host memory is device-accessible
+};
+
+/// A byte range an operation touches.
+struct SimAccess {
+  std::uintptr_t begin = 0;
+  std::uintptr_t end = 0;
+  bool write = false;
+};
+
+/// Thread-safe, like the CUDA runtime. Destruction drains every stream.
+class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
+ public:
+  explicit SimDevice(const SimConfig& config = {});
+  ~SimDevice() override;
+  SimDevice(const SimDevice&) = delete;
+  SimDevice& operator=(const SimDevice&) = delete;
+
+  // ---- DeviceRuntime ----
+  int device_count() noexcept override;
+  int get_device(int* device) noexcept override;
+  int set_device(int device) noexcept override;
+  int stream_priority_range(int* least, int* greatest) noexcept override;
+  int can_map_host_memory(int device, bool* yes) noexcept override;
+  int host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept override;
+  int stream_create(int priority, StreamHandle* stream) noexcept override;
+  int stream_destroy(StreamHandle stream) noexcept override;
+  int stream_synchronize(StreamHandle stream) noexcept override;
+  int event_create(EventHandle* event) noexcept override;
+  int event_destroy(EventHandle event) noexcept override;
+  int event_record(EventHandle event, StreamHandle stream) noexcept override;
+  int stream_wait_event(StreamHandle stream, EventHandle event) noexcept override;
+  int event_query(EventHandle event) noexcept override;
+  int event_synchronize(EventHandle event) noexcept override;
+  int device_synchronize() noexcept override;
+  int malloc_device(void** ptr, std::size_t bytes) noexcept override;
+  int free_device(void* ptr) noexcept override;
+  int malloc_host(void** ptr, std::size_t bytes) noexcept override;
+  int free_host(void* ptr) noexcept override;
+  int malloc_async(void** ptr, std::size_t bytes, StreamHandle stream) noexcept override;
+  int free_async(void* ptr, StreamHandle stream) noexcept override;
+  int memcpy_async(void* dst, const void* src, std::size_t bytes,
+                   StreamHandle stream) noexcept override;
+  bool batch_available() noexcept override;
+  int memcpy_batch_async(const CopyDescriptor* copies, std::size_t count, bool src_in_stream_order,
+                         StreamHandle stream, std::size_t* fail_index) noexcept override;
+  int launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64_t count, int ctas,
+                         int threads, StreamHandle stream) noexcept override;
+  int launch_build_pieces(const detail::DeviceJobLayout& layout, const std::int32_t* ids,
+                          const std::int64_t* count, const std::int64_t* group_counts,
+                          const std::int32_t* host_ids, const int* mismatch,
+                          detail::DevicePiece* pieces, std::uint64_t max_pieces, int ctas,
+                          int threads, StreamHandle stream) noexcept override;
+  int compaction_temp_bytes(std::int64_t max_ids, int max_groups,
+                            std::size_t* bytes) noexcept override;
+  int launch_compact(const CompactArgs& args, StreamHandle stream) noexcept override;
+  int get_last_error() noexcept override;
+  std::string describe(int status) const override;
+  void host_access(const void* ptr, std::size_t bytes, bool write) noexcept override;
+
+  // ---- test hooks ----
+  /// cudaHostRegister: marks host memory as pinned (and mapped if config.map_host_memory).
+  int host_register(void* ptr, std::size_t bytes) noexcept;
+  int host_unregister(void* ptr) noexcept;
+  /// A simulated kernel (the engine's forward pass, say): `run` executes on the stream's
+  /// thread in stream order; `accesses` are checked for races like any operation's.
+  int launch(StreamHandle stream, std::string name, std::vector<SimAccess> accesses,
+             std::function<void()> run);
+  /// The `after`+1-th next call named `call` ("memcpy_async", "malloc_host", "event_record",
+  /// "launch_copy_pieces", ...) fails synchronously with `status`.
+  void inject_failure(const std::string& call, int status, int after = 0);
+  /// Everything reported so far (see the file comment); empty for a correct program.
+  [[nodiscard]] std::vector<std::string> violations() const;
+  /// Live streams, events and allocations the program created (leak checks).
+  [[nodiscard]] std::size_t live_streams() const;
+  [[nodiscard]] std::size_t live_events() const;
+  [[nodiscard]] std::size_t live_allocations() const;
+  /// Whether a fault poisoned the context.
+  [[nodiscard]] bool poisoned() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace kvoffload
