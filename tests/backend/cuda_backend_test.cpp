@@ -44,17 +44,18 @@ void require_clean(const std::shared_ptr<DeviceRuntime>& rt) {
   }
 }
 
-/// Every mode, f 1/4/16: stores of random jobs land as the planner says, then concurrent
-/// loads into fresh blocks bring the same bytes back.
+/// Every mode, f 1/4/16: stores of random jobs land as the planner says; then loads of them
+/// into fresh blocks run concurrently with a second round of stores, and both are checked.
 void round_trip(const std::shared_ptr<DeviceRuntime>& rt, CopyMode mode, std::int64_t f,
                 std::int64_t page) {
-  const std::int64_t blocks = 72 * f + 2;
-  DeviceRig rig(rt, f, page, blocks, 64);
+  const std::int64_t blocks = 108 * f + 2;  // 18 jobs of up to 6f GPU blocks
+  const std::int64_t host_blocks = 96;      // 12 stores of up to 8 host blocks
+  DeviceRig rig(rt, f, page, blocks, host_blocks);
   std::mt19937 rng(static_cast<unsigned>(f) * 31 + static_cast<unsigned>(mode));
   std::vector<GpuBlockId> gpu(static_cast<std::size_t>(blocks - 1));
   std::iota(gpu.begin(), gpu.end(), 1);
   std::shuffle(gpu.begin(), gpu.end(), rng);
-  std::vector<HostBlockId> host(64);
+  std::vector<HostBlockId> host(static_cast<std::size_t>(host_blocks));
   std::iota(host.begin(), host.end(), 0);
   std::shuffle(host.begin(), host.end(), rng);
 
@@ -65,8 +66,8 @@ void round_trip(const std::shared_ptr<DeviceRuntime>& rt, CopyMode mode, std::in
   c.host_base = rig.region.base;
   c.host_bytes = rig.pool_bytes;
   TransferEngine engine(*rig.layout, rig.region, std::make_unique<CudaBackend>(c, rt));
-  std::vector<TransferJob> stores, loads;
-  for (JobId j = 0; j < 6; ++j) stores.push_back(DeviceRig::random_job(2 * j, f, rng, gpu, host));
+  std::vector<TransferJob> stores, loads, more;
+  for (JobId j = 0; j < 6; ++j) stores.push_back(DeviceRig::random_job(3 * j, f, rng, gpu, host));
   for (const TransferJob& s : stores) {
     TransferJob l = s;
     l.id = s.id + 1;
@@ -77,6 +78,7 @@ void round_trip(const std::shared_ptr<DeviceRuntime>& rt, CopyMode mode, std::in
     }
     loads.push_back(l);
   }
+  for (JobId j = 0; j < 6; ++j) more.push_back(DeviceRig::random_job(3 * j + 2, f, rng, gpu, host));
   const auto before = rig.pool();
   std::vector<JobId> all;
   for (const TransferJob& s : stores) {
@@ -88,15 +90,21 @@ void round_trip(const std::shared_ptr<DeviceRuntime>& rt, CopyMode mode, std::in
   REQUIRE(done.size() == stores.size());
   for (const auto& d : done) CHECK(d.ok);
   CHECK(kvtest::same_bytes(rig.pool(), rig.expected_pool(stores, before)));
+  // Loads of those blocks and new stores, in flight together on both stream sets.
   all.clear();
-  for (const TransferJob& l : loads) {
-    engine.submit_load(l);
-    all.push_back(l.id);
+  for (std::size_t j = 0; j < loads.size(); ++j) {
+    engine.submit_load(loads[j]);
+    engine.submit_store(more[j]);
+    all.push_back(loads[j].id);
+    all.push_back(more[j].id);
   }
   engine.wait(all);
   done = engine.get_finished();
-  REQUIRE(done.size() == loads.size());
+  REQUIRE(done.size() == loads.size() + more.size());
   for (const auto& d : done) CHECK(d.ok);
+  std::vector<TransferJob> stored = stores;
+  stored.insert(stored.end(), more.begin(), more.end());
+  CHECK(kvtest::same_bytes(rig.pool(), rig.expected_pool(stored, before)));
   std::vector<std::vector<std::uint8_t>> now;
   for (std::size_t t = 0; t < 4; ++t) now.push_back(rig.read(t));
   const auto P = static_cast<std::size_t>(page);
@@ -108,6 +116,7 @@ void round_trip(const std::shared_ptr<DeviceRuntime>& rt, CopyMode mode, std::in
           const std::size_t t = 2 * g + k;
           const auto to = static_cast<std::size_t>(loads[j].gpu.block_ids[at]) * P;
           const auto from = static_cast<std::size_t>(stores[j].gpu.block_ids[at]) * P;
+          INFO("load job " << loads[j].id << " group " << g << " block " << p << " tensor " << t);
           REQUIRE(std::memcmp(now[t].data() + to, rig.mirror[t].data() + from, P) == 0);
         }
       }
