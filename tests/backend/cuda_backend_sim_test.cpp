@@ -116,6 +116,7 @@ TEST_CASE("sim: stores wait for the compute stream, and the test catches it when
   engine.wait(ids);
   const auto done = engine.get_finished();
   REQUIRE(done.size() == 1);
+  REQUIRE(sim->device_synchronize() == dev::ok);  // every operation has run (and been checked)
   if (!skip) {
     CHECK(done[0].ok);
     CHECK(host_blocks_hold(rig, 8, 0xab));  // the forward pass's final bytes
@@ -155,6 +156,7 @@ TEST_CASE("sim: loads wait for the compute stream unless told not to",
   std::vector<BackendResult> done;
   backend.poll(done);
   REQUIRE(done.size() == 1);
+  REQUIRE(sim->device_synchronize() == dev::ok);  // the forward pass has run (and been checked)
   CHECK(sim->violations().empty() == wait);
 }
 
@@ -217,6 +219,7 @@ TEST_CASE("sim: shutdown with drain finishes everything, without drain cancels t
   REQUIRE(done.size() == 1);
   CHECK_FALSE(done[0].ok);
   CHECK_THAT(done[0].error, ContainsSubstring("shut down"));
+  REQUIRE(sim->device_synchronize() == dev::ok);
   CHECK(sim->violations().empty());
 }
 
@@ -255,6 +258,7 @@ TEST_CASE("sim: wait racing poll: every job reported once, none freed under a wa
     CHECK(done[static_cast<std::size_t>(i)].job == static_cast<JobId>(i));
     CHECK(done[static_cast<std::size_t>(i)].ok);
   }
+  REQUIRE(sim->device_synchronize() == dev::ok);
   CHECK(sim->violations().empty());
 }
 
@@ -295,6 +299,7 @@ TEST_CASE("sim: a backend on device 1 works from a thread whose current device i
     REQUIRE(sim->get_device(&current) == dev::ok);
     CHECK(current == 0);  // the caller's device is left as it was
   }
+  REQUIRE(sim->device_synchronize() == dev::ok);
   const auto v = sim->violations();
   for (const auto& line : v) UNSCOPED_INFO(line);
   CHECK(v.empty());
@@ -353,6 +358,7 @@ TEST_CASE("sim: failing CUDA calls leak nothing and fail only their job",
       CHECK(sim->live_events() == 0);
       CHECK(sim->live_streams() == 0);
     }
+    REQUIRE(sim->device_synchronize() == dev::ok);
     CHECK(sim->violations().empty());
   }
 }
@@ -455,6 +461,7 @@ TEST_CASE("sim: tiny upload rings and staging fall back and stay correct under l
   CHECK(kvtest::same_bytes(rig.pool(), rig.expected_pool(jobs, before)));
   const CudaBackendStats st = backend.stats();
   CHECK(st.ring_fell_back + st.staged_fell_back > 0);  // the pressure was real
+  REQUIRE(sim->device_synchronize() == dev::ok);
   const auto v = sim->violations();
   for (const auto& line : v) UNSCOPED_INFO(line);
   CHECK(v.empty());  // and no ring slot was reused under a queued copy
@@ -496,6 +503,7 @@ TEST_CASE("sim: a Worker with a compute stream on the simulated device", "[sim][
     REQUIRE(sim->stream_destroy(compute) == dev::ok);
   }
   REQUIRE(sim->free_device(kv) == dev::ok);
+  REQUIRE(sim->device_synchronize() == dev::ok);
   CHECK(sim->violations().empty());
   WorkerConfig host = wc;
   host.backend = BackendKind::host;

@@ -38,6 +38,7 @@ std::shared_ptr<SimDevice> make_sim(std::uint64_t seed, int devices = 1, int del
 
 void require_clean(const std::shared_ptr<DeviceRuntime>& rt) {
   if (auto* sim = dynamic_cast<SimDevice*>(rt.get())) {
+    REQUIRE(sim->device_synchronize() == dev::ok);  // everything queued has run and been checked
     const auto v = sim->violations();
     for (const auto& line : v) UNSCOPED_INFO(line);
     REQUIRE(v.empty());
