@@ -40,9 +40,12 @@ class Progress {
 
 /// Options every scenario shares.
 struct Options {
-  bool quick = false;     ///< small sizes and few runs (CI smoke test)
-  std::size_t runs = 0;   ///< 0: the scenario's default
-  std::string json_path;  ///< write the result document here
+  bool quick = false;            ///< small sizes and few runs (CI smoke test)
+  std::size_t runs = 0;          ///< 0: the scenario's default
+  std::string json_path;         ///< write the result document here
+  std::uint64_t copy_total = 0;  ///< copy --backend cuda: bytes per run (0: 1 GiB, quick 64 MiB)
+  std::uint64_t copy_piece_max = 0;  ///< copy --backend cuda: largest piece (0: 16 MiB)
+  std::int64_t compact_max_ids = 0;  ///< compact: largest id count (0: 16 M, quick 64 Ki)
 };
 
 /// Machine facts recorded next to every result.

@@ -53,7 +53,11 @@ double ceiling_gbps(void* dst, const void* src, std::uint64_t bytes, cudaMemcpyK
 
 nlohmann::json run_copy_cuda_sweep(const Options& opt) {
   const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 5);
-  const std::uint64_t total = opt.quick ? (std::uint64_t{64} << 20) : (std::uint64_t{1} << 30);
+  const std::uint64_t total =
+      opt.copy_total > 0 ? opt.copy_total
+                         : (opt.quick ? (std::uint64_t{64} << 20) : (std::uint64_t{1} << 30));
+  const std::uint64_t max_piece =
+      opt.copy_piece_max > 0 ? opt.copy_piece_max : (std::uint64_t{16} << 20);
   void* gpu = nullptr;
   void* host = nullptr;
   check(cudaMalloc(&gpu, total), "cudaMalloc");
@@ -64,7 +68,7 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
   const CopyMode modes[] = {CopyMode::batch, CopyMode::memcpy, CopyMode::kernel, CopyMode::staged,
                             CopyMode::automatic};
   std::vector<std::uint64_t> sizes;
-  for (std::uint64_t s = 4096; s <= (std::uint64_t{16} << 20); s *= opt.quick ? 16 : 2)
+  for (std::uint64_t s = 4096; s <= max_piece && s <= total; s *= opt.quick ? 16 : 2)
     sizes.push_back(s);
   Progress progress("copy cuda", sizes.size() * std::size(modes));
   for (const std::uint64_t piece : sizes) {
@@ -164,7 +168,8 @@ nlohmann::json run_compact(const Options& opt) {
   const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 7);
   nlohmann::json rows = nlohmann::json::array();
   std::mt19937 rng(1);
-  const std::int64_t max_n = opt.quick ? (1 << 16) : (1 << 24);
+  const std::int64_t max_n =
+      opt.compact_max_ids > 0 ? opt.compact_max_ids : (opt.quick ? (1 << 16) : (1 << 24));
   const bool gpu = CudaBackend::available();
   std::unique_ptr<DeviceCompactor> compactor;
   std::int32_t* d_ids = nullptr;

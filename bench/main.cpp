@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "bench_common.hpp"
+#include "kvoffload/byte_size.hpp"
 #include "kvoffload/error.hpp"
 #include "scenarios.hpp"
 
@@ -27,10 +28,14 @@ int main(int argc, char** argv) {
   std::string backend = "host";
   auto* copy = app.add_subcommand("copy", "copy bandwidth over piece sizes vs one large copy");
   copy->add_option("--backend", backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
+  std::string copy_total, copy_piece_max;
+  copy->add_option("--total", copy_total, "cuda: bytes moved per run (default 1GiB)");
+  copy->add_option("--max-piece", copy_piece_max, "cuda: the largest piece size (default 16MiB)");
   auto* calibrate =
       app.add_subcommand("calibrate", "measure the automatic copy mode's threshold (GPU)");
   auto* compact =
       app.add_subcommand("compact", "null block id compaction, CPU (Thrust) and GPU (CUB)");
+  compact->add_option("--max-ids", opt.compact_max_ids, "largest id count (default 16M)");
   std::string pool_size = "8GiB";
   auto* pool = app.add_subcommand("pool", "host pool allocation time: 1 thread vs all cores");
   pool->add_option("--size", pool_size, "pool size (e.g. 8GiB)");
@@ -45,6 +50,15 @@ int main(int argc, char** argv) {
 
   CLI11_PARSE(app, argc, argv);
   if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
+  try {
+    if (!copy_total.empty()) opt.copy_total = kvoffload::parse_bytes(copy_total, "--total");
+    if (!copy_piece_max.empty()) {
+      opt.copy_piece_max = kvoffload::parse_bytes(copy_piece_max, "--max-piece");
+    }
+  } catch (const std::exception& e) {
+    std::cerr << "kvoffload-bench: " << e.what() << "\n";
+    return 2;
+  }
 
   nlohmann::json doc;
   doc["machine"] = kvbench::machine_json();

@@ -22,6 +22,8 @@ from ._kvoffload import (  # noqa: F401  (re-exported)
     OutOfMemory,
     _Scheduler,
     _Worker,
+    built_with_cuda,
+    cuda_device_count,
 )
 
 __all__ = [
@@ -43,6 +45,8 @@ __all__ = [
     "Step",
     "Worker",
     "WorkerConfig",
+    "built_with_cuda",
+    "cuda_device_count",
     "stream_handle",
     "tensor_of",
 ]

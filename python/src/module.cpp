@@ -4,6 +4,7 @@
 #include <Python.h>
 
 #include "bindings.hpp"
+#include "kvoffload/device.hpp"
 #include "kvoffload/error.hpp"
 
 namespace nb = nanobind;
@@ -55,4 +56,8 @@ NB_MODULE(_kvoffload, m) {
   kvoffload::python::bind_errors(m);
   kvoffload::python::bind_scheduler(m);
   kvoffload::python::bind_worker(m);
+  m.def("built_with_cuda", &kvoffload::built_with_cuda,
+        "Whether this build of the library contains the CUDA backend.");
+  m.def("cuda_device_count", &kvoffload::cuda_device_count,
+        "CUDA devices visible to this process (0 without a CUDA build, driver or device).");
 }

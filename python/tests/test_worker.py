@@ -90,3 +90,11 @@ def test_compute_stream_is_checked_by_the_worker():
     w = kv.Worker(kv.WorkerConfig(**base))
     with pytest.raises(kv.InvalidArgument, match="needs the CUDA backend"):
         w.set_compute_stream(0)
+
+
+def test_build_facts():
+    assert isinstance(kv.built_with_cuda(), bool)
+    n = kv.cuda_device_count()
+    assert isinstance(n, int) and n >= 0
+    if not kv.built_with_cuda():
+        assert n == 0

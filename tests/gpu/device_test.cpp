@@ -1,4 +1,5 @@
-// [gpu] tests run on a machine with a CUDA device (scripts/gpu-check) and skip elsewhere.
+// [gpu] tests run on a machine with a CUDA device (the GPU bundle: scripts/gpu-bundle) and skip
+// elsewhere.
 
 #include <catch2/catch_test_macros.hpp>
 
