@@ -228,3 +228,24 @@ TEST_CASE("build_piece emits no bytes for a failed check, past the count or past
   count = 5;
   CHECK(piece(2).bytes == 0);  // the third id of group 0 is clamped away
 }
+
+TEST_CASE("Kernel body: equally misaligned pieces copy as head, 16-byte body and tail",
+          "[kernel_body]") {
+  // Source and destination both 5 bytes past a 16-byte boundary: 11 head bytes, then words,
+  // then a tail; every lane count must copy exactly the piece and nothing around it.
+  for (const unsigned lanes : {1U, 3U, 32U}) {
+    for (const std::uint64_t len : {1ULL, 10ULL, 11ULL, 27ULL, 1000ULL, 4096ULL}) {
+      alignas(16) std::uint8_t src[4200], dst[4200];
+      for (std::size_t i = 0; i < sizeof src; ++i) src[i] = static_cast<std::uint8_t>(i * 13 + 1);
+      std::memset(dst, 0xee, sizeof dst);
+      const DevicePiece p{reinterpret_cast<std::uint64_t>(src + 5),
+                          reinterpret_cast<std::uint64_t>(dst + 21), len};
+      for (unsigned l = 0; l < lanes; ++l) detail::copy_piece(p, l, lanes);
+      INFO("lanes " << lanes << " len " << len);
+      for (std::size_t i = 0; i < sizeof dst; ++i) {
+        const bool inside = i >= 21 && i < 21 + len;
+        REQUIRE(dst[i] == (inside ? src[i - 16] : 0xee));
+      }
+    }
+  }
+}
