@@ -14,6 +14,8 @@ request with the same prompt loads them into other blocks, compared with torch.e
                   never failed: it shows the check can see the race this library prevents)
 
     python3 torch_check.py OUT.json
+    python3 torch_check.py --cpu OUT.json   the same engine loop on CPU tensors and the host
+                                            backend (no streams): checks this script's logic
 """
 
 import hashlib
@@ -29,13 +31,17 @@ import kvoffload as kv
 LAYERS, HEADS, HEAD_DIM, BLOCK = 32, 8, 128, 16
 PROMPT_TOKENS = 256  # 16 blocks
 PROMPTS = 4
-GPU_BLOCKS = 1 + PROMPTS * 2 * (PROMPT_TOKENS // BLOCK) + 8
+# Two requests per prompt, each with a full block list in each of up to two groups.
+GPU_BLOCKS = 1 + PROMPTS * 2 * 2 * (PROMPT_TOKENS // BLOCK) + 8
 SLEEP_CYCLES = 40_000_000  # about 20 ms: the writes land well after the stores are submitted
 
 
 def hashes(prompt):
     return [hashlib.sha256(f"{prompt}/{i}".encode()).digest()[:16]
             for i in range(PROMPT_TOKENS // BLOCK)]
+
+
+DEVICE = "cuda"
 
 
 class Cache:
@@ -47,13 +53,14 @@ class Cache:
             ids = []
             for _ in range(2 * LAYERS // groups):
                 self.tensors.append(torch.zeros(GPU_BLOCKS, BLOCK, HEADS, HEAD_DIM,
-                                                dtype=torch.bfloat16, device="cuda"))
+                                                dtype=torch.bfloat16, device=DEVICE))
                 ids.append(len(self.tensors) - 1)
             self.group_tensors.append(ids)
-        self.base = (torch.arange(BLOCK * HEADS * HEAD_DIM, device="cuda") % 89).reshape(
+        self.base = (torch.arange(BLOCK * HEADS * HEAD_DIM, device=DEVICE) % 89).reshape(
             BLOCK, HEADS, HEAD_DIM).to(torch.bfloat16)
         self.page = self.tensors[0][0].numel() * self.tensors[0].element_size()
-        torch.cuda.synchronize()
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
 
     def value(self, prompt, g, k, j):
         """The page of tensor k of group g for request block j of `prompt` (exact in bf16)."""
@@ -61,7 +68,7 @@ class Cache:
 
     def write(self, prompt, g, blocks):
         """On the current stream: the forward pass writing this prompt's blocks of group g."""
-        idx = torch.tensor(blocks, device="cuda")
+        idx = torch.tensor(blocks, device=DEVICE)
         for k, t in enumerate(self.group_tensors[g]):
             vals = torch.stack([self.value(prompt, g, k, j) for j in range(len(blocks))])
             self.tensors[t].index_copy_(0, idx, vals)
@@ -76,17 +83,18 @@ def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
     sched = kv.Scheduler(kv.SchedulerConfig(groups=kinds, block_size_factor=factor,
                                             host_blocks=host_blocks))
     first_stream = stream_for(0)
+    cuda = DEVICE == "cuda"
     worker = kv.Worker(kv.WorkerConfig(
         tensors=[kv.tensor_of(t) for t in cache.tensors],
         groups=[[(t, cache.page) for t in ids] for ids in cache.group_tensors],
-        host_blocks=host_blocks, block_size_factor=factor, backend="cuda",
-        compute_stream=first_stream if compute_stream_set else None))
+        host_blocks=host_blocks, block_size_factor=factor, backend="cuda" if cuda else "host",
+        compute_stream=first_stream if compute_stream_set and cuda else None))
     free = list(range(GPU_BLOCKS - 1, 0, -1))
     n = PROMPT_TOKENS // BLOCK
     checked = mismatched = 0
     for p in range(PROMPTS):
         stream = stream_for(p)
-        if compute_stream_set:
+        if compute_stream_set and cuda:
             worker.set_compute_stream(stream)
         # The first request computes the prompt; its stores start at once.
         rid = f"s{p}"
@@ -94,8 +102,12 @@ def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
         assert sched.lookup(rid, 0) == 0
         sched.on_allocated(rid, [kv.AllocatedGroup([]) for _ in range(groups)], 0)
         blocks = [[free.pop() for _ in range(n)] for _ in range(groups)]
-        with torch.cuda.stream(stream):
-            torch.cuda._sleep(SLEEP_CYCLES)
+        if cuda:
+            with torch.cuda.stream(stream):
+                torch.cuda._sleep(SLEEP_CYCLES)
+                for g in range(groups):
+                    cache.write(p, g, blocks[g])
+        else:
             for g in range(groups):
                 cache.write(p, g, blocks[g])
         step = sched.build_step([kv.ScheduledRequest(rid, 0, PROMPT_TOKENS, blocks)])
@@ -110,22 +122,25 @@ def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
         sched.update_request(rid, PROMPT_TOKENS, hashes(f"{name}/{p}"))
         hit = sched.lookup(rid, 0)
         assert hit and hit > 0, f"no hit for prompt {p}: {hit}"
+        # Blocks for the whole prompt, as an engine allocates them (the window group's hit
+        # blocks outside the window are the null block 0, counted as computed).
         hb = hit // BLOCK
-        alloc = [kv.AllocatedGroup([free.pop() for _ in range(hb)])]
+        lists = [[free.pop() for _ in range(n)]]
+        alloc = [kv.AllocatedGroup(lists[0])]
         if groups == 2:
             real = min(hb, window // BLOCK)
-            alloc.append(kv.AllocatedGroup([0] * (hb - real) + [free.pop() for _ in range(real)],
-                                           num_computed_blocks=hb - real))
+            lists.append([0] * (hb - real) + [free.pop() for _ in range(n - (hb - real))])
+            alloc.append(kv.AllocatedGroup(lists[1], num_computed_blocks=hb - real))
         sched.on_allocated(rid, alloc, hit)
-        step = sched.build_step([kv.ScheduledRequest(rid, hit, PROMPT_TOKENS - hit,
-                                                     [[] for _ in range(groups)])])
+        step = sched.build_step([kv.ScheduledRequest(rid, hit, PROMPT_TOKENS - hit, lists)])
         assert step.load_jobs, "the hit planned no load"
         worker.submit_step(step)
         worker.wait([j.id for j in step.load_jobs])
         done = worker.get_finished()
         assert all(f.ok for f in done), [f.error for f in done if not f.ok]
         sched.on_completed([kv.JobReport(f.job, ok=f.ok) for f in done])
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
         for job in step.load_jobs:
             at = 0
             for g in range(groups):
@@ -143,17 +158,27 @@ def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
 
 
 def main():
-    out_path = sys.argv[1] if len(sys.argv) > 1 else "torch.json"
-    results = {"torch": torch.__version__, "device": torch.cuda.get_device_name(0),
+    global DEVICE
+    args = sys.argv[1:]
+    if args and args[0] == "--cpu":
+        DEVICE = "cpu"
+        args = args[1:]
+    out_path = args[0] if args else "torch.json"
+    cuda = DEVICE == "cuda"
+    results = {"torch": torch.__version__,
+               "device": torch.cuda.get_device_name(0) if cuda else "cpu",
                "kvoffload_built_with_cuda": kv.built_with_cuda(), "parts": {}}
-    side = [torch.cuda.Stream() for _ in range(3)]
+    side = [torch.cuda.Stream() for _ in range(3)] if cuda else [None] * 3
     parts = [
-        ("default-stream", 1, 1, 0, lambda p: torch.cuda.default_stream(), True),
+        ("default-stream", 1, 1, 0, lambda p: torch.cuda.default_stream() if cuda else None,
+         True),
         ("side-stream", 1, 1, 0, lambda p: side[0], True),
         ("many-streams", 1, 1, 0, lambda p: side[p % 3], True),
         ("hybrid", 2, 4, 32, lambda p: side[1], True),
         ("control", 1, 1, 0, lambda p: side[2], False),
     ]
+    if not cuda:  # streams mean nothing here, and the control has no race to show
+        parts = [p for p in parts if p[0] in ("side-stream", "hybrid")]
     ok = True
     for name, groups, factor, window, stream_for, with_stream in parts:
         start = time.time()
