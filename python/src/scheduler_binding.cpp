@@ -47,17 +47,18 @@ std::string fmt_hash_error(std::string_view what, std::size_t i, std::size_t siz
          " bytes (1 to 32)";
 }
 
+BlockHash to_hash(const nb::bytes& b, std::string_view what, std::size_t i) {
+  if (b.size() < 1 || b.size() > BlockHash::max_size) {
+    throw invalid_argument(fmt_hash_error(what, i, b.size()));
+  }
+  return BlockHash::from_bytes(
+      std::span(reinterpret_cast<const std::uint8_t*>(b.c_str()), b.size()));
+}
+
 std::vector<BlockHash> to_hashes(const std::vector<nb::bytes>& hashes, std::string_view what) {
   std::vector<BlockHash> out;
   out.reserve(hashes.size());
-  for (std::size_t i = 0; i < hashes.size(); ++i) {
-    const nb::bytes& b = hashes[i];
-    if (b.size() < 1 || b.size() > BlockHash::max_size) {
-      throw invalid_argument(fmt_hash_error(what, i, b.size()));
-    }
-    out.push_back(BlockHash::from_bytes(
-        std::span(reinterpret_cast<const std::uint8_t*>(b.c_str()), b.size())));
-  }
+  for (std::size_t i = 0; i < hashes.size(); ++i) out.push_back(to_hash(hashes[i], what, i));
   return out;
 }
 
@@ -117,12 +118,45 @@ void bind_scheduler(nb::module_& m) {
       .def_prop_ro(
           "host_block_ids", [](const TransferJob& j) { return view(j.host_block_ids); },
           nb::rv_policy::reference_internal)
-      .def("__repr__", [](const TransferJob& j) {
-        return "Job(id=" + std::to_string(j.id) + ", kind='" + kind_name(j.kind) +
-               "', request_id='" + j.request_id +
-               "', host_blocks=" + std::to_string(j.host_block_ids.size()) +
-               ", gpu_blocks=" + std::to_string(j.gpu.block_ids.size()) + ")";
-      });
+      .def("__repr__",
+           [](const TransferJob& j) {
+             return "Job(id=" + std::to_string(j.id) + ", kind='" + kind_name(j.kind) +
+                    "', request_id='" + j.request_id +
+                    "', host_blocks=" + std::to_string(j.host_block_ids.size()) +
+                    ", gpu_blocks=" + std::to_string(j.gpu.block_ids.size()) + ")";
+           })
+      // Pickling, so that a step's jobs travel from an engine's scheduler process to its
+      // workers (vLLM pickles connector metadata). Workers check every job again on submit.
+      .def("__getstate__",
+           [](const TransferJob& j) {
+             std::vector<std::pair<nb::bytes, std::uint32_t>> keys;
+             for (const Key& k : j.keys) keys.emplace_back(to_bytes(k.hash), k.group);
+             return std::make_tuple(j.id, std::string(kind_name(j.kind)), j.request_id,
+                                    std::move(keys), j.gpu.block_ids, j.gpu.group_sizes,
+                                    j.gpu.block_indices, j.host_block_ids);
+           })
+      .def("__setstate__",
+           [](TransferJob& j,
+              const std::tuple<JobId, std::string, std::string,
+                               std::vector<std::pair<nb::bytes, std::uint32_t>>,
+                               std::vector<GpuBlockId>, std::vector<std::int64_t>,
+                               std::vector<std::int64_t>, std::vector<HostBlockId>>& state) {
+             new (&j) TransferJob();
+             const auto& [id, kind, request, keys, ids, sizes, indices, hosts] = state;
+             if (kind != "load" && kind != "store") {
+               throw invalid_argument("Job: kind is \"" + kind + "\" (load or store)");
+             }
+             j.id = id;
+             j.kind = kind == "load" ? JobKind::load : JobKind::store;
+             j.request_id = request;
+             for (std::size_t i = 0; i < keys.size(); ++i) {
+               j.keys.push_back(Key{to_hash(keys[i].first, "Job", i), keys[i].second});
+             }
+             j.gpu.block_ids = ids;
+             j.gpu.group_sizes = sizes;
+             j.gpu.block_indices = indices;
+             j.host_block_ids = hosts;
+           });
 
   nb::class_<Scheduler>(m, "_Scheduler")
       .def(

@@ -81,3 +81,23 @@ def test_config_overrides_and_policies():
     s = kv.Scheduler(kv.SchedulerConfig(host_blocks=4), policy="arc")
     assert s.config.policy == "arc" and s.config.host_blocks == 4
     assert s.stats()["blocks_total"] == 4
+
+
+def test_jobs_pickle_for_other_processes():
+    """vLLM pickles connector metadata from its scheduler process to its workers."""
+    import pickle
+    s = two_group_scheduler()
+    h = block_hashes("pk", 8)
+    s.update_request("a", 128, h)
+    s.lookup("a", 0)
+    s.on_allocated("a", [kv.AllocatedGroup([]), kv.AllocatedGroup([])], 0)
+    job = s.build_step([kv.ScheduledRequest("a", 0, 128, [list(range(1, 9)),
+                                                           list(range(11, 19))])]).store_jobs[0]
+    copy = pickle.loads(pickle.dumps(job))
+    assert (copy.id, copy.kind, copy.request_id, copy.keys) == (job.id, job.kind, "a", job.keys)
+    for field in ("gpu_block_ids", "group_sizes", "block_indices", "host_block_ids"):
+        assert list(getattr(copy, field)) == list(getattr(job, field)), field
+    bad = list(job.__getstate__())
+    bad[1] = "move"
+    with pytest.raises(kv.InvalidArgument, match="kind"):
+        kv.Job.__new__(kv.Job).__setstate__(tuple(bad))
