@@ -1,0 +1,353 @@
+"""kvoffload as a vLLM KV connector (vLLM loads it by module path).
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "KvoffloadConnector",
+        "kv_connector_module_path": "kvoffload.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"block_size": 64, "host_bytes": "64GiB"}}'
+
+``kv_connector_extra_config`` keys (all optional but the host memory):
+
+    block_size        tokens per host block, a multiple of the GPU block size (default: the
+                      GPU block size, block_size_factor 1)
+    host_bytes        host memory for KV, bytes or a string such as "64GiB" (vLLM's own
+                      ``cpu_bytes_to_use`` is accepted too); or
+    host_blocks       the number of host blocks instead
+    eviction_policy   "lru" (default) or "arc"
+    store_threshold   store a block only after this many lookups (default 0: always)
+
+The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role onto
+``kv.Worker`` (the CUDA backend with the engine's current torch stream as the compute stream
+when the KV caches are CUDA tensors, the host backend when they are CPU tensors). vLLM is
+imported only when the connector class is first looked up, so ``import kvoffload.vllm`` works
+without it. Tested with vLLM 0.21.0.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import kvoffload as kv
+
+_CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorkerMetadata")
+
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
+
+
+def parse_bytes(value: Any, field: str = "host_bytes") -> int:
+    """An int, or a string such as "64GiB", "512MiB", "1e9"."""
+    if isinstance(value, bool):
+        raise kv.InvalidArgument(f"{field}: expected bytes, got a bool")
+    if isinstance(value, (int, float)):
+        n = int(value)
+    else:
+        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
+        unit = m.group(2).lower() if m else None
+        if m is None or unit not in _UNITS:
+            raise kv.InvalidArgument(f"{field}: cannot read {value!r} as bytes (e.g. 64GiB)")
+        n = int(float(m.group(1)) * _UNITS[unit])
+    if n <= 0:
+        raise kv.InvalidArgument(f"{field}: {value!r} is not a positive size")
+    return n
+
+
+def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: int,
+                     bytes_per_gpu_block: int, extra: Dict[str, Any],
+                     num_workers: int = 1) -> kv.SchedulerConfig:
+    """The kv.SchedulerConfig for vLLM's KV-cache groups ((kind, gpu block size, sliding
+    window in tokens) each) and the connector's extra config."""
+    if not groups:
+        raise kv.InvalidArgument("vLLM config: no KV-cache groups")
+    gpu_block = groups[0][1]
+    offloaded = int(extra.get("block_size", gpu_block))
+    for g, (_, size, _) in enumerate(groups):
+        if offloaded % size != 0:
+            raise kv.InvalidArgument(f"block_size: {offloaded} tokens is not a multiple of group "
+                                     f"{g}'s GPU block size {size}")
+    factor = offloaded // gpu_block
+    if "host_blocks" in extra:
+        host_blocks = int(extra["host_blocks"])
+    else:
+        key = "host_bytes" if "host_bytes" in extra else "cpu_bytes_to_use"
+        if key not in extra:
+            raise kv.InvalidArgument("kv_connector_extra_config: set host_bytes (e.g. \"64GiB\") "
+                                     "or host_blocks")
+        per_block = bytes_per_gpu_block * factor
+        if per_block <= 0:
+            raise kv.InvalidArgument("vLLM config: the KV cache has no bytes per block")
+        host_blocks = parse_bytes(extra[key], key) // per_block
+    if host_blocks <= 0:
+        raise kv.InvalidArgument(f"host memory holds {host_blocks} host blocks; give it more")
+    policy = str(extra.get("eviction_policy", "lru"))
+    if policy not in ("lru", "arc"):
+        raise kv.InvalidArgument(f"eviction_policy: {policy!r} (lru or arc)")
+    return kv.SchedulerConfig(
+        groups=[kv.GroupConfig(kind, size, window) for kind, size, window in groups],
+        host_blocks=host_blocks, block_size_factor=factor, hash_block_size=hash_block_size,
+        num_workers=num_workers, policy=policy,
+        store_threshold=int(extra.get("store_threshold", 0)))
+
+
+def __getattr__(name: str):
+    if name in _CLASSES:
+        _define_classes()
+        return globals()[name]
+    raise AttributeError(f"module 'kvoffload.vllm' has no attribute {name!r}")
+
+
+def _define_classes() -> None:
+    if "KvoffloadConnector" in globals():
+        return
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorBase_V1,
+            KVConnectorMetadata,
+            KVConnectorRole,
+            KVConnectorWorkerMetadata,
+            SupportsHMA,
+        )
+    except ImportError as e:
+        raise ImportError("kvoffload.vllm.KvoffloadConnector needs vLLM (pip install vllm); "
+                          "the rest of kvoffload does not") from e
+
+    class KvoffloadConnectorMetadata(KVConnectorMetadata):
+        """One step's jobs, scheduler -> workers (kv.Job objects pickle)."""
+
+        def __init__(self, load_jobs: List[Any], store_jobs: List[Any], flush: List[int]):
+            self.load_jobs = load_jobs
+            self.store_jobs = store_jobs
+            self.flush = flush
+
+    class KvoffloadWorkerMetadata(KVConnectorWorkerMetadata):
+        """Workers -> scheduler: finished job ids with a count and whether all succeeded."""
+
+        def __init__(self, completed: Optional[Dict[int, Tuple[int, bool]]] = None):
+            self.completed: Dict[int, Tuple[int, bool]] = dict(completed or {})
+
+        def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
+            merged = dict(self.completed)
+            for job, (count, ok) in getattr(other, "completed", {}).items():
+                c, o = merged.get(job, (0, True))
+                merged[job] = (c + count, o and ok)
+            return KvoffloadWorkerMetadata(merged)
+
+    class KvoffloadConnector(KVConnectorBase_V1, SupportsHMA):
+        def __init__(self, vllm_config, role, kv_cache_config):
+            super().__init__(vllm_config, role, kv_cache_config)
+            extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+            groups = []
+            for g, group in enumerate(kv_cache_config.kv_cache_groups):
+                spec = group.kv_cache_spec
+                name = type(spec).__name__
+                window = getattr(spec, "sliding_window", None)
+                if name == "SlidingWindowSpec" or (name == "FullAttentionSpec" and window):
+                    groups.append(("sliding_window", spec.block_size, int(window)))
+                elif name == "FullAttentionSpec":
+                    groups.append(("full_attention", spec.block_size, 0))
+                elif name == "MambaSpec":
+                    groups.append(("mamba", spec.block_size, 0))
+                else:
+                    raise kv.InvalidArgument(f"KV-cache group {g}: {name} is not supported "
+                                             "(full attention, sliding window, mamba)")
+            num_blocks = kv_cache_config.num_blocks
+            total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
+            world = vllm_config.parallel_config.world_size
+            per_block = total // num_blocks * world if num_blocks > 0 else 0
+            self._config = scheduler_config(groups, vllm_config.cache_config.block_size,
+                                            per_block, extra, num_workers=world)
+            self._sched: Optional[kv.Scheduler] = None
+            self._worker: Optional[kv.Worker] = None
+            if role == KVConnectorRole.SCHEDULER:
+                self._sched = kv.Scheduler(self._config)
+                self._requests: Dict[str, Any] = {}
+                self._hashes_given: Dict[str, int] = {}
+                self._local_tokens: Dict[str, int] = {}
+            else:
+                self._load_requests: Dict[int, str] = {}
+                self._completed: Dict[int, Tuple[int, bool]] = {}
+                self._load_errors: set = set()
+                self._load_jobs_by_id: Dict[int, Any] = {}
+
+        # ---- scheduler role ------------------------------------------------------------
+
+        def _sync_request(self, request) -> None:
+            rid = request.request_id
+            hashes = [bytes(h) for h in request.block_hashes]
+            if rid not in self._hashes_given:
+                self._sched.update_request(rid, request.num_tokens, hashes)
+            else:
+                self._sched.extend_request(rid, request.num_tokens,
+                                           hashes[self._hashes_given[rid]:])
+            self._hashes_given[rid] = len(hashes)
+            self._requests[rid] = request
+
+        def get_num_new_matched_tokens(self, request, num_computed_tokens):
+            self._sync_request(request)
+            self._local_tokens[request.request_id] = num_computed_tokens
+            hit = self._sched.lookup(request.request_id, num_computed_tokens)
+            if hit is None:
+                return None, False
+            return hit, hit > 0
+
+        def update_state_after_alloc(self, request, blocks, num_external_tokens):
+            rid = request.request_id
+            local = self._local_tokens.get(rid, 0)
+            alloc = []
+            for g, group_blocks in enumerate(blocks.blocks):
+                size = self._config.groups[g].gpu_block_size
+                needed = -(-(local + num_external_tokens) // size)
+                computed = min(needed, len(group_blocks))
+                for i, b in enumerate(group_blocks[:needed]):
+                    if not b.is_null and b.block_hash is None:
+                        computed = i
+                        break
+                alloc.append(kv.AllocatedGroup([b.block_id for b in group_blocks], computed))
+            self._sched.on_allocated(rid, alloc, num_external_tokens)
+
+        def build_connector_meta(self, scheduler_output):
+            entries = []
+            groups = len(self._config.groups)
+            for nr in scheduler_output.scheduled_new_reqs:
+                if nr.req_id in self._requests:
+                    self._sync_request(self._requests[nr.req_id])
+                entries.append(kv.ScheduledRequest(
+                    nr.req_id, nr.num_computed_tokens,
+                    scheduler_output.num_scheduled_tokens[nr.req_id],
+                    [list(ids) for ids in nr.block_ids]))
+            cached = scheduler_output.scheduled_cached_reqs
+            resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
+            for i, rid in enumerate(cached.req_ids):
+                if rid in self._requests:
+                    self._sync_request(self._requests[rid])
+                new_ids = cached.new_block_ids[i]
+                entries.append(kv.ScheduledRequest(
+                    rid, cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[rid],
+                    [list(ids) for ids in new_ids] if new_ids is not None else [[]] * groups,
+                    rid in resumed))
+            step = self._sched.build_step(entries, list(scheduler_output.preempted_req_ids or ()))
+            return KvoffloadConnectorMetadata(step.load_jobs, step.store_jobs, step.flush)
+
+        def update_connector_output(self, connector_output):
+            meta = connector_output.kv_connector_worker_meta
+            completed = getattr(meta, "completed", None) or {}
+            if completed:
+                self._sched.on_completed([kv.JobReport(job, count, ok)
+                                          for job, (count, ok) in sorted(completed.items())])
+
+        def _finish(self, request):
+            rid = request.request_id
+            if rid in self._hashes_given:
+                self._sched.on_finished(rid)
+                del self._hashes_given[rid]
+                self._requests.pop(rid, None)
+                self._local_tokens.pop(rid, None)
+            return False, None  # stores of its blocks are fenced by the scheduler's flush sets
+
+        def request_finished(self, request, block_ids):
+            return self._finish(request)
+
+        def request_finished_all_groups(self, request, block_ids):
+            return self._finish(request)
+
+        def take_events(self):
+            return []
+
+        def reset_cache(self):
+            if self._sched is not None:
+                self._sched.reset_cache()
+            return True
+
+        # ---- worker role ---------------------------------------------------------------
+
+        def register_kv_caches(self, kv_caches):
+            import torch
+
+            num_blocks = self._kv_cache_config.num_blocks
+            tensors, index = [], {}
+
+            def add(t):
+                key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+                if key not in index:
+                    index[key] = len(tensors)
+                    tensors.append(kv.tensor_of(t))
+                return index[key]
+
+            groups = []
+            for g, group in enumerate(self._kv_cache_config.kv_cache_groups):
+                members = []
+                for layer in group.layer_names:
+                    t = kv_caches[layer]
+                    if t.shape[0] == num_blocks:
+                        parts = [t]
+                    elif t.dim() > 1 and t.shape[0] == 2 and t.shape[1] == num_blocks:
+                        parts = [t[0], t[1]]  # K and V stacked first (FlashAttention layout)
+                    else:
+                        raise kv.InvalidArgument(
+                            f"layer {layer}: KV cache of shape {tuple(t.shape)} has no block "
+                            f"dimension of {num_blocks} first (or after a K/V dimension)")
+                    for p in parts:
+                        i = add(p)
+                        members.append((i, tensors[i].page_bytes))
+                groups.append(members)
+            first = next(iter(kv_caches.values()))
+            cuda = first.is_cuda
+            self._worker = kv.Worker(kv.WorkerConfig(
+                tensors=tensors, groups=groups, host_blocks=self._config.host_blocks,
+                block_size_factor=self._config.block_size_factor,
+                backend="cuda" if cuda else "host", threads=0 if cuda else 2,
+                cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
+                compute_stream=torch.cuda.current_stream(first.device) if cuda else None))
+
+        def handle_preemptions(self, kv_connector_metadata):
+            self._worker.start_step()
+            if kv_connector_metadata.flush:
+                self._worker.wait(kv_connector_metadata.flush)
+
+        def start_load_kv(self, forward_context, **kwargs):
+            meta = self._get_connector_metadata()
+            self._worker.start_step()  # the previous step's stores start now
+            if meta.flush:
+                self._worker.wait(meta.flush)
+            for job in meta.load_jobs:
+                self._load_requests[job.id] = job.request_id
+                self._load_jobs_by_id[job.id] = job
+                self._worker.submit(job)
+
+        def wait_for_layer_load(self, layer_name):
+            pass  # loads are asynchronous: vLLM holds the request until get_finished says so
+
+        def save_kv_layer(self, layer_name, kv_layer, attn_metadata, **kwargs):
+            pass
+
+        def wait_for_save(self):
+            for job in self._get_connector_metadata().store_jobs:
+                self._worker.submit(job)  # deferred to the next step's start
+
+        def get_finished(self, finished_req_ids):
+            recving = set()
+            for f in self._worker.get_finished():
+                self._completed[f.job] = (1, f.ok)
+                rid = self._load_requests.pop(f.job, None)
+                job = self._load_jobs_by_id.pop(f.job, None)
+                if rid is not None:
+                    recving.add(rid)
+                    if not f.ok and job is not None:
+                        self._load_errors.update(int(b) for b in job.gpu_block_ids)
+            return set(), recving
+
+        def get_block_ids_with_load_errors(self):
+            errors, self._load_errors = self._load_errors, set()
+            return errors
+
+        def build_connector_worker_meta(self):
+            if not self._completed:
+                return None
+            meta, self._completed = KvoffloadWorkerMetadata(self._completed), {}
+            return meta
+
+        def shutdown(self):
+            self._worker = None
+
+    globals().update(KvoffloadConnector=KvoffloadConnector,
+                     KvoffloadConnectorMetadata=KvoffloadConnectorMetadata,
+                     KvoffloadWorkerMetadata=KvoffloadWorkerMetadata)
