@@ -53,7 +53,7 @@ def parse_bytes(value: Any, field: str = "host_bytes") -> int:
 
 def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: int,
                      bytes_per_gpu_block: int, extra: Dict[str, Any],
-                     num_workers: int = 1) -> kv.SchedulerConfig:
+                     num_workers: int = 1, enable_events: bool = True) -> kv.SchedulerConfig:
     """The kv.SchedulerConfig for vLLM's KV-cache groups ((kind, gpu block size, sliding
     window in tokens) each) and the connector's extra config."""
     if not groups:
@@ -85,7 +85,7 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         groups=[kv.GroupConfig(kind, size, window) for kind, size, window in groups],
         host_blocks=host_blocks, block_size_factor=factor, hash_block_size=hash_block_size,
         num_workers=num_workers, policy=policy,
-        store_threshold=int(extra.get("store_threshold", 0)))
+        store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events)
 
 
 def __getattr__(name: str):
@@ -153,8 +153,11 @@ def _define_classes() -> None:
             total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
             world = vllm_config.parallel_config.world_size
             per_block = total // num_blocks * world if num_blocks > 0 else 0
+            events = vllm_config.kv_events_config
+            self._events = bool(events is not None and events.enable_kv_cache_events)
             self._config = scheduler_config(groups, vllm_config.cache_config.block_size,
-                                            per_block, extra, num_workers=world)
+                                            per_block, extra, num_workers=world,
+                                            enable_events=self._events)
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             if role == KVConnectorRole.SCHEDULER:
@@ -250,7 +253,22 @@ def _define_classes() -> None:
             return self._finish(request)
 
         def take_events(self):
-            return []
+            """Host-memory blocks stored and removed, as vLLM's KV events (medium "CPU"); only
+            when vLLM's kv_events_config enables them."""
+            if self._sched is None or not self._events:
+                return []
+            from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+            out = []
+            for e in self._sched.take_events():
+                hashes = [h for h, _ in e.keys]
+                if e.removed:
+                    out.append(BlockRemoved(block_hashes=hashes, medium="CPU"))
+                else:
+                    out.append(BlockStored(block_hashes=hashes, parent_block_hash=None,
+                                           token_ids=[], block_size=0, lora_id=None,
+                                           medium="CPU", lora_name=None))
+            return out
 
         def reset_cache(self):
             if self._sched is not None:

@@ -32,8 +32,11 @@ def test_scheduler_config_from_vllm_groups():
     # vLLM's own key for the host memory, and host_blocks directly.
     assert kvv.scheduler_config(groups, 16, 4096, {"cpu_bytes_to_use": 1 << 20}).host_blocks == 256
     assert kvv.scheduler_config(groups, 16, 4096, {"host_blocks": 7}).host_blocks == 7
-    # The scheduler accepts what the helper builds.
+    # The scheduler accepts what the helper builds; events follow vLLM's kv_events_config.
     kv.Scheduler(c)
+    assert c.enable_events
+    assert not kvv.scheduler_config(groups, 16, 4096, {"host_blocks": 7},
+                                    enable_events=False).enable_events
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -16,8 +16,8 @@ import tempfile
 
 import torch
 
-from vllm.config import (CacheConfig, DeviceConfig, KVTransferConfig, ModelConfig,
-                         SchedulerConfig, VllmConfig)
+from vllm.config import (CacheConfig, DeviceConfig, KVEventsConfig, KVTransferConfig,
+                         ModelConfig, SchedulerConfig, VllmConfig)
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
@@ -65,8 +65,9 @@ def make_setup(hybrid, factor, prefix_caching):
         kv_transfer_config=KVTransferConfig(
             kv_connector="KvoffloadConnector", kv_connector_module_path="kvoffload.vllm",
             kv_role="kv_both",
-            kv_connector_extra_config={"block_size": BLOCK * factor, "host_blocks": 64}),
-        device_config=DeviceConfig("cpu"))
+            kv_connector_extra_config={"block_size": BLOCK * factor, "host_blocks": 24}),
+        device_config=DeviceConfig("cpu"),
+        kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
     vc.cache_config.num_gpu_blocks = NUM_BLOCKS
     return vc, kcc, layers
@@ -90,6 +91,18 @@ def run(hybrid, factor, prefix_caching=False):
     caches = {l: torch.zeros(NUM_BLOCKS, BLOCK, HEADS, HEAD_DIM, dtype=torch.bfloat16)
               for l in layers}
     worker.register_kv_caches(caches)
+    # vLLM's scheduler takes the connector's KV events every step: count what it publishes.
+    published = {"stored": 0, "removed": 0}
+    take = sched.connector.take_events
+
+    def counting_take_events():
+        events = list(take())
+        for ev in events:
+            kind = "removed" if type(ev).__name__ == "BlockRemoved" else "stored"
+            published[kind] += len(ev.block_hashes)
+        return events
+
+    sched.connector.take_events = counting_take_events
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
     system = [[1000 + i for i in range(96)], [2000 + i for i in range(80)]]
@@ -155,7 +168,14 @@ def run(hybrid, factor, prefix_caching=False):
     stats = sched.connector._sched.stats()
     print(f"vllm e2e hybrid={hybrid} f={factor}: {step + 1} steps, {checked} loaded blocks "
           f"checked, {mismatched} mismatched, {loaded_steps} steps with loads, "
-          f"stored {stats['blocks_stored']} host blocks, hits {stats['hits']}", flush=True)
+          f"stored {stats['blocks_stored']} host blocks, hits {stats['hits']}, KV events: "
+          f"{published['stored']} stored, {published['removed']} removed", flush=True)
+    # Every block stored reached vLLM's event publisher as one BlockStored hash.
+    # and every eviction as one BlockRemoved hash.
+    if published["stored"] != stats["blocks_stored"] or published["removed"] != stats["evictions"]:
+        print(f"vllm e2e: events {published} for {stats['blocks_stored']} stored blocks and "
+              f"{stats['evictions']} evictions")
+        mismatched += 1
     return checked, mismatched
 
 
