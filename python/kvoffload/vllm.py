@@ -18,7 +18,7 @@ The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role o
 ``kv.Worker`` (the CUDA backend with the engine's current torch stream as the compute stream
 when the KV caches are CUDA tensors, the host backend when they are CPU tensors). vLLM is
 imported only when the connector class is first looked up, so ``import kvoffload.vllm`` works
-without it. Tested with vLLM 0.21.0.
+without it. Tested with vLLM 0.21.0 and 0.33.0 (scripts/vllm-test).
 """
 
 from __future__ import annotations

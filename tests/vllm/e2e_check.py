@@ -50,10 +50,16 @@ def make_setup(hybrid, factor, prefix_caching):
         specs.append(SlidingWindowSpec(block_size=BLOCK, num_kv_heads=HEADS, head_size=HEAD_DIM,
                                        dtype=torch.bfloat16, sliding_window=32))
     layers = [f"layer{g}" for g in range(len(specs))]
+    def tensor(spec, layer):  # vLLM 0.21 names the sharing layers; later ones a layout
+        size = NUM_BLOCKS * spec.page_size_bytes
+        if "shared_by" in KVCacheTensor.__dataclass_fields__:
+            return KVCacheTensor(size=size, shared_by=[layer])
+        return KVCacheTensor(size=size, layers=[layer], layer_stride=size,
+                             block_stride=spec.page_size_bytes)
+
     kcc = KVCacheConfig(
         num_blocks=NUM_BLOCKS,
-        kv_cache_tensors=[KVCacheTensor(size=NUM_BLOCKS * s.page_size_bytes, shared_by=[l])
-                          for s, l in zip(specs, layers)],
+        kv_cache_tensors=[tensor(s, l) for s, l in zip(specs, layers)],
         kv_cache_groups=[KVCacheGroupSpec([l], s) for s, l in zip(specs, layers)])
     vc = VllmConfig(
         model_config=ModelConfig(model=make_model_dir(), skip_tokenizer_init=True,
