@@ -174,14 +174,15 @@ def _define_classes() -> None:
         # ---- scheduler role ------------------------------------------------------------
 
         def _sync_request(self, request) -> None:
+            # Called for every scheduled request every step: convert only the new hashes.
             rid = request.request_id
-            hashes = [bytes(h) for h in request.block_hashes]
-            if rid not in self._hashes_given:
-                self._sched.update_request(rid, request.num_tokens, hashes)
+            given = self._hashes_given.get(rid)
+            new = [bytes(h) for h in request.block_hashes[given or 0:]]
+            if given is None:
+                self._sched.update_request(rid, request.num_tokens, new)
             else:
-                self._sched.extend_request(rid, request.num_tokens,
-                                           hashes[self._hashes_given[rid]:])
-            self._hashes_given[rid] = len(hashes)
+                self._sched.extend_request(rid, request.num_tokens, new)
+            self._hashes_given[rid] = (given or 0) + len(new)
             self._requests[rid] = request
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
