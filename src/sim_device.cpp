@@ -179,6 +179,18 @@ struct SimDevice::State {
     return kind == AllocKind::device || config.map_host_memory;
   }
 
+  /// What a kernel launch checks before it is queued, as CUDA does: a healthy context, the
+  /// stream (of the current device) and the launch shape. Caller holds m.
+  int kernel_stream(const char* call, StreamHandle stream, int ctas, int threads, Stream** out) {
+    if (poisoned) return sticky;
+    if (const int e = injected(call)) return e;
+    Stream* st = find_stream(stream, call);
+    if (st == nullptr || st->device != current_device()) return dev::invalid_resource_handle;
+    if (ctas < 1 || threads < 32 || threads % 32 != 0 || threads > 1024) return dev::invalid_value;
+    *out = st;
+    return dev::ok;
+  }
+
   Stream* make_stream(int device) {
     auto st = std::make_unique<Stream>();
     st->handle = next_handle;
@@ -614,12 +626,8 @@ int SimDevice::memcpy_batch_async(const CopyDescriptor* copies, std::size_t coun
 int SimDevice::launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64_t count, int ctas,
                                   int threads, StreamHandle stream) noexcept {
   std::lock_guard lock(s_->m);
-  if (s_->poisoned) return s_->sticky;
-  if (const int e = s_->injected("launch_copy_pieces")) return e;
-  State::Stream* st = s_->find_stream(stream, "launch_copy_pieces");
-  if (st == nullptr) return dev::invalid_resource_handle;
-  if (st->device != s_->current_device()) return dev::invalid_resource_handle;
-  if (ctas < 1 || threads < 32 || threads % 32 != 0 || threads > 1024) return dev::invalid_value;
+  State::Stream* st = nullptr;
+  if (const int e = s_->kernel_stream("launch_copy_pieces", stream, ctas, threads, &st)) return e;
   if (count == 0) return dev::ok;
   const unsigned warps = static_cast<unsigned>(ctas) * static_cast<unsigned>(threads / 32);
   State::Op op;
@@ -657,12 +665,8 @@ int SimDevice::launch_build_pieces(const detail::DeviceJobLayout& layout, const 
                                    detail::DevicePiece* pieces, std::uint64_t max_pieces, int ctas,
                                    int threads, StreamHandle stream) noexcept {
   std::lock_guard lock(s_->m);
-  if (s_->poisoned) return s_->sticky;
-  if (const int e = s_->injected("launch_build_pieces")) return e;
-  State::Stream* st = s_->find_stream(stream, "launch_build_pieces");
-  if (st == nullptr) return dev::invalid_resource_handle;
-  if (st->device != s_->current_device()) return dev::invalid_resource_handle;
-  if (ctas < 1 || threads < 32 || threads % 32 != 0 || threads > 1024) return dev::invalid_value;
+  State::Stream* st = nullptr;
+  if (const int e = s_->kernel_stream("launch_build_pieces", stream, ctas, threads, &st)) return e;
   if (max_pieces == 0) return dev::ok;
   State::Op op;
   op.name = "build_pieces kernel";
