@@ -44,16 +44,15 @@ nlohmann::json run_manager(const Options& opt) {
       c.enable_events = false;
       HostBlockManager m(c);
       const auto keys = make_keys(capacity * 2, 100 + r);
-      std::vector<Key> to_store;
-      std::vector<HostBlockId> ids;
+      PreparedStore prepared;
       // Fill the pool, then keep storing: every store evicts.
       auto t0 = Clock::now();
       std::size_t stored = 0;
       for (std::size_t i = 0; i + batch <= keys.size(); i += batch) {
         const std::span<const Key> chunk(keys.data() + i, batch);
-        if (m.prepare_store(chunk, to_store, ids)) {
-          m.complete_store(to_store, true);
-          stored += to_store.size();
+        if (m.prepare_store(chunk, prepared)) {
+          m.complete_store(prepared.keys_to_store, true);
+          stored += prepared.keys_to_store.size();
         }
       }
       stores.push_back(static_cast<double>(stored) / seconds_since(t0));

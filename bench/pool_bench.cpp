@@ -17,8 +17,8 @@ nlohmann::json run_pool(const Options& opt, const std::string& size) {
   nlohmann::json results = nlohmann::json::array();
   nlohmann::json speedups = nlohmann::json::object();
   Progress progress("pool " + size, runs * 4);
-  for (const auto& [pages, huge] :
-       {std::pair{"4k", kvoffload::HugePages::off}, std::pair{"thp", kvoffload::HugePages::try_}}) {
+  for (const auto& [pages, huge] : {std::pair{"4k", kvoffload::HugePages::off},
+                                    std::pair{"thp", kvoffload::HugePages::prefer}}) {
     std::vector<double> one, many;
     bool got_huge = false;
     // Interleave the two thread counts so drift in the machine's load hits both alike.

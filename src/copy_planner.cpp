@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "block_math.hpp"
 #include "expects.hpp"
 
 namespace kvoffload {
@@ -90,7 +91,7 @@ void CopyPlanner::plan(const TransferJob& job, Direction direction, CopyPlan& ou
       out.total_bytes += page * static_cast<std::uint64_t>(size);
     }
     first_id += static_cast<std::size_t>(size);
-    first_key += static_cast<std::size_t>((size + skip + f - 1) / f);
+    first_key += static_cast<std::size_t>(detail::host_blocks_spanned(size, skip, f));
   }
   // Large runs first: the backend starts them early and spreads the small ones after.
   std::sort(out.descriptors.begin(), out.descriptors.end(),

@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "block_math.hpp"
 #include "expects.hpp"
 #include "kvoffload/detail/copy_body.hpp"
 #include "kvoffload/device.hpp"
@@ -556,7 +557,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, Direction direct
     const std::int64_t f = L.block_size_factor;
     L.block_index[g] = index;
     L.first_host[g] = first_host;
-    L.host_count[g] = (size + index % f + f - 1) / f;
+    L.host_count[g] = detail::host_blocks_spanned(size, index, f);
     L.expected[g] = size;
     first_host += L.host_count[g];
     L.tensors[g] = static_cast<int>(tensors.size());

@@ -9,8 +9,6 @@
 
 namespace kvoffload {
 
-Backend::~Backend() = default;
-
 struct HostBackend::Job {
   Ticket ticket = 0;
   CopyPlan plan;

@@ -81,14 +81,14 @@ void HostBlockManager::free_id(HostBlockId id) {
   freed_.push_back(id);
 }
 
-bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
-                                     std::vector<HostBlockId>& block_ids,
-                                     std::vector<HostBlockId>* key_blocks,
-                                     std::vector<std::uint8_t>* key_stored) {
+bool HostBlockManager::prepare_store(std::span<const Key> keys, PreparedStore& out) {
+  std::vector<Key>& keys_to_store = out.keys_to_store;
+  std::vector<HostBlockId>& block_ids = out.block_ids;
   keys_to_store.clear();
   block_ids.clear();
-  if (key_blocks != nullptr) key_blocks->assign(keys.size(), -1);
-  if (key_stored != nullptr) key_stored->assign(keys.size(), 0);
+  out.key_blocks.assign(keys.size(), -1);
+  out.key_stored.assign(keys.size(), 0);
+  out.ok = true;
   // Mark the blocks of keys already present: they are dropped from the store and must not be
   // evicted to make room for the others (they would be lost while the engine counts on them).
   if (++epoch_ == 0) {
@@ -110,7 +110,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     const Key& key = keys[k];
     if (const HostBlockId id = index_.find(key, key_hashes_[k], keys_.data()); id >= 0) {
       blocks_[static_cast<std::size_t>(id)].protect_epoch = epoch_;
-      if (key_blocks != nullptr) (*key_blocks)[k] = id;
+      out.key_blocks[k] = id;
     } else if (store_threshold_ > 0 &&
                lookup_count(key) < static_cast<std::uint32_t>(store_threshold_)) {
       ++stats_.stores_skipped;  // not popular enough yet
@@ -137,6 +137,9 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
     if (!found) {
       ++stats_.store_rejections;
       keys_to_store.clear();
+      out.key_blocks.assign(keys.size(), -1);
+      out.key_stored.assign(keys.size(), 0);
+      out.ok = false;
       return false;
     }
     ManagerEvent removed{true, {}};
@@ -166,8 +169,8 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, std::vector<Key>
       }
       continue;
     }
-    if (key_blocks != nullptr) (*key_blocks)[position] = id;
-    if (key_stored != nullptr) (*key_stored)[position] = 1;
+    out.key_blocks[position] = id;
+    out.key_stored[position] = 1;
     if (kept != k) keys_to_store[kept] = key;
     ++kept;
     keys_[static_cast<std::size_t>(id)] = key;

@@ -1,5 +1,6 @@
 #include "kvoffload/job.hpp"
 
+#include "block_math.hpp"
 #include "expects.hpp"
 
 namespace kvoffload {
@@ -26,8 +27,7 @@ void check_job_shape(const TransferJob& job, std::int64_t num_groups,
       ++host_blocks;
       ++key;
     }
-    const std::int64_t expected =
-        (size + index % block_size_factor + block_size_factor - 1) / block_size_factor;
+    const std::int64_t expected = detail::host_blocks_spanned(size, index, block_size_factor);
     KVOFFLOAD_EXPECTS(expected == host_blocks,
                       "job {} group {}: {} GPU blocks starting at sub-block {} need {} host "
                       "blocks, the job has {}",

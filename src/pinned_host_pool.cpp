@@ -110,7 +110,7 @@ void PinnedHostPool::map_region(const PoolConfig& config) {
   }
   if (base_ == nullptr) {
     // Plain pages; with huge pages wanted, a 2 MiB-aligned start and transparent huge pages.
-    const bool thp = config.huge_pages == HugePages::try_;
+    const bool thp = config.huge_pages == HugePages::prefer;
     const std::size_t slack = thp ? kHugePage : 0;
     const std::size_t want = round_up(bytes, thp ? kHugePage : 4096) + slack;
     void* p = mmap(nullptr, want, PROT_READ | PROT_WRITE,

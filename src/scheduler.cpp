@@ -6,19 +6,15 @@
 
 #include <algorithm>
 
+#include "block_math.hpp"
 #include "expects.hpp"
 #include "kvoffload/detail/single_thread_guard.hpp"
 #include "logging.hpp"
 #include "scheduler_impl.hpp"
 
 namespace kvoffload {
-namespace {
 
-constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-}  // namespace
+using detail::offloaded_block_real;
 
 // Debug builds check the single-threaded contract at every mutating call.
 #ifndef NDEBUG
@@ -42,9 +38,8 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
   });
   any_windowed = !windowed.empty();
   // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
-  registrations.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
-  candidate_start.resize(layouts.size());
-  candidate_end_.resize(layouts.size());
+  fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
+  store_scratch.first_candidate.resize(layouts.size());
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
 
@@ -67,25 +62,28 @@ void Scheduler::Impl::touch(const RequestState& r) {
   manager.touch(touch_keys);
 }
 
-void Scheduler::Impl::touch_stored(RequestState& r) {
+void Scheduler::Impl::touch_stored(RequestState& r, std::span<const std::int64_t> blocks,
+                                   StoreScratch& scratch) {
+  std::vector<HostBlockId>& touch_ids = scratch.touch_ids;
+  const std::vector<HostBlockId>& candidate_blocks = scratch.prepared.key_blocks;
   touch_ids.clear();
   for (std::size_t g = layouts.size(); g-- > 0;) {
     const std::int64_t nk = num_keys(r, g);
     const std::int64_t skip = touch_skip(r, g);
     const std::int64_t s = r.groups[g].next_stored;  // not advanced yet
-    const std::int64_t n = std::max(s, candidate_end_[g]);
+    const std::int64_t n = std::max(s, blocks[g]);
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    std::size_t cursor = candidate_start[g];
+    std::size_t cursor = scratch.first_candidate[g];
     // Candidates below the touched range still occupy their places in candidate_blocks.
     for (std::int64_t i = s; i < std::min(skip, n); ++i) {
-      if (ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) ++cursor;
+      if (offloaded_block_real(ids, i, f)) ++cursor;
     }
     std::vector<HostBlockId>& known = r.groups[g].known_blocks;
     if (static_cast<std::int64_t>(known.size()) < nk)
       known.resize(static_cast<std::size_t>(nk), -1);
     for (std::int64_t i = skip; i < nk; ++i) {
       HostBlockId& block = known[static_cast<std::size_t>(i)];
-      if (i >= s && i < n && ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) {
+      if (i >= s && i < n && offloaded_block_real(ids, i, f)) {
         block = candidate_blocks[cursor++];
       } else {
         const Key k = key(r, g, i);
@@ -110,10 +108,8 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
   job.gpu.block_indices.assign(layouts.size(), 0);
   for (std::size_t g = 0; g < layouts.size(); ++g) {
     const GroupLayout& layout = layouts[g];
-    const std::int64_t n_gpu = cdiv(cached, layout.gpu_block_size);
-    const std::int64_t local = groups[g].num_computed_blocks;
-    const std::int64_t pending = n_gpu - local;
-    const std::int64_t n_off = cdiv(cached, layout.offloaded_block_size);
+    const auto [n_gpu, local, pending, n_off] = detail::allocated_counts(
+        cached, layout.gpu_block_size, layout.offloaded_block_size, groups[g].num_computed_blocks);
     if (pending > 0) {
       for (std::int64_t i = local / f; i < n_off; ++i) job.keys.push_back(key(r, g, i));
       const auto& ids = groups[g].block_ids;
@@ -127,7 +123,7 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
 
   ++next_job;
   manager.prepare_load(job.keys, job.host_block_ids);
-  registrations.collect(job.gpu.block_ids, flush);
+  fence.collect(job.gpu.block_ids, flush);
   if (config.prefix_caching) {
     for (const Key& k : job.keys) ++*being_loaded.insert(k, 0).first;
   }
@@ -140,10 +136,8 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
   pending_loads.push_back(std::move(job));
 }
 
-void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
-                                  const std::int64_t* blocks, StepResult& out) {
-  const std::size_t G = layouts.size();
-  for (std::size_t g = 0; g < G; ++g) {
+void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest& e) {
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
     std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     if (e.resumed) ids.clear();
     const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
@@ -151,67 +145,42 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     ids.insert(ids.end(), fresh.begin(), fresh.end());
     // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
     // earlier in this step: with prefix caching requests share GPU blocks.
-    registrations.collect(fresh, flush);
+    fence.collect(fresh, flush);
   }
-  const auto advance = [&] {
-    for (std::size_t g = 0; g < G; ++g) {
-      r.groups[g].next_stored = blocks[g];
-    }
-  };
+}
 
-  // First pass: an offloaded block is a candidate unless it is entirely null, which its last
-  // sub-block tells (null blocks are a leading run).
-  candidates.clear();  // candidate_start and candidate_end_ have G entries (constructor)
-  for (std::size_t g = 0; g < G; ++g) {
-    const std::int64_t n = blocks[g];
-    candidate_start[g] = candidates.size();
-    candidate_end_[g] = n;
+bool Scheduler::Impl::collect_candidates(const RequestState& r,
+                                         std::span<const std::int64_t> blocks,
+                                         StoreScratch& scratch) const {
+  // An offloaded block is a candidate unless it is entirely null, which its last sub-block
+  // tells (null blocks are a leading run).
+  scratch.candidates.clear();
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    scratch.first_candidate[g] = scratch.candidates.size();
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
-      if (ids[static_cast<std::size_t>(i * f + f - 1)] != null_block) {
-        candidates.push_back(key(r, g, i));
-      }
+    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
+      if (offloaded_block_real(ids, i, f)) scratch.candidates.push_back(key(r, g, i));
     }
   }
-  if (candidates.empty()) return advance();
-  if (!manager.prepare_store(candidates, keys_to_store, host_ids, &candidate_blocks,
-                             &candidate_stored)) {
-    ++stats.stores_without_room;
-    if (no_room_warnings++ % 1000 == 0) {
-      detail::logger().warn(
-          "request \"{}\": no room in the host cache for {} block(s); will retry next step "
-          "({} such skips so far)",
-          r.id, candidates.size(), no_room_warnings);
-    }
-    return;  // next_stored stays: retried next step
-  }
-  if (keys_to_store.empty()) return advance();
+  return !scratch.candidates.empty();
+}
 
-  touch_stored(r);
-  TransferJob job;
-  job.id = next_job++;
-  job.kind = JobKind::store;
-  job.request_id = r.id;
-  job.keys = std::move(keys_to_store);
-  keys_to_store.clear();
-  job.host_block_ids = host_ids;
+void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
+                                      const StoreScratch& scratch, TransferJob& job) const {
+  const std::size_t G = layouts.size();
   job.gpu.group_sizes.assign(G, 0);
   job.gpu.block_indices.assign(G, 0);
-  JobState& state = add_job(job.id, JobKind::store, r);
-
-  // Second pass: copy the stored blocks' sub-blocks, counting exactly the ids emitted; null
-  // sub-blocks (outside the window) are skipped and counted nowhere.
   job.gpu.block_ids.reserve(job.keys.size() * static_cast<std::size_t>(f));
-  std::size_t cursor = 0;
+  std::size_t placed = 0;
   for (std::size_t g = 0; g < G; ++g) {
-    const std::int64_t n = blocks[g];
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     bool first = true;
-    std::size_t candidate = candidate_start[g];
-    for (std::int64_t i = r.groups[g].next_stored; i < n; ++i) {
-      if (ids[static_cast<std::size_t>(i * f + f - 1)] == null_block) continue;
-      if (candidate_stored[candidate++] == 0) continue;  // present already, or below threshold
-      ++cursor;
+    std::size_t candidate = scratch.first_candidate[g];
+    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
+      if (!offloaded_block_real(ids, i, f)) continue;
+      // Present already, or below the store threshold: not in this job.
+      if (scratch.prepared.key_stored[candidate++] == 0) continue;
+      ++placed;
       // The block's leading null sub-blocks (outside the window) are skipped; validate_step
       // rejected a null after a real id, so the rest is one run.
       const GpuBlockId* sub = ids.data() + i * f;
@@ -225,20 +194,56 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
       job.gpu.group_sizes[g] += f - j;
     }
   }
-  KVOFFLOAD_ASSERT(cursor == job.keys.size(), "store job {}: {} of {} keys placed", job.id, cursor,
+  KVOFFLOAD_ASSERT(placed == job.keys.size(), "store job {}: {} of {} keys placed", job.id, placed,
                    job.keys.size());
-  advance();
-  state.source_ids = job.gpu.block_ids;
-  state.group_sizes = job.gpu.group_sizes;
+}
+
+void Scheduler::Impl::register_window_sources(JobState& state) {
   std::size_t at = 0;
-  for (std::size_t g = 0; g < G; ++g) {
-    const auto size = static_cast<std::size_t>(job.gpu.group_sizes[g]);
-    if (layouts[g].windowed()) {
-      registrations.add_all(std::span(state.source_ids).subspan(at, size), job.id);
-    }
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const auto size = static_cast<std::size_t>(state.group_sizes[g]);
+    if (layouts[g].windowed())
+      fence.add_all(std::span(state.source_ids).subspan(at, size), state.id);
     at += size;
   }
-  state.host_ids = host_ids;
+}
+
+void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
+                                  std::span<const std::int64_t> blocks, StepResult& out) {
+  append_new_blocks(r, e);
+  const auto advance = [&] {
+    for (std::size_t g = 0; g < layouts.size(); ++g) r.groups[g].next_stored = blocks[g];
+  };
+  StoreScratch& scratch = store_scratch;
+  if (!collect_candidates(r, blocks, scratch)) return advance();
+  if (!manager.prepare_store(scratch.candidates, scratch.prepared)) {
+    ++stats.stores_without_room;
+    if (no_room_warnings++ % 1000 == 0) {
+      detail::logger().warn(
+          "request \"{}\": no room in the host cache for {} block(s); will retry next step "
+          "({} such skips so far)",
+          r.id, scratch.candidates.size(), no_room_warnings);
+    }
+    return;  // next_stored stays: retried next step
+  }
+  if (scratch.prepared.keys_to_store.empty()) return advance();
+
+  touch_stored(r, blocks, scratch);
+  TransferJob job;
+  job.id = next_job++;
+  job.kind = JobKind::store;
+  job.request_id = r.id;
+  job.keys = std::move(scratch.prepared.keys_to_store);
+  scratch.prepared.keys_to_store.clear();
+  job.host_block_ids = scratch.prepared.block_ids;
+  emit_sub_blocks(r, blocks, scratch, job);
+  advance();
+
+  JobState& state = add_job(job.id, JobKind::store, r);
+  state.source_ids = job.gpu.block_ids;
+  state.group_sizes = job.gpu.group_sizes;
+  state.host_ids = job.host_block_ids;
+  register_window_sources(state);
   r.jobs.push_back(job.id);
   ++stats.store_jobs;
   check(job);
@@ -250,9 +255,9 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   if (job.kind == JobKind::store) {
     manager.complete_store_blocks(job.host_ids, job.ok);
     if (!job.ok) ++stats.failed_stores;
-    for_each_source(job, true, [&](GpuBlockId id) { registrations.remove(id, job.id); });
+    for_each_source(job, true, [&](GpuBlockId id) { fence.remove(id, job.id); });
     if (job.full_registered) {
-      for_each_source(job, false, [&](GpuBlockId id) { registrations.remove(id, job.id); });
+      for_each_source(job, false, [&](GpuBlockId id) { fence.remove(id, job.id); });
     }
   } else {
     manager.complete_load(job.keys);
@@ -372,7 +377,8 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
                                  std::span<const std::string> preempted) {
   KVOFFLOAD_ONE_THREAD(*impl_, "build_step");
   Impl& s = *impl_;
-  s.validate_step(scheduled, preempted);
+  StepPlan& plan = s.step_plan;
+  s.validate_step(scheduled, preempted, plan);
   StepResult out;
   for (const std::string& id : preempted) {
     const RequestState& r = *s.requests.find(id);
@@ -380,9 +386,8 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   }
   out.load_jobs.swap(s.pending_loads);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
-    if (s.step_idle[i] != 0) continue;  // most requests of a decode step
-    s.build_store(*s.step_requests[i], scheduled[i], s.step_blocks.data() + i * s.layouts.size(),
-                  out);
+    if (plan.idle[i] != 0) continue;  // most requests of a decode step
+    s.build_store(*plan.requests[i], scheduled[i], plan.blocks_of(i), out);
   }
   std::sort(s.flush.begin(), s.flush.end());
   s.flush.erase(std::unique(s.flush.begin(), s.flush.end()), s.flush.end());
@@ -419,7 +424,7 @@ void Scheduler::on_finished(std::string_view request_id) {
   for (const JobId id : r.jobs) {
     JobState& job = s.jobs.at(id);
     if (job.kind != JobKind::store || job.full_registered) continue;
-    s.for_each_source(job, false, [&](GpuBlockId block) { s.registrations.add(block, id); });
+    s.for_each_source(job, false, [&](GpuBlockId block) { s.fence.add(block, id); });
     job.full_registered = true;
   }
 }
@@ -436,7 +441,7 @@ void Scheduler::reset_cache() {
   s.jobs.clear();
   s.manager.reset();
   s.being_loaded.clear();
-  s.registrations.clear();
+  s.fence.clear();
   s.stale_below = s.next_job;
   std::vector<RequestState*> finished;
   s.requests.for_each([&](RequestState& r) {

@@ -10,10 +10,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "block_reuse_fence.hpp"
 #include "kvoffload/detail/flat_hash_map.hpp"
 #include "kvoffload/detail/single_thread_guard.hpp"
 #include "kvoffload/scheduler.hpp"
-#include "registrations.hpp"
 #include "request_table.hpp"
 
 namespace kvoffload {
@@ -77,6 +77,36 @@ struct StringHash {
   }
 };
 
+/// validate_step's product, which build_step passes down: per scheduled entry, its request,
+/// its groups' offloaded blocks complete after the step, and whether build_store would change
+/// nothing. Reused across steps (no allocation per decode step).
+struct StepPlan {
+  std::vector<RequestState*> requests;  // per entry
+  std::vector<std::int64_t> blocks;     // per entry, per group (entry * G + g)
+  std::vector<std::uint8_t> idle;       // per entry: 1 if the step changes nothing for it
+  std::size_t num_groups = 0;
+
+  void clear(std::size_t groups) {
+    requests.clear();
+    blocks.clear();
+    idle.clear();
+    num_groups = groups;
+  }
+  [[nodiscard]] std::span<const std::int64_t> blocks_of(std::size_t entry) const {
+    return std::span(blocks).subspan(entry * num_groups, num_groups);
+  }
+};
+
+/// build_store's working set for one request, reused across calls so steps do not allocate
+/// per key: the candidates (offloaded blocks not yet stored and not entirely null, group by
+/// group), the manager's answer for them, and the touch list built from it.
+struct StoreScratch {
+  std::vector<Key> candidates;
+  std::vector<std::size_t> first_candidate;  // per group: its first entry in candidates
+  PreparedStore prepared;                    // prepare_store(candidates)
+  std::vector<HostBlockId> touch_ids;        // touch_stored's list, last group first
+};
+
 struct Scheduler::Impl {
   explicit Impl(const SchedulerConfig& config);
 
@@ -86,8 +116,9 @@ struct Scheduler::Impl {
   void validate_hashes(const RequestState& r, std::span<const BlockHash> hashes) const;
   void validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                           std::int64_t num_external_tokens);
+  /// Checks a whole step and fills `plan` for build_step.
   void validate_step(std::span<const ScheduledRequest> scheduled,
-                     std::span<const std::string> preempted);
+                     std::span<const std::string> preempted, StepPlan& plan);
   void validate_reports(std::span<const JobReport> reports);
 
   // scheduler_lookup.cpp
@@ -96,9 +127,20 @@ struct Scheduler::Impl {
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                     std::int64_t num_external_tokens);
-  /// `blocks[g]`: offloaded blocks complete after the step (validate_step computed them).
-  void build_store(RequestState& r, const ScheduledRequest& entry, const std::int64_t* blocks,
-                   StepResult& out);
+  /// One scheduled entry's part of a step: appends its new blocks, then stores its offloaded
+  /// blocks below `blocks[g]` (from the StepPlan) not stored yet.
+  void build_store(RequestState& r, const ScheduledRequest& entry,
+                   std::span<const std::int64_t> blocks, StepResult& out);
+  void append_new_blocks(RequestState& r, const ScheduledRequest& entry);
+  /// Fills scratch.candidates and first_candidate; returns false if there is none.
+  bool collect_candidates(const RequestState& r, std::span<const std::int64_t> blocks,
+                          StoreScratch& scratch) const;
+  /// The store job's GPU side: the stored candidates' sub-blocks, leading nulls skipped and
+  /// counted nowhere (SEMANTICS 6.3).
+  void emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
+                       const StoreScratch& scratch, TransferJob& job) const;
+  /// Fences the job's window-group sources at once (full-attention ones at finish).
+  void register_window_sources(JobState& state);
   void complete(JobState& job, std::vector<CompletedJob>& done);
   void forget(RequestState& r);
   /// A new entry in `jobs`, reusing a completed job's node and vectors when there is one:
@@ -106,9 +148,8 @@ struct Scheduler::Impl {
   JobState& add_job(JobId id, JobKind kind, RequestState& r);
   void retire_job(JobId id);
   void touch(const RequestState& r);
-  /// touch() right after prepare_store, reusing the blocks it found for the candidates
-  /// (candidate_blocks, starting at candidate_start[g] for group g).
-  void touch_stored(RequestState& r);
+  /// touch() right after prepare_store, reusing the blocks it found for the candidates.
+  void touch_stored(RequestState& r, std::span<const std::int64_t> blocks, StoreScratch& scratch);
   void check(const TransferJob& job) const;
   /// Calls f(block) for each source id of a store job in groups that are (windowed == true)
   /// or are not windowed.
@@ -155,22 +196,13 @@ struct Scheduler::Impl {
   JobId next_job = 0;
   JobId stale_below = 0;  // reports of jobs below this id predate reset_cache()
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
-  Registrations registrations;  // GPU block id -> store jobs still reading it
+  BlockReuseFence fence;  // GPU block id -> store jobs still reading it
 
-  // Scratch buffers reused across calls so steps do not allocate per key.
-  std::vector<Key> candidates;
-  std::vector<Key> keys_to_store;
-  std::vector<HostBlockId> host_ids;
+  // Reused across calls so steps do not allocate per key or per request.
+  StepPlan step_plan;
+  std::uint64_t step_stamp = 0;  // validate_step: a request scheduled twice is refused
+  StoreScratch store_scratch;
   std::vector<Key> touch_keys;
-  std::vector<HostBlockId> touch_ids;
-  std::vector<HostBlockId> candidate_blocks;
-  std::vector<std::uint8_t> candidate_stored;  // 1: prepare_store stored this candidate
-  std::vector<std::size_t> candidate_start;
-  std::vector<std::int64_t> candidate_end_;  // per group: n of the step being built
-  std::vector<RequestState*> step_requests;  // validate_step's lookups, in entry order
-  std::uint64_t step_stamp = 0;
-  std::vector<std::int64_t> step_blocks;  // per entry, per group: offloadable / obs
-  std::vector<std::uint8_t> step_idle;    // per entry: 1 if build_store would change nothing
   detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
   std::uint64_t no_room_warnings = 0;
   detail::SingleThreadGuard one_thread;  // debug builds: concurrent calls throw

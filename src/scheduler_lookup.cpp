@@ -2,14 +2,13 @@
 
 #include <algorithm>
 
+#include "block_math.hpp"
 #include "scheduler_impl.hpp"
 
 namespace kvoffload {
 namespace {
 
-constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
+using detail::cdiv;
 
 /// A scan's answer: a count of offloaded blocks, or "deferred" (it met a key being stored).
 struct ScanResult {

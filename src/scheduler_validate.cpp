@@ -3,18 +3,11 @@
 
 #include <algorithm>
 
+#include "block_math.hpp"
 #include "expects.hpp"
 #include "scheduler_impl.hpp"
 
 namespace kvoffload {
-namespace {
-
-constexpr std::int64_t cdiv(std::int64_t a, std::int64_t b) {
-  return (a + b - 1) / b;
-}
-
-}  // namespace
-
 RequestState& Scheduler::Impl::find_record(std::string_view id, std::string_view op) {
   RequestState* r = requests.find(id);
   KVOFFLOAD_EXPECTS(r != nullptr, "{}: unknown request \"{}\"", op, id);
@@ -61,16 +54,14 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
   for (std::size_t g = 0; g < G; ++g) {
     const GroupLayout& layout = layouts[g];
     const AllocatedGroup& group = groups[g];
-    const std::int64_t n_gpu = cdiv(cached, layout.gpu_block_size);
-    const std::int64_t local = group.num_computed_blocks;
-    const std::int64_t n_off = cdiv(cached, layout.offloaded_block_size);
+    const auto [n_gpu, local, pending, n_off] = detail::allocated_counts(
+        cached, layout.gpu_block_size, layout.offloaded_block_size, group.num_computed_blocks);
     KVOFFLOAD_EXPECTS(local >= 0 && local <= n_gpu,
                       "alloc: request \"{}\" group {}: num_computed_blocks {} is outside 0..{}",
                       r.id, g, local, n_gpu);
     KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(group.block_ids.size()) >= n_gpu,
                       "alloc: request \"{}\" group {}: {} block ids, {} tokens need {}", r.id, g,
                       group.block_ids.size(), cached, n_gpu);
-    const std::int64_t pending = n_gpu - local;
     if (layout.windowed()) {
       KVOFFLOAD_EXPECTS(pending <= layout.window_blocks * f,
                         "alloc: request \"{}\" group {}: {} blocks to load, the window allows {}",
@@ -99,7 +90,7 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
 }
 
 void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
-                                    std::span<const std::string> preempted) {
+                                    std::span<const std::string> preempted, StepPlan& plan) {
   for (const std::string& id : preempted) {
     const RequestState* r = requests.find(id);
     KVOFFLOAD_EXPECTS(r != nullptr && r->looked_up, "step: preempted request \"{}\" is unknown",
@@ -108,9 +99,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
                       "step: request \"{}\" cannot be preempted while its load is in flight", id);
   }
   const std::size_t G = layouts.size();
-  step_requests.clear();
-  step_blocks.clear();
-  step_idle.clear();
+  plan.clear(G);
   // A request scheduled twice in one step would be validated against a state its first entry
   // changes: each request is stamped with the step being validated.
   ++step_stamp;
@@ -118,7 +107,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
     RequestState& r = find_looked_up(e.request_id, "step");
     KVOFFLOAD_EXPECTS(r.step_stamp != step_stamp, "step: request \"{}\" is scheduled twice", r.id);
     r.step_stamp = step_stamp;
-    step_requests.push_back(&r);
+    plan.requests.push_back(&r);
     KVOFFLOAD_EXPECTS(e.num_computed_tokens >= 0 && e.num_scheduled_tokens >= 0,
                       "step: request \"{}\": negative num_computed_tokens ({}) or "
                       "num_scheduled_tokens ({})",
@@ -141,7 +130,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
       // Offloaded blocks complete after this step; build_store reuses it (divisions are a
       // large part of a decode step's cost).
       const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
-      step_blocks.push_back(n);
+      plan.blocks.push_back(n);
       const std::int64_t s = r.groups[g].next_stored;
       idle = idle && fresh.empty() && n == s;
       if (n <= s) continue;
@@ -188,7 +177,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
             r.id, g, p));
       }
     }
-    step_idle.push_back(idle ? 1 : 0);
+    plan.idle.push_back(idle ? 1 : 0);
   }
 }
 

@@ -22,6 +22,16 @@ struct ManagerEvent {
   std::vector<Key> keys;
 };
 
+/// prepare_store's answer. Reuse one across calls: its vectors keep their capacity.
+struct PreparedStore {
+  bool ok = false;                       ///< false: room could not be made; nothing changed
+  std::vector<Key> keys_to_store;        ///< the keys to copy now, in the order given
+  std::vector<HostBlockId> block_ids;    ///< their new blocks (writing), same order
+  std::vector<HostBlockId> key_blocks;   ///< per given key: its block after the call (present
+                                         ///< or new); -1 if the store threshold skipped it
+  std::vector<std::uint8_t> key_stored;  ///< per given key: 1 if this call stores it, else 0
+};
+
 struct ManagerStats {
   std::uint64_t hits = 0;              ///< lookups of ready keys
   std::uint64_t misses = 0;            ///< lookups of absent keys
@@ -54,20 +64,12 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// Like lookup() but counts nothing.
   [[nodiscard]] LookupResult peek(const Key& key) const;
 
-  /// Prepares blocks for storing `keys` (distinct). Keys already present are dropped, and so,
-  /// with a store threshold, are keys looked up fewer times than it; for the rest, room is made by
-  /// evicting ready, unread blocks whose key is not in `keys`, in policy order, all or nothing. On
-  /// success returns true and fills keys_to_store / block_ids (in the order given; empty if every
-  /// key was present); the new blocks are `writing`. Returns false and changes nothing if room
-  /// cannot be made.
-  /// With `key_blocks`, also sets it to each given key's block after the call (present or
-  /// new; -1 for a key skipped by the threshold), so the caller can touch them without
-  /// looking them up again.
-  /// With `key_stored`, also sets it to 1 for each given key stored by this call, else 0.
-  bool prepare_store(std::span<const Key> keys, std::vector<Key>& keys_to_store,
-                     std::vector<HostBlockId>& block_ids,
-                     std::vector<HostBlockId>* key_blocks = nullptr,
-                     std::vector<std::uint8_t>* key_stored = nullptr);
+  /// Prepares blocks for storing `keys`. Keys already present are dropped, and so, with a
+  /// store threshold, are keys looked up fewer times than it; a key given twice is stored
+  /// once. For the rest, room is made by evicting ready, unread blocks whose key is not in
+  /// `keys`, in policy order, all or nothing. Fills `out` (see PreparedStore; the new blocks
+  /// are `writing`) and returns out.ok. On false nothing changed: room could not be made.
+  bool prepare_store(std::span<const Key> keys, PreparedStore& out);
   /// Ends the stores of `keys`: with ok, writing blocks become ready (one "stored" event);
   /// without, writing blocks are removed and freed. Keys not writing are ignored.
   void complete_store(std::span<const Key> keys, bool ok);

@@ -13,7 +13,7 @@ namespace kvoffload {
 
 enum class HugePages : std::uint8_t {
   off,      ///< 4 KiB pages
-  try_,     ///< 2 MiB pages when the system gives them (hugetlb, else transparent), else 4 KiB
+  prefer,   ///< 2 MiB pages when the system gives them (hugetlb, else transparent), else 4 KiB
   require,  ///< 2 MiB hugetlb pages or an error
 };
 
@@ -31,7 +31,7 @@ struct PoolConfig {
   std::int64_t host_blocks = 0;  ///< the pool's size in blocks, or
   std::uint64_t host_bytes = 0;  ///< a byte budget: as many whole blocks as fit
   std::int64_t alignment = 256;  ///< of every block and row; a power of two >= 64
-  HugePages huge_pages = HugePages::try_;
+  HugePages huge_pages = HugePages::prefer;
   int prefault_threads = 0;  ///< threads that first-touch the pages (0: all cores)
   Pinning pinning = Pinning::automatic;
   /// If registration fails: false (default) throws; true keeps plain memory and logs an error

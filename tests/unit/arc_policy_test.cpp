@@ -118,9 +118,9 @@ TEST_CASE("The manager with ARC never evicts protected blocks and promotes on re
   c.host_blocks = 3;
   c.policy = "arc";
   HostBlockManager m(c);
-  std::vector<Key> ks, stored;
-  std::vector<HostBlockId> ids;
-  REQUIRE(m.prepare_store(std::vector<Key>{key(1), key(2), key(3)}, stored, ids));
+  PreparedStore p;
+  REQUIRE(m.prepare_store(std::vector<Key>{key(1), key(2), key(3)}, p));
+  const std::vector<Key> stored = p.keys_to_store;
   m.touch(stored);  // still writing: stays in T1
   const auto& arc = dynamic_cast<const ArcPolicy&>(m.policy());
   CHECK(arc.t1_size() == 3);
@@ -130,10 +130,10 @@ TEST_CASE("The manager with ARC never evicts protected blocks and promotes on re
   std::vector<HostBlockId> read;
   m.prepare_load(std::vector<Key>{key(2)}, read);
   // Room for 2: key 2 is read, so 3 (T1) and then 1 (T2) go.
-  REQUIRE(m.prepare_store(std::vector<Key>{key(4), key(5)}, stored, ids));
+  REQUIRE(m.prepare_store(std::vector<Key>{key(4), key(5)}, p));
   CHECK(m.peek(key(2)) == LookupResult::hit);
   CHECK(m.peek(key(1)) == LookupResult::miss);
   CHECK(m.peek(key(3)) == LookupResult::miss);
   // Nothing else is evictable: all or nothing.
-  CHECK_FALSE(m.prepare_store(std::vector<Key>{key(6)}, stored, ids));
+  CHECK_FALSE(m.prepare_store(std::vector<Key>{key(6)}, p));
 }

@@ -35,7 +35,11 @@ struct Stored {
 
 Stored store(HostBlockManager& m, const std::vector<Key>& ks) {
   Stored s;
-  s.ok = m.prepare_store(ks, s.keys, s.ids);
+  PreparedStore p;
+  s.ok = m.prepare_store(ks, p);
+  CHECK(p.ok == s.ok);
+  s.keys = p.keys_to_store;
+  s.ids = p.block_ids;
   return s;
 }
 

@@ -39,7 +39,7 @@ TEST_CASE("parse_bytes understands binary and decimal units", "[pool][bytes]") {
 }
 
 TEST_CASE("Pool blocks are distinct, aligned, inside the region and hold their bytes", "[pool]") {
-  for (const HugePages huge : {HugePages::off, HugePages::try_}) {
+  for (const HugePages huge : {HugePages::off, HugePages::prefer}) {
     PoolConfig c = small(96, 3 * 4096 + 256);
     c.huge_pages = huge;
     c.prefault_threads = 3;

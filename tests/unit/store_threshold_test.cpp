@@ -22,17 +22,18 @@ TEST_CASE("A key is stored only after it was looked up store_threshold times",
   c.host_blocks = 8;
   c.store_threshold = 3;
   HostBlockManager m(c);
-  std::vector<Key> stored;
-  std::vector<HostBlockId> ids;
+  PreparedStore p;
   for (int lookups = 0; lookups < 3; ++lookups) {
-    REQUIRE(m.prepare_store(std::vector<Key>{key(1)}, stored, ids));
-    CHECK(stored.empty());
+    REQUIRE(m.prepare_store(std::vector<Key>{key(1)}, p));
+    CHECK(p.keys_to_store.empty());
+    CHECK(p.key_blocks == std::vector<HostBlockId>{-1});  // skipped: no block
     CHECK(m.lookup(key(1)) == LookupResult::miss);
   }
   CHECK(m.stats().stores_skipped == 3);
   CHECK(m.lookup_count(key(1)) == 3);
-  REQUIRE(m.prepare_store(std::vector<Key>{key(1), key(2)}, stored, ids));
-  CHECK(stored == std::vector<Key>{key(1)});  // key 2 was never looked up
+  REQUIRE(m.prepare_store(std::vector<Key>{key(1), key(2)}, p));
+  CHECK(p.keys_to_store == std::vector<Key>{key(1)});  // key 2 was never looked up
+  CHECK(p.key_stored == std::vector<std::uint8_t>{1, 0});
   CHECK(m.stats().stores_skipped == 4);
 }
 

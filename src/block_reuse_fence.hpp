@@ -1,10 +1,12 @@
 #pragma once
 
-// Internal: which in-flight store jobs still read a GPU block (SEMANTICS 6.7 and 8). Almost
-// always one job per block, kept in a dense array indexed by block id (engines number their
-// GPU blocks densely; every new block of every step is checked, and new blocks come in runs
-// of consecutive ids, so the array is read sequentially where a hash table would miss the
-// cache once per block). The rare further jobs on the same block go to a short side list.
+// Internal: the block-reuse fence, which in-flight store jobs still read a GPU block
+// (SEMANTICS 6.7 and 8): a block given to a request again while a store reads it flushes
+// that store. Almost always one job per block, kept in a dense array indexed by block id
+// (engines number their GPU blocks densely; every new block of every step is checked, and new
+// blocks come in runs of consecutive ids, so the array is read sequentially where a hash table
+// would miss the cache once per block). The rare further jobs on the same block go to a short
+// side list.
 
 #include <algorithm>
 #include <cstdint>
@@ -16,7 +18,7 @@
 
 namespace kvoffload {
 
-class Registrations {
+class BlockReuseFence {
  public:
   /// Sizes the table for block ids below `blocks` (it still grows past them).
   void reserve(std::size_t blocks) {
@@ -91,9 +93,6 @@ class Registrations {
     }
   }
 
-  [[nodiscard]] bool empty() const noexcept { return count_ == 0; }
-  [[nodiscard]] std::size_t num_blocks() const noexcept { return count_; }
-
   void clear() {
     std::fill(first_.begin(), first_.end(), kNone);
     more_.clear();
@@ -104,7 +103,7 @@ class Registrations {
   static constexpr JobId kNone = -1;
   std::vector<JobId> first_;                        // per GPU block id
   std::vector<std::pair<GpuBlockId, JobId>> more_;  // further jobs on a block
-  std::size_t count_ = 0;                           // blocks with a job
+  std::size_t count_ = 0;                           // blocks with a job (collect's fast path)
 };
 
 }  // namespace kvoffload

@@ -1,0 +1,7 @@
+#include "kvoffload/backend.hpp"
+
+namespace kvoffload {
+
+Backend::~Backend() = default;
+
+}  // namespace kvoffload
