@@ -19,9 +19,9 @@ using Clock = std::chrono::steady_clock;
 /// A plan of `piece`-byte copies covering `total` bytes, scattered over every other slot of
 /// the destination, like KV pages going to host blocks.
 CopyPlan scattered(std::uintptr_t src, std::uintptr_t dst, std::uint64_t total, std::uint64_t piece,
-                   Direction dir) {
+                   JobKind dir) {
   CopyPlan p;
-  p.direction = dir;
+  p.kind = dir;
   const std::uint64_t n = total / piece;
   p.descriptors.reserve(n);
   for (std::uint64_t i = 0; i < n; ++i) {
@@ -53,7 +53,7 @@ nlohmann::json run_copy_host(const Options& opt) {
   for (const std::uint64_t piece : sizes) {
     const CopyPlan plan =
         scattered(reinterpret_cast<std::uintptr_t>(src.data()),
-                  reinterpret_cast<std::uintptr_t>(dst.data()), total, piece, Direction::store);
+                  reinterpret_cast<std::uintptr_t>(dst.data()), total, piece, JobKind::store);
     std::vector<double> ceiling, backend_bw;
     // Interleaved: the ceiling and the backend see the same machine state.
     for (std::size_t r = 0; r < runs; ++r) {

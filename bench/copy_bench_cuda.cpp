@@ -24,15 +24,15 @@ void check(cudaError_t e, const char* what) {
 }
 
 CopyPlan scattered(std::uintptr_t gpu, std::uintptr_t host, std::uint64_t total,
-                   std::uint64_t piece, Direction dir) {
+                   std::uint64_t piece, JobKind dir) {
   CopyPlan p;
-  p.direction = dir;
+  p.kind = dir;
   const std::uint64_t n = total / piece;
   for (std::uint64_t i = 0; i < n; ++i) {
     const std::uint64_t slot = (i * 7) % n;
     const std::uintptr_t g = gpu + i * piece, h = host + slot * piece;
-    p.descriptors.push_back(dir == Direction::store ? CopyDescriptor{g, h, piece}
-                                                    : CopyDescriptor{h, g, piece});
+    p.descriptors.push_back(dir == JobKind::store ? CopyDescriptor{g, h, piece}
+                                                  : CopyDescriptor{h, g, piece});
   }
   p.total_bytes = n * piece;
   return p;
@@ -90,7 +90,7 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
           // Jobs of at most job_bytes each (a request's worth), so staged jobs fit the
           // staging buffer instead of silently running as kernel jobs.
           std::vector<CopyPlan> plans;
-          auto add = [&](std::uint64_t offset, std::uint64_t bytes, Direction d) {
+          auto add = [&](std::uint64_t offset, std::uint64_t bytes, JobKind d) {
             for (std::uint64_t at = 0; at < bytes; at += job_bytes) {
               const std::uint64_t n = std::min(job_bytes, bytes - at);
               if (n < piece) break;
@@ -100,10 +100,10 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
             }
           };
           if (dir == "both") {
-            add(0, half, Direction::store);
-            add(half, half, Direction::load);
+            add(0, half, JobKind::store);
+            add(half, half, JobKind::load);
           } else {
-            add(0, total, dir == "d2h" ? Direction::store : Direction::load);
+            add(0, total, dir == "d2h" ? JobKind::store : JobKind::load);
           }
           std::uint64_t bytes = 0, pieces = 0;
           for (const auto& p : plans) {

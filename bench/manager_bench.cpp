@@ -40,7 +40,7 @@ nlohmann::json run_manager(const Options& opt) {
     for (std::size_t r = 0; r < runs; ++r) {
       ManagerConfig c;
       c.host_blocks = static_cast<std::int64_t>(capacity);
-      c.policy = policy;
+      c.policy = parse_eviction_policy(policy, "policy");
       c.enable_events = false;
       HostBlockManager m(c);
       const auto keys = make_keys(capacity * 2, 100 + r);

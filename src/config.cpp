@@ -4,23 +4,6 @@
 
 namespace kvoffload {
 
-std::string_view to_string(GroupKind kind) noexcept {
-  switch (kind) {
-    case GroupKind::full_attention: return "full_attention";
-    case GroupKind::sliding_window: return "sliding_window";
-    case GroupKind::mamba: return "mamba";
-  }
-  return "unknown";
-}
-
-GroupKind parse_group_kind(std::string_view name, std::string_view field) {
-  if (name == "full_attention") return GroupKind::full_attention;
-  if (name == "sliding_window") return GroupKind::sliding_window;
-  if (name == "mamba") return GroupKind::mamba;
-  throw invalid_argument(fmt::format(
-      "{}: unknown group kind \"{}\" (full_attention, sliding_window or mamba)", field, name));
-}
-
 void validate(const ManagerConfig& config) {
   KVOFFLOAD_EXPECTS(config.host_blocks >= 1, "host_blocks must be at least 1, got {}",
                     config.host_blocks);
@@ -34,8 +17,9 @@ void validate(const ManagerConfig& config) {
                     config.threshold_tracker_keys);
   KVOFFLOAD_EXPECTS(config.block_bytes >= 0, "block_bytes must not be negative, got {}",
                     config.block_bytes);
-  KVOFFLOAD_EXPECTS(config.policy == "lru" || config.policy == "arc",
-                    "policy: unknown eviction policy \"{}\" (lru or arc)", config.policy);
+  KVOFFLOAD_EXPECTS(
+      config.policy == EvictionPolicyKind::lru || config.policy == EvictionPolicyKind::arc,
+      "policy: unknown eviction policy {}", static_cast<int>(config.policy));
 }
 
 std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {

@@ -5,26 +5,6 @@
 
 namespace kvoffload {
 
-std::string_view to_string(CopyMode mode) noexcept {
-  switch (mode) {
-    case CopyMode::automatic: return "auto";
-    case CopyMode::batch: return "batch";
-    case CopyMode::memcpy: return "memcpy";
-    case CopyMode::kernel: return "kernel";
-    case CopyMode::staged: return "staged";
-  }
-  return "unknown";
-}
-
-CopyMode parse_copy_mode(std::string_view name, std::string_view field) {
-  for (const CopyMode m : {CopyMode::automatic, CopyMode::batch, CopyMode::memcpy, CopyMode::kernel,
-                           CopyMode::staged}) {
-    if (name == to_string(m)) return m;
-  }
-  throw invalid_argument(fmt::format(
-      "{}: unknown copy mode \"{}\" (auto, batch, memcpy, kernel or staged)", field, name));
-}
-
 CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
                           bool batch_available, bool kernel_available) {
   const CopyMode large = batch_available ? CopyMode::batch : CopyMode::memcpy;
@@ -32,11 +12,11 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
   if (want == CopyMode::automatic) {
     const std::uint64_t n = plan.descriptors.size();
     const std::uint64_t average = n == 0 ? 0 : plan.total_bytes / n;
-    const std::uint64_t small = plan.direction == Direction::store ? config.store_small_piece_bytes
-                                                                   : config.load_small_piece_bytes;
+    const std::uint64_t small = plan.kind == JobKind::store ? config.store_small_piece_bytes
+                                                            : config.load_small_piece_bytes;
     if (n == 0 || average >= small) {
       want = large;
-    } else if (plan.direction == Direction::store && n >= config.staged_min_pieces &&
+    } else if (plan.kind == JobKind::store && n >= config.staged_min_pieces &&
                plan.total_bytes <= config.staging_bytes) {
       want = CopyMode::staged;
     } else {
@@ -46,7 +26,7 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
   // What this device and job allow.
   if (want == CopyMode::batch && !batch_available) want = CopyMode::memcpy;
   if (want == CopyMode::staged &&
-      (plan.direction != Direction::store || plan.total_bytes > config.staging_bytes)) {
+      (plan.kind != JobKind::store || plan.total_bytes > config.staging_bytes)) {
     want = CopyMode::kernel;
   }
   if ((want == CopyMode::kernel || want == CopyMode::staged) && !kernel_available) want = large;

@@ -46,10 +46,10 @@ void CopyPlanner::check(const TransferJob& job) const {
   }
 }
 
-void CopyPlanner::plan(const TransferJob& job, Direction direction, CopyPlan& out) const {
+void CopyPlanner::plan(const TransferJob& job, JobKind kind, CopyPlan& out) const {
   check(job);
   out.job = job.id;
-  out.direction = direction;
+  out.kind = kind;
   out.descriptors.clear();
   out.total_bytes = 0;
   const std::int64_t f = layout_.block_size_factor();
@@ -77,8 +77,8 @@ void CopyPlanner::plan(const TransferJob& job, Direction direction, CopyPlan& ou
             static_cast<std::uintptr_t>(host_id) *
                 static_cast<std::uintptr_t>(host_.block_stride_bytes) +
             static_cast<std::uintptr_t>(host_.row_offset + layout_.host_offset(g, k, pos % f));
-        const std::uintptr_t src = direction == Direction::store ? gpu : host;
-        const std::uintptr_t dst = direction == Direction::store ? host : gpu;
+        const std::uintptr_t src = kind == JobKind::store ? gpu : host;
+        const std::uintptr_t dst = kind == JobKind::store ? host : gpu;
         if (!out.descriptors.empty()) {
           CopyDescriptor& last = out.descriptors.back();
           if (last.src + last.bytes == src && last.dst + last.bytes == dst) {

@@ -294,7 +294,7 @@ struct CudaBackend::Impl {
   int enqueue(Job& job, std::size_t si) {
     const StreamHandle stream = streams[si];
     const CopyPlan& plan = job.plan;
-    const bool store = plan.direction == Direction::store;
+    const bool store = plan.kind == JobKind::store;
     switch (job.mode) {
       case CopyMode::memcpy:
         for (const CopyDescriptor& d : plan.descriptors) {
@@ -458,7 +458,7 @@ void CudaBackend::set_compute_stream(std::optional<std::uintptr_t> stream) {
 
 Ticket CudaBackend::submit(CopyPlan plan) {
   Impl& s = *impl_;
-  const bool store = plan.direction == Direction::store;
+  const bool store = plan.kind == JobKind::store;
   auto job = std::make_shared<Impl::Job>();
   job->rt = s.rt;
   job->plan = std::move(plan);
@@ -505,7 +505,7 @@ Ticket CudaBackend::submit(CopyPlan plan) {
   return j.ticket;
 }
 
-Ticket CudaBackend::submit_device_table(const TransferJob& job, Direction direction,
+Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
                                         const KvLayout& layout, const HostRegion& host,
                                         const std::int32_t* table,
                                         std::span<const std::int64_t> offsets) {
@@ -540,7 +540,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, Direction direct
   L.block_size_factor = layout.block_size_factor();
   L.host_base = host.base;
   L.host_stride = static_cast<std::uint64_t>(host.block_stride_bytes);
-  L.store = direction == Direction::store;
+  L.store = kind == JobKind::store;
   std::int64_t first_host = 0;
   std::uint64_t total = 0;
   for (int g = 0; g < G; ++g) {
@@ -579,7 +579,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, Direction direct
   auto owned = std::make_shared<Impl::Job>();
   owned->rt = s.rt;
   owned->plan.job = job.id;
-  owned->plan.direction = direction;
+  owned->plan.kind = kind;
   owned->plan.total_bytes = total;
   owned->mode = CopyMode::kernel;
   owned->start = std::chrono::steady_clock::now();
@@ -720,7 +720,7 @@ void CudaBackend::poll(std::vector<BackendResult>& finished) {
       s.release(j);
       const double seconds =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - j.start).count();
-      finished.push_back({j.ticket, j.plan.job, j.plan.direction, !j.failed, std::move(j.error),
+      finished.push_back({j.ticket, j.plan.job, j.plan.kind, !j.failed, std::move(j.error),
                           j.failed ? 0 : j.plan.total_bytes, seconds});
       queue.pop_front();
     }
@@ -797,19 +797,18 @@ CudaBackendConfig calibrate(const CudaBackendConfig& config,
   };
   fail(d.allocate(total), "malloc_device");
   fail(h.allocate(total), "malloc_host");
-  auto time_mode = [&](CopyMode mode, std::uint64_t piece, Direction dir) {
+  auto time_mode = [&](CopyMode mode, std::uint64_t piece, JobKind dir) {
     CudaBackendConfig c = config;
     c.mode = mode;
     c.compute_stream.reset();
     CudaBackend backend(c, runtime);
     CopyPlan plan;
-    plan.direction = dir;
+    plan.kind = dir;
     const auto dv = reinterpret_cast<std::uintptr_t>(d.get());
     const auto hv = reinterpret_cast<std::uintptr_t>(h.get());
     for (std::uint64_t off = 0; off + piece <= total; off += 2 * piece) {
-      plan.descriptors.push_back(dir == Direction::store
-                                     ? CopyDescriptor{dv + off, hv + off, piece}
-                                     : CopyDescriptor{hv + off, dv + off, piece});
+      plan.descriptors.push_back(dir == JobKind::store ? CopyDescriptor{dv + off, hv + off, piece}
+                                                       : CopyDescriptor{hv + off, dv + off, piece});
       plan.total_bytes += piece;
     }
     backend.wait(backend.submit(plan));  // warm up
@@ -823,15 +822,14 @@ CudaBackendConfig calibrate(const CudaBackendConfig& config,
     }
     return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   };
-  for (const Direction dir : {Direction::store, Direction::load}) {
+  for (const JobKind dir : {JobKind::store, JobKind::load}) {
     std::uint64_t crossover = 4096;
     for (std::uint64_t piece = 4096; piece <= (std::uint64_t{4} << 20); piece *= 2) {
       if (time_mode(CopyMode::kernel, piece, dir) <= time_mode(CopyMode::batch, piece, dir)) {
         crossover = piece * 2;
       }
     }
-    (dir == Direction::store ? out.store_small_piece_bytes : out.load_small_piece_bytes) =
-        crossover;
+    (dir == JobKind::store ? out.store_small_piece_bytes : out.load_small_piece_bytes) = crossover;
   }
   return out;
 }

@@ -8,10 +8,13 @@ namespace kvoffload {
 
 EvictionPolicy::~EvictionPolicy() = default;
 
-std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name, std::size_t capacity) {
-  if (name == "lru") return std::make_unique<LruPolicy>(capacity);
-  if (name == "arc") return std::make_unique<ArcPolicy>(capacity);
-  throw invalid_argument(fmt::format("policy: unknown eviction policy \"{}\" (lru or arc)", name));
+std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionPolicyKind kind,
+                                                     std::size_t capacity) {
+  switch (kind) {
+    case EvictionPolicyKind::lru: return std::make_unique<LruPolicy>(capacity);
+    case EvictionPolicyKind::arc: return std::make_unique<ArcPolicy>(capacity);
+  }
+  throw invalid_argument(fmt::format("policy: unknown eviction policy {}", static_cast<int>(kind)));
 }
 
 }  // namespace kvoffload

@@ -69,7 +69,7 @@ void FaultyBackend::poll(std::vector<BackendResult>& finished) {
   // In order per direction: a held result holds back the later ones of its direction.
   bool blocked[2] = {false, false};
   for (auto it = held_.begin(); it != held_.end();) {
-    const auto d = static_cast<std::size_t>(it->result.direction);
+    const auto d = static_cast<std::size_t>(it->result.kind);
     if (!blocked[d] && it->polls_left == 0) {
       finished.push_back(std::move(it->result));
       it = held_.erase(it);

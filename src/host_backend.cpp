@@ -63,7 +63,7 @@ Ticket HostBackend::submit(CopyPlan plan) {
   std::lock_guard lock(mutex_);
   job->ticket = next_ticket_++;
   Job* j = job.get();
-  const auto dir = static_cast<std::size_t>(j->plan.direction);
+  const auto dir = static_cast<std::size_t>(j->plan.kind);
   in_order_[dir].push_back(std::move(job));
   if (stopping_ || !invalid.empty()) {
     j->ok = false;
@@ -144,7 +144,7 @@ void HostBackend::poll(std::vector<BackendResult>& finished) {
   for (auto& queue : in_order_) {
     while (!queue.empty() && queue.front()->done) {
       Job& j = *queue.front();
-      finished.push_back({j.ticket, j.plan.job, j.plan.direction, j.ok, std::move(j.error),
+      finished.push_back({j.ticket, j.plan.job, j.plan.kind, j.ok, std::move(j.error),
                           j.ok ? j.plan.total_bytes : 0, j.seconds});
       queue.pop_front();
     }

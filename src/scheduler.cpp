@@ -172,6 +172,9 @@ void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std
   job.gpu.block_indices.assign(G, 0);
   job.gpu.block_ids.reserve(job.keys.size() * static_cast<std::size_t>(f));
   std::size_t placed = 0;
+  // Read through a local pointer: the job's vectors grow in the loop, and the compiler cannot
+  // tell that they never alias the scratch.
+  const std::uint8_t* const stored = scratch.prepared.key_stored.data();
   for (std::size_t g = 0; g < G; ++g) {
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     bool first = true;
@@ -179,7 +182,7 @@ void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std
     for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
       if (!offloaded_block_real(ids, i, f)) continue;
       // Present already, or below the store threshold: not in this job.
-      if (scratch.prepared.key_stored[candidate++] == 0) continue;
+      if (stored[candidate++] == 0) continue;
       ++placed;
       // The block's leading null sub-blocks (outside the window) are skipped; validate_step
       // rejected a null after a real id, so the rest is one run.

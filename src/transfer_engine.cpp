@@ -16,38 +16,40 @@ TransferEngine::~TransferEngine() {
   if (backend_) backend_->shutdown(/*drain=*/true);
 }
 
-void TransferEngine::start(const TransferJob& job, Direction direction) {
+void TransferEngine::start(const TransferJob& job, JobKind kind) {
   CopyPlan plan;
-  planner_.plan(job, direction, plan);  // throws before anything is submitted
+  planner_.plan(job, kind, plan);  // throws before anything is submitted
   const JobId id = job.id;
   tickets_[id] = backend_->submit(std::move(plan));
 }
 
-void TransferEngine::submit(const TransferJob& job, Direction direction) {
+void TransferEngine::submit(const TransferJob& job, JobKind kind) {
   std::lock_guard lock(mutex_);
   KVOFFLOAD_EXPECTS(tickets_.count(job.id) == 0 &&
                         std::none_of(deferred_.begin(), deferred_.end(),
                                      [&](const TransferJob& d) { return d.id == job.id; }),
                     "transfer engine: job {} was already submitted", job.id);
-  if (direction == Direction::store && config_.defer_stores) {
+  KVOFFLOAD_EXPECTS(job.kind == kind, "transfer engine: job {} is a {} job, given to submit_{}",
+                    job.id, to_string(job.kind), to_string(kind));
+  if (kind == JobKind::store && config_.defer_stores) {
     CopyPlan check;
-    planner_.plan(job, direction, check);  // refuse a bad job now, not a step later
+    planner_.plan(job, kind, check);  // refuse a bad job now, not a step later
     deferred_.push_back(job);
     return;
   }
-  start(job, direction);
+  start(job, kind);
 }
 
 void TransferEngine::submit_store(const TransferJob& job) {
-  submit(job, Direction::store);
+  submit(job, JobKind::store);
 }
 void TransferEngine::submit_load(const TransferJob& job) {
-  submit(job, Direction::load);
+  submit(job, JobKind::load);
 }
 
 void TransferEngine::start_step() {
   std::lock_guard lock(mutex_);
-  for (const TransferJob& job : deferred_) start(job, Direction::store);
+  for (const TransferJob& job : deferred_) start(job, JobKind::store);
   deferred_.clear();
 }
 
@@ -59,7 +61,7 @@ std::vector<FinishedTransfer> TransferEngine::get_finished() {
   out.reserve(polled_.size());
   for (BackendResult& r : polled_) {
     tickets_.erase(r.job);
-    const bool store = r.direction == Direction::store;
+    const bool store = r.kind == JobKind::store;
     if (!r.ok) ++stats_.failed_jobs;
     if (store) {
       ++stats_.store_jobs;
@@ -83,7 +85,7 @@ void TransferEngine::wait(std::span<const JobId> jobs) {
     // A flushed job that is still deferred must start now.
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (std::find(jobs.begin(), jobs.end(), it->id) != jobs.end()) {
-        start(*it, Direction::store);
+        start(*it, JobKind::store);
         it = deferred_.erase(it);
       } else {
         ++it;

@@ -16,7 +16,7 @@ using Ticket = std::uint64_t;
 struct BackendResult {
   Ticket ticket = 0;
   JobId job = 0;
-  Direction direction = Direction::store;
+  JobKind kind = JobKind::store;
   bool ok = true;
   std::string error;
   std::uint64_t bytes = 0;

@@ -5,16 +5,10 @@
 #include <string_view>
 #include <vector>
 
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 
 namespace kvoffload {
-
-enum class GroupKind : std::uint8_t { full_attention, sliding_window, mamba };
-
-/// "full_attention", "sliding_window" or "mamba".
-KVOFFLOAD_EXPORT std::string_view to_string(GroupKind kind) noexcept;
-/// Inverse of to_string; throws invalid_argument naming `field` for anything else.
-KVOFFLOAD_EXPORT GroupKind parse_group_kind(std::string_view name, std::string_view field);
 
 /// One KV-cache group of the model (SEMANTICS 1).
 struct GroupConfig {
@@ -26,7 +20,7 @@ struct GroupConfig {
 /// The host block manager: capacity in offloaded blocks and eviction policy.
 struct ManagerConfig {
   std::int64_t host_blocks = 0;
-  std::string policy = "lru";  ///< "lru" or "arc"
+  EvictionPolicyKind policy = EvictionPolicyKind::lru;
   /// Store admission: 0 (off) or N >= 2, a key is stored only once it was looked up N times.
   std::int64_t store_threshold = 0;
   /// Keys whose lookups the admission tracker remembers (0: 4 x host_blocks, at least 1024).

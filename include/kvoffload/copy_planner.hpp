@@ -10,9 +10,6 @@
 
 namespace kvoffload {
 
-/// Store: GPU -> host. Load: host -> GPU.
-enum class Direction : std::uint8_t { store, load };
-
 /// One copy: `bytes` from `src` to `dst`.
 struct CopyDescriptor {
   std::uintptr_t src = 0;
@@ -23,7 +20,7 @@ struct CopyDescriptor {
 /// A job's copies, coalesced, largest first.
 struct CopyPlan {
   JobId job = 0;
-  Direction direction = Direction::store;
+  JobKind kind = JobKind::store;
   std::vector<CopyDescriptor> descriptors;
   std::uint64_t total_bytes = 0;
 };
@@ -50,7 +47,7 @@ class KVOFFLOAD_EXPORT CopyPlanner {
   CopyPlanner(const KvLayout& layout, const HostRegion& host);
 
   /// Fills `plan` (reusing its capacity: no allocation once it is large enough).
-  void plan(const TransferJob& job, Direction direction, CopyPlan& plan) const;
+  void plan(const TransferJob& job, JobKind kind, CopyPlan& plan) const;
 
   [[nodiscard]] const KvLayout& layout() const noexcept { return layout_; }
   [[nodiscard]] const HostRegion& host() const noexcept { return host_; }

@@ -9,23 +9,11 @@
 #include <span>
 
 #include "kvoffload/backend.hpp"
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/kv_layout.hpp"
 
 namespace kvoffload {
-
-/// How a plan's descriptors are copied between GPU and pinned host memory.
-enum class CopyMode : std::uint8_t {
-  automatic,  ///< pick per job from piece size and count (thresholds below)
-  batch,      ///< one cuMemcpyBatchAsync per job (driver 12.8+), else memcpy
-  memcpy,     ///< one cudaMemcpyAsync per descriptor
-  kernel,     ///< gather/scatter kernel over mapped pinned memory, a few CTAs
-  staged,     ///< stores: a kernel packs the pieces on the device, one large copy moves them
-};
-
-KVOFFLOAD_EXPORT std::string_view to_string(CopyMode mode) noexcept;
-/// Throws invalid_argument naming `field` for an unknown name.
-KVOFFLOAD_EXPORT CopyMode parse_copy_mode(std::string_view name, std::string_view field);
 
 struct CudaBackendConfig {
   int device = 0;
@@ -123,7 +111,7 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   /// failed. job.gpu.block_ids is not read; everything else is checked on the host like the
   /// planner does (invalid_argument). Needs mapped pinned memory (kernel_available); at most
   /// 8 groups of 8 tensors.
-  Ticket submit_device_table(const TransferJob& job, Direction direction, const KvLayout& layout,
+  Ticket submit_device_table(const TransferJob& job, JobKind kind, const KvLayout& layout,
                              const HostRegion& host, const std::int32_t* table,
                              std::span<const std::int64_t> offsets);
 

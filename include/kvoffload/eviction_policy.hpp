@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kvoffload/detail/function_ref.hpp"
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/types.hpp"
 
@@ -42,8 +43,8 @@ class KVOFFLOAD_EXPORT EvictionPolicy {
   virtual void reset() = 0;
 };
 
-/// "lru" or "arc". Throws invalid_argument naming the field "policy" for an unknown name.
-KVOFFLOAD_EXPORT std::unique_ptr<EvictionPolicy> make_eviction_policy(std::string_view name,
+/// The policy of that kind for `capacity` blocks.
+KVOFFLOAD_EXPORT std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionPolicyKind kind,
                                                                       std::size_t capacity);
 
 }  // namespace kvoffload

@@ -14,8 +14,6 @@
 
 namespace kvoffload {
 
-enum class LookupResult : std::uint8_t { miss, pending, hit };
-
 /// "stored" (removed == false) or "removed" keys, in the order the manager changed them.
 struct ManagerEvent {
   bool removed = false;

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/types.hpp"
 
@@ -17,8 +18,6 @@ struct GpuSpec {
   std::vector<std::int64_t> group_sizes;
   std::vector<std::int64_t> block_indices;
 };
-
-enum class JobKind : std::uint8_t { load, store };
 
 /// One transfer between GPU blocks and host blocks. keys and host_block_ids have the same
 /// order (group-major, offloaded-block order within a group).

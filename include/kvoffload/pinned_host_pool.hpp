@@ -6,22 +6,11 @@
 #include <vector>
 
 #include "kvoffload/byte_size.hpp"
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
-
-enum class HugePages : std::uint8_t {
-  off,      ///< 4 KiB pages
-  prefer,   ///< 2 MiB pages when the system gives them (hugetlb, else transparent), else 4 KiB
-  require,  ///< 2 MiB hugetlb pages or an error
-};
-
-enum class Pinning : std::uint8_t {
-  automatic,  ///< register with CUDA when a device is present, plain memory otherwise
-  off,        ///< plain memory
-  require,    ///< register or throw (also without a device)
-};
 
 struct PoolConfig {
   std::int64_t block_bytes = 0;  ///< bytes of one host block, a multiple of `alignment`

@@ -56,7 +56,8 @@ class KVOFFLOAD_EXPORT TransferEngine {
   TransferEngine& operator=(const TransferEngine&) = delete;
 
   /// Plans and starts (or, with defer_stores, queues) a store job. Throws invalid_argument,
-  /// naming the job and group, for a job that breaks the invariants; nothing is copied then.
+  /// naming the job and group, for a job that breaks the invariants or whose kind is not
+  /// store; nothing is copied then.
   void submit_store(const TransferJob& job);
   /// Plans and starts a load job; throws like submit_store.
   void submit_load(const TransferJob& job);
@@ -74,8 +75,8 @@ class KVOFFLOAD_EXPORT TransferEngine {
   [[nodiscard]] Backend& backend() noexcept { return *backend_; }
 
  private:
-  void submit(const TransferJob& job, Direction direction);
-  void start(const TransferJob& job, Direction direction);
+  void submit(const TransferJob& job, JobKind kind);
+  void start(const TransferJob& job, JobKind kind);
 
   CopyPlanner planner_;
   std::unique_ptr<Backend> backend_;

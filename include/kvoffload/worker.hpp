@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
 #include "kvoffload/kv_layout.hpp"
@@ -15,11 +16,6 @@
 namespace kvoffload {
 
 class DeviceRuntime;
-
-enum class BackendKind : std::uint8_t {
-  host,  ///< HostBackend: memcpy threads; the KV tensors are in host memory
-  cuda,  ///< CudaBackend: the KV tensors are device memory
-};
 
 /// Everything a worker needs: the engine's KV tensors, which of them each group owns, and the
 /// host pool's size (the scheduler's host_blocks).

@@ -62,8 +62,8 @@ std::vector<BlockHash> to_hashes(const std::vector<nb::bytes>& hashes, std::stri
   return out;
 }
 
-const char* kind_name(JobKind k) {
-  return k == JobKind::load ? "load" : "store";
+std::string kind_name(JobKind k) {
+  return std::string(to_string(k));
 }
 
 GroupKind group_kind(const std::string& name, std::size_t g) {
@@ -131,9 +131,9 @@ void bind_scheduler(nb::module_& m) {
            [](const TransferJob& j) {
              std::vector<std::pair<nb::bytes, std::uint32_t>> keys;
              for (const Key& k : j.keys) keys.emplace_back(to_bytes(k.hash), k.group);
-             return std::make_tuple(j.id, std::string(kind_name(j.kind)), j.request_id,
-                                    std::move(keys), j.gpu.block_ids, j.gpu.group_sizes,
-                                    j.gpu.block_indices, j.host_block_ids);
+             return std::make_tuple(j.id, kind_name(j.kind), j.request_id, std::move(keys),
+                                    j.gpu.block_ids, j.gpu.group_sizes, j.gpu.block_indices,
+                                    j.host_block_ids);
            })
       .def("__setstate__",
            [](TransferJob& j,
@@ -143,11 +143,8 @@ void bind_scheduler(nb::module_& m) {
                                std::vector<std::int64_t>, std::vector<HostBlockId>>& state) {
              new (&j) TransferJob();
              const auto& [id, kind, request, keys, ids, sizes, indices, hosts] = state;
-             if (kind != "load" && kind != "store") {
-               throw invalid_argument("Job: kind is \"" + kind + "\" (load or store)");
-             }
              j.id = id;
-             j.kind = kind == "load" ? JobKind::load : JobKind::store;
+             j.kind = parse_job_kind(kind, "Job: kind");
              j.request_id = request;
              for (std::size_t i = 0; i < keys.size(); ++i) {
                j.keys.push_back(Key{to_hash(keys[i].first, "Job", i), keys[i].second});
@@ -178,7 +175,7 @@ void bind_scheduler(nb::module_& m) {
             c.prefix_caching = prefix_caching;
             c.gpu_blocks = gpu_blocks;
             c.manager.host_blocks = host_blocks;
-            c.manager.policy = policy;
+            c.manager.policy = parse_eviction_policy(policy, "policy");
             c.manager.store_threshold = store_threshold;
             c.manager.block_bytes = block_bytes;
             c.manager.enable_events = enable_events;

@@ -43,14 +43,7 @@ void bind_worker(nb::module_& m) {
             }
             c.block_size_factor = block_size_factor;
             c.host_blocks = host_blocks;
-            if (backend == "host") {
-              c.backend = BackendKind::host;
-            } else if (backend == "cuda") {
-              c.backend = BackendKind::cuda;
-            } else {
-              throw invalid_argument("worker: backend is \"" + backend +
-                                     "\" (\"host\" or \"cuda\")");
-            }
+            c.backend = parse_backend_kind(backend, "worker: backend");
             c.threads = threads;
             c.cuda_device = cuda_device;
             c.defer_stores = defer_stores;
@@ -67,8 +60,8 @@ void bind_worker(nb::module_& m) {
            [](Worker& w) {
              nb::list out;
              for (const FinishedTransfer& f : w.get_finished()) {
-               out.append(nb::make_tuple(f.job, f.kind == JobKind::load ? "load" : "store", f.ok,
-                                         f.error, f.bytes));
+               out.append(
+                   nb::make_tuple(f.job, std::string(to_string(f.kind)), f.ok, f.error, f.bytes));
              }
              return out;
            })

@@ -64,7 +64,8 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
   s.prefix_caching = c.prefix_caching != 0;
   s.gpu_blocks = c.gpu_blocks;
   s.manager.host_blocks = c.host_blocks;
-  s.manager.policy = c.policy != nullptr ? c.policy : "lru";
+  s.manager.policy =
+      c.policy != nullptr ? parse_eviction_policy(c.policy, "policy") : EvictionPolicyKind::lru;
   s.manager.store_threshold = c.store_threshold;
   s.manager.block_bytes = c.block_bytes;
   s.manager.enable_events = c.enable_events != 0;

@@ -146,7 +146,7 @@ TEST_CASE("sim: loads wait for the compute stream unless told not to",
   forward_pass(*sim, compute, rig, 1, 8, 0, /*write=*/false);
   CopyPlan plan;
   plan.job = 1;
-  plan.direction = Direction::load;
+  plan.kind = JobKind::load;
   for (std::size_t t = 0; t < 2; ++t) {
     plan.descriptors.push_back(
         {rig.region.base, reinterpret_cast<std::uintptr_t>(rig.device[t]) + 4096, 8 * 4096});
@@ -184,12 +184,12 @@ TEST_CASE("sim: shutdown with drain finishes everything, without drain cancels t
   for (int i = 0; i < 40; ++i) {
     CopyPlan plan;
     plan.job = static_cast<JobId>(i);
-    plan.direction = i % 2 == 0 ? Direction::store : Direction::load;
+    plan.kind = i % 2 == 0 ? JobKind::store : JobKind::load;
     for (int k = 0; k < 4; ++k) {
       const auto dev_addr = reinterpret_cast<std::uintptr_t>(rig.device[0]) +
                             static_cast<std::uintptr_t>((i % 16 * 4 + k) * 1024);
       const auto host_addr = rig.region.base + static_cast<std::uintptr_t>((i * 4 + k) % 32 * 1024);
-      plan.descriptors.push_back(plan.direction == Direction::store
+      plan.descriptors.push_back(plan.kind == JobKind::store
                                      ? CopyDescriptor{dev_addr, host_addr, 1024}
                                      : CopyDescriptor{host_addr, dev_addr, 1024});
     }
@@ -244,7 +244,7 @@ TEST_CASE("sim: wait racing poll: every job reported once, none freed under a wa
   for (int i = 0; i < kJobs; ++i) {
     CopyPlan plan;
     plan.job = static_cast<JobId>(i);
-    plan.direction = Direction::store;
+    plan.kind = JobKind::store;
     const auto src = reinterpret_cast<std::uintptr_t>(rig.device[0]) +
                      static_cast<std::uintptr_t>(i % 64 * 1024);
     plan.descriptors = {{src, rig.region.base + static_cast<std::uintptr_t>(i % 64 * 1024), 1024}};
@@ -341,7 +341,7 @@ TEST_CASE("sim: failing CUDA calls leak nothing and fail only their job",
         sim->inject_failure(call, dev::invalid_value);
         CopyPlan plan;
         plan.job = 5;
-        plan.direction = Direction::store;
+        plan.kind = JobKind::store;
         plan.descriptors = {
             {reinterpret_cast<std::uintptr_t>(rig.device[0]), rig.region.base, 1024}};
         plan.total_bytes = 1024;
@@ -373,7 +373,7 @@ TEST_CASE("sim: a kernel fault poisons the context: that job and every later one
   std::vector<std::uint8_t> pageable(4096);  // not registered: a kernel cannot reach it
   CopyPlan bad;
   bad.job = 1;
-  bad.direction = Direction::store;
+  bad.kind = JobKind::store;
   bad.descriptors = {{reinterpret_cast<std::uintptr_t>(rig.device[0]),
                       reinterpret_cast<std::uintptr_t>(pageable.data()), 1024}};
   bad.total_bytes = 1024;
@@ -404,7 +404,7 @@ TEST_CASE("sim: an unmapped host region turns the kernel modes off instead of fa
   CHECK_FALSE(backend.kernel_available());
   CopyPlan plan;
   plan.job = 1;
-  plan.direction = Direction::store;
+  plan.kind = JobKind::store;
   plan.descriptors = {{reinterpret_cast<std::uintptr_t>(rig.device[0]),
                        reinterpret_cast<std::uintptr_t>(unpinned.data()), 1024}};
   plan.total_bytes = 1024;
@@ -420,7 +420,7 @@ TEST_CASE("sim: an unmapped host region turns the kernel modes off instead of fa
   TransferJob job = store_job(2, 1, 1);
   const std::vector<std::int64_t> offsets{0, 1, 1};
   CHECK_THROWS_WITH(
-      backend.submit_device_table(job, Direction::store, *rig.layout, rig.region, nullptr, offsets),
+      backend.submit_device_table(job, JobKind::store, *rig.layout, rig.region, nullptr, offsets),
       ContainsSubstring("mapped pinned"));
 }
 
@@ -528,7 +528,7 @@ TEST_CASE("sim: the device-table path checks on the host what the planner checks
   job.keys = {Key{BlockHash::from_hex("01"), 0}, Key{BlockHash::from_hex("02"), 1}};
   job.host_block_ids = {3, 5};
   auto submit = [&](const TransferJob& j, std::vector<std::int64_t> offsets) {
-    return backend.submit_device_table(j, Direction::store, *rig.layout, rig.region, t, offsets);
+    return backend.submit_device_table(j, JobKind::store, *rig.layout, rig.region, t, offsets);
   };
   CHECK_THROWS_WITH(submit(job, {1, 4, 8}), ContainsSubstring("start at 0"));
   CHECK_THROWS_WITH(submit(job, {0, 4, 3}), ContainsSubstring("job 31 group 1"));

@@ -140,7 +140,7 @@ void refused_copy_fails_its_job(const std::shared_ptr<DeviceRuntime>& rt, CopyMo
   const auto hv = reinterpret_cast<std::uintptr_t>(h);
   CopyPlan bad;
   bad.job = 1;
-  bad.direction = Direction::store;
+  bad.kind = JobKind::store;
   bad.descriptors = {{dv + (1 << 20) - 4096, hv, 8192}};  // 4 KiB past the end
   bad.total_bytes = 8192;
   CopyPlan good = bad;
@@ -203,7 +203,7 @@ void device_table(const std::shared_ptr<DeviceRuntime>& rt) {
   }
   const auto* table = static_cast<const std::int32_t*>(d_table);
   const auto before = rig.pool();
-  const Ticket t1 = backend.submit_device_table(good.job, Direction::store, *rig.layout, rig.region,
+  const Ticket t1 = backend.submit_device_table(good.job, JobKind::store, *rig.layout, rig.region,
                                                 table, good.offsets);
   // Group sizes that disagree with the table (it has 4 and 2 real ids), other host blocks.
   TransferJob wrong = good.job;
@@ -211,13 +211,12 @@ void device_table(const std::shared_ptr<DeviceRuntime>& rt) {
   wrong.gpu.group_sizes = {4, 3};
   wrong.gpu.block_indices = {0, 1};
   wrong.host_block_ids = {4, 10};
-  backend.submit_device_table(wrong, Direction::store, *rig.layout, rig.region, table,
-                              good.offsets);
+  backend.submit_device_table(wrong, JobKind::store, *rig.layout, rig.region, table, good.offsets);
   // Right counts, but id 64 is past the tensors' 64 blocks.
   TransferJob far = good.job;
   far.id = 79;
   far.host_block_ids = {5, 11};
-  const Ticket t3 = backend.submit_device_table(far, Direction::store, *rig.layout, rig.region,
+  const Ticket t3 = backend.submit_device_table(far, JobKind::store, *rig.layout, rig.region,
                                                 table + 8, good.offsets);
   backend.wait(t1);
   backend.wait(t3);

@@ -82,7 +82,7 @@ std::vector<std::uint8_t> DeviceRig::expected_pool(const std::vector<TransferJob
   const CopyPlanner planner(mirror_layout, r);
   CopyPlan plan;
   for (const TransferJob& job : jobs) {
-    planner.plan(job, Direction::store, plan);
+    planner.plan(job, JobKind::store, plan);
     for (const CopyDescriptor& d : plan.descriptors) {
       std::memcpy(reinterpret_cast<void*>(d.dst), reinterpret_cast<const void*>(d.src), d.bytes);
     }

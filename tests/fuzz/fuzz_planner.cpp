@@ -65,7 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     if (in.flag()) job.gpu.group_sizes.push_back(0);  // one group too many
     CopyPlan plan;
-    planner.plan(job, in.flag() ? Direction::load : Direction::store, plan);
+    planner.plan(job, in.flag() ? JobKind::load : JobKind::store, plan);
     std::uint64_t total = 0;
     for (const CopyDescriptor& d : plan.descriptors) {
       std::memmove(reinterpret_cast<void*>(d.dst), reinterpret_cast<const void*>(d.src), d.bytes);

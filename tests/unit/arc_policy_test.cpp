@@ -116,7 +116,7 @@ TEST_CASE("The manager with ARC never evicts protected blocks and promotes on re
           "[arc][manager]") {
   ManagerConfig c;
   c.host_blocks = 3;
-  c.policy = "arc";
+  c.policy = EvictionPolicyKind::arc;
   HostBlockManager m(c);
   PreparedStore p;
   REQUIRE(m.prepare_store(std::vector<Key>{key(1), key(2), key(3)}, p));

@@ -83,24 +83,24 @@ TEST_CASE("The automatic copy mode follows piece size, count and direction", "[c
   c.store_small_piece_bytes = c.load_small_piece_bytes = 64 << 10;
   c.staged_min_pieces = 4;
   c.staging_bytes = 1 << 20;
-  auto plan = [](Direction dir, std::size_t n, std::uint64_t piece) {
+  auto plan = [](JobKind dir, std::size_t n, std::uint64_t piece) {
     CopyPlan p;
-    p.direction = dir;
+    p.kind = dir;
     p.descriptors.assign(n, {1, 2, piece});
     p.total_bytes = n * piece;
     return p;
   };
-  CHECK(choose_copy_mode(plan(Direction::store, 8, 1 << 20), c, true, true) == CopyMode::batch);
-  CHECK(choose_copy_mode(plan(Direction::store, 8, 1 << 20), c, false, true) == CopyMode::memcpy);
-  CHECK(choose_copy_mode(plan(Direction::store, 8, 8 << 10), c, true, true) == CopyMode::staged);
-  CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
-  CHECK(choose_copy_mode(plan(Direction::store, 2, 8 << 10), c, true, true) == CopyMode::kernel);
+  CHECK(choose_copy_mode(plan(JobKind::store, 8, 1 << 20), c, true, true) == CopyMode::batch);
+  CHECK(choose_copy_mode(plan(JobKind::store, 8, 1 << 20), c, false, true) == CopyMode::memcpy);
+  CHECK(choose_copy_mode(plan(JobKind::store, 8, 8 << 10), c, true, true) == CopyMode::staged);
+  CHECK(choose_copy_mode(plan(JobKind::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
+  CHECK(choose_copy_mode(plan(JobKind::store, 2, 8 << 10), c, true, true) == CopyMode::kernel);
   // Too big for the staging buffer: the kernel does it in place.
-  CHECK(choose_copy_mode(plan(Direction::store, 200, 8 << 10), c, true, true) == CopyMode::kernel);
+  CHECK(choose_copy_mode(plan(JobKind::store, 200, 8 << 10), c, true, true) == CopyMode::kernel);
   // Without mapped host memory, no kernel modes.
-  CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, false) == CopyMode::batch);
+  CHECK(choose_copy_mode(plan(JobKind::load, 8, 8 << 10), c, true, false) == CopyMode::batch);
   c.mode = CopyMode::staged;
-  CHECK(choose_copy_mode(plan(Direction::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
+  CHECK(choose_copy_mode(plan(JobKind::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
   CHECK(parse_copy_mode("staged", "mode") == CopyMode::staged);
   CHECK_THROWS(parse_copy_mode("dma", "mode"));
 }
@@ -142,7 +142,7 @@ TEST_CASE("Device-table pieces (piece_for) copy exactly what the planner copies"
       }
     }
     CopyPlan plan;
-    CopyPlanner(*b.layout, b.host).plan(job, Direction::store, plan);
+    CopyPlanner(*b.layout, b.host).plan(job, JobKind::store, plan);
     kvtest::KvFixture::apply(plan);
     const std::vector<std::uint8_t> by_planner = b.host_memory;
     std::memcpy(b.host_memory.data(), host_start.data(), host_start.size());

@@ -71,7 +71,7 @@ void check_store(KvFixture& fx, const TransferJob& job) {
   }
   CopyPlanner planner(*fx.layout, fx.host);
   CopyPlan plan;
-  planner.plan(job, Direction::store, plan);
+  planner.plan(job, JobKind::store, plan);
   KvFixture::apply(plan);
   std::size_t at = 0, key = 0;
   for (std::size_t g = 0; g < fx.layout->num_groups(); ++g) {
@@ -98,7 +98,7 @@ TEST_CASE("Planner: an aligned group fills whole host blocks and merges runs", "
   const auto job = make_job(1, {{0, {1, 2, 3, 4, 5, 6, 7, 8}, {3, 5}}});
   check_store(fx, job);
   CopyPlan plan;
-  CopyPlanner(*fx.layout, fx.host).plan(job, Direction::store, plan);
+  CopyPlanner(*fx.layout, fx.host).plan(job, JobKind::store, plan);
   CHECK(plan.descriptors.size() == 2);  // pages 1-4 -> block 3, pages 5-8 -> block 5
   CHECK(plan.total_bytes == 8 * 64);
 }
@@ -126,7 +126,7 @@ TEST_CASE("Planner: an empty group copies nothing", "[planner]") {
   const auto job = make_job(4, {{0, {}, {}}, {0, {3, 4}, {6}}});
   check_store(fx, job);
   CopyPlan plan;
-  CopyPlanner(*fx.layout, fx.host).plan(job, Direction::store, plan);
+  CopyPlanner(*fx.layout, fx.host).plan(job, JobKind::store, plan);
   CHECK(plan.total_bytes == 2 * 64);
 }
 
@@ -159,8 +159,8 @@ TEST_CASE("Planner: per-layer and cross-layer layouts move the same bytes", "[pl
   check_store(per_layer, job);
   check_store(cross, job);
   CopyPlan a, b;
-  CopyPlanner(*per_layer.layout, per_layer.host).plan(job, Direction::store, a);
-  CopyPlanner(*cross.layout, cross.host).plan(job, Direction::store, b);
+  CopyPlanner(*per_layer.layout, per_layer.host).plan(job, JobKind::store, a);
+  CopyPlanner(*cross.layout, cross.host).plan(job, JobKind::store, b);
   CHECK(a.total_bytes == b.total_bytes);
   CHECK(a.descriptors.size() == 8);  // per tensor, per host block
   // Cross-layer: GPU pages 3..6 are one run, and so are host blocks 1 and 2 (adjacent).
@@ -173,7 +173,7 @@ TEST_CASE("Planner: coalescing merges exactly the contiguous runs", "[planner]")
     const auto job = make_job(9, {{0, {1, 2, 3, 7}, {0}}});
     check_store(fx, job);
     CopyPlan plan;
-    CopyPlanner(*fx.layout, fx.host).plan(job, Direction::store, plan);
+    CopyPlanner(*fx.layout, fx.host).plan(job, JobKind::store, plan);
     REQUIRE(plan.descriptors.size() == 2);
     CHECK(plan.descriptors[0].bytes == 3 * 64);  // largest first
     CHECK(plan.descriptors[1].bytes == 64);
@@ -183,7 +183,7 @@ TEST_CASE("Planner: coalescing merges exactly the contiguous runs", "[planner]")
     const auto job = make_job(10, {{0, {1, 2, 3, 4}, {0}}});
     check_store(fx, job);
     CopyPlan plan;
-    CopyPlanner(*fx.layout, fx.host).plan(job, Direction::load, plan);
+    CopyPlanner(*fx.layout, fx.host).plan(job, JobKind::load, plan);
     CHECK(plan.descriptors.size() == 4);
     CHECK(plan.total_bytes == 4 * 64);  // the padding is not copied
   }
@@ -197,22 +197,22 @@ TEST_CASE("Planner refuses jobs that break the invariants, naming job and group"
     auto job = make_job(11, {{0, {1, 2, 3, 4, 5, 6}, {0, 1}}, {2, {13, 14, 15, 16}, {2, 3}}});
     job.gpu.group_sizes[1] = 6;  // what vLLM emitted
     job.gpu.block_indices[1] = 0;
-    CHECK_THROWS_AS(planner.plan(job, Direction::store, plan), invalid_argument);
-    CHECK_THROWS_WITH(planner.plan(job, Direction::store, plan), ContainsSubstring("job 11"));
+    CHECK_THROWS_AS(planner.plan(job, JobKind::store, plan), invalid_argument);
+    CHECK_THROWS_WITH(planner.plan(job, JobKind::store, plan), ContainsSubstring("job 11"));
   }
   SECTION("a GPU block outside the cache") {
     const auto job = make_job(12, {{0, {1, 2, 32}, {0}}, {0, {}, {}}});
-    CHECK_THROWS_WITH(planner.plan(job, Direction::load, plan),
+    CHECK_THROWS_WITH(planner.plan(job, JobKind::load, plan),
                       ContainsSubstring("job 12 group 0: GPU block 32"));
   }
   SECTION("a host block outside the pool") {
     const auto job = make_job(13, {{0, {}, {}}, {0, {1, 2, 3}, {8}}});
-    CHECK_THROWS_WITH(planner.plan(job, Direction::load, plan),
+    CHECK_THROWS_WITH(planner.plan(job, JobKind::load, plan),
                       ContainsSubstring("job 13 group 1: host block 8"));
   }
   SECTION("the null block") {
     const auto job = make_job(14, {{0, {0, 1, 2}, {0}}, {0, {}, {}}});
-    CHECK_THROWS_WITH(planner.plan(job, Direction::store, plan), ContainsSubstring("null block"));
+    CHECK_THROWS_WITH(planner.plan(job, JobKind::store, plan), ContainsSubstring("null block"));
   }
 }
 

@@ -15,10 +15,10 @@ using namespace kvoffload;
 
 namespace {
 
-CopyPlan plan_of(JobId job, Direction d, std::uint8_t* src, std::uint8_t* dst, int pieces) {
+CopyPlan plan_of(JobId job, JobKind d, std::uint8_t* src, std::uint8_t* dst, int pieces) {
   CopyPlan p;
   p.job = job;
-  p.direction = d;
+  p.kind = d;
   for (int i = 0; i < pieces; ++i) {
     p.descriptors.push_back({reinterpret_cast<std::uintptr_t>(src + 64 * i),
                              reinterpret_cast<std::uintptr_t>(dst + 64 * i), 64});
@@ -40,7 +40,7 @@ TEST_CASE("FaultyBackend fails plans halfway and says so", "[faults]") {
   c.fail = 1.0;
   FaultyBackend b(std::make_unique<HostBackend>(), c);
   std::vector<std::uint8_t> src(256, 7), dst(256, 0);
-  const Ticket t = b.submit(plan_of(3, Direction::store, src.data(), dst.data(), 4));
+  const Ticket t = b.submit(plan_of(3, JobKind::store, src.data(), dst.data(), 4));
   b.wait(t);
   const auto r = drain(b);
   REQUIRE(r.size() == 1);
@@ -66,7 +66,7 @@ TEST_CASE("FaultyBackend delays results but keeps each direction in order unless
     FaultyBackend b(std::make_unique<HostBackend>(), c);
     std::vector<Ticket> tickets;
     for (int j = 0; j < 40; ++j) {
-      tickets.push_back(b.submit(plan_of(j, j % 2 == 0 ? Direction::store : Direction::load,
+      tickets.push_back(b.submit(plan_of(j, j % 2 == 0 ? JobKind::store : JobKind::load,
                                          src.data() + 64 * j, dst.data() + 64 * j, 1)));
     }
     for (const Ticket t : tickets) b.wait(t);
@@ -79,7 +79,7 @@ TEST_CASE("FaultyBackend delays results but keeps each direction in order unless
     std::vector<JobId> stores, loads;
     for (const auto& r : all) {
       CHECK(r.ok);
-      (r.direction == Direction::store ? stores : loads).push_back(r.job);
+      (r.kind == JobKind::store ? stores : loads).push_back(r.job);
     }
     CHECK(b.counts().delayed > 0);
     CHECK(first.size() < 40);  // some were held back

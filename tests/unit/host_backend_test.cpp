@@ -10,10 +10,10 @@ using namespace kvoffload;
 
 namespace {
 
-CopyPlan plan_of(JobId job, Direction dir, std::vector<CopyDescriptor> d) {
+CopyPlan plan_of(JobId job, JobKind dir, std::vector<CopyDescriptor> d) {
   CopyPlan p;
   p.job = job;
-  p.direction = dir;
+  p.kind = dir;
   p.descriptors = std::move(d);
   for (const auto& x : p.descriptors) p.total_bytes += x.bytes;
   return p;
@@ -38,7 +38,7 @@ TEST_CASE("HostBackend copies every byte, splitting large descriptors over threa
   for (std::size_t off = 2 << 20; off < src.size(); off += 4096) {
     d.push_back({addr(src, off), addr(dst, off), 4096});
   }
-  const Ticket t = backend.submit(plan_of(1, Direction::store, d));
+  const Ticket t = backend.submit(plan_of(1, JobKind::store, d));
   backend.wait(t);
   std::vector<BackendResult> done;
   backend.poll(done);
@@ -57,13 +57,13 @@ TEST_CASE("HostBackend reports each direction in submission order", "[host_backe
   std::vector<std::vector<std::uint8_t>> b(20);  // a destination per job: no two jobs race
   std::vector<Ticket> stores, loads;
   for (JobId j = 0; j < 20; ++j) {
-    const Direction dir = j % 3 == 0 ? Direction::load : Direction::store;
+    const JobKind dir = j % 3 == 0 ? JobKind::load : JobKind::store;
     // Big and small jobs mixed, so later small ones often finish first.
     const std::uint64_t bytes = j % 2 == 0 ? (1 << 22) : 4096;
     auto& dst = b[static_cast<std::size_t>(j)];
     dst.resize(bytes);
     const Ticket t = backend.submit(plan_of(j, dir, {{addr(a), addr(dst), bytes}}));
-    (dir == Direction::load ? loads : stores).push_back(t);
+    (dir == JobKind::load ? loads : stores).push_back(t);
   }
   for (const Ticket t : stores) backend.wait(t);
   for (const Ticket t : loads) backend.wait(t);
@@ -73,7 +73,7 @@ TEST_CASE("HostBackend reports each direction in submission order", "[host_backe
   std::vector<Ticket> got_stores, got_loads;
   for (const auto& r : done) {
     CHECK(r.ok);
-    (r.direction == Direction::load ? got_loads : got_stores).push_back(r.ticket);
+    (r.kind == JobKind::load ? got_loads : got_stores).push_back(r.ticket);
   }
   CHECK(got_stores == stores);
   CHECK(got_loads == loads);
@@ -83,8 +83,8 @@ TEST_CASE("HostBackend fails plans with null or overlapping descriptors", "[host
   HostBackend backend;
   std::vector<std::uint8_t> a(4096);
   std::vector<BackendResult> done;
-  backend.wait(backend.submit(plan_of(1, Direction::load, {{0, addr(a), 16}})));
-  backend.wait(backend.submit(plan_of(2, Direction::load, {{addr(a), addr(a, 8), 16}})));
+  backend.wait(backend.submit(plan_of(1, JobKind::load, {{0, addr(a), 16}})));
+  backend.wait(backend.submit(plan_of(2, JobKind::load, {{addr(a), addr(a, 8), 16}})));
   backend.poll(done);
   REQUIRE(done.size() == 2);
   CHECK_FALSE(done[0].ok);
@@ -98,7 +98,7 @@ TEST_CASE("HostBackend shutdown drains or cancels; later submits fail", "[host_b
   SECTION("drain") {
     HostBackend backend;
     for (JobId j = 0; j < 4; ++j) {
-      backend.submit(plan_of(j, Direction::store, {{addr(a), addr(b), a.size()}}));
+      backend.submit(plan_of(j, JobKind::store, {{addr(a), addr(b), a.size()}}));
     }
     backend.shutdown(true);
     std::vector<BackendResult> done;
@@ -111,7 +111,7 @@ TEST_CASE("HostBackend shutdown drains or cancels; later submits fail", "[host_b
     c.threads = 1;
     HostBackend backend(c);
     for (JobId j = 0; j < 8; ++j) {
-      backend.submit(plan_of(j, Direction::store, {{addr(a), addr(b), a.size()}}));
+      backend.submit(plan_of(j, JobKind::store, {{addr(a), addr(b), a.size()}}));
     }
     backend.shutdown(false);
     std::vector<BackendResult> done;
@@ -119,7 +119,7 @@ TEST_CASE("HostBackend shutdown drains or cancels; later submits fail", "[host_b
     REQUIRE(done.size() == 8);
     CHECK_FALSE(done.back().ok);  // the last one cannot have run on one thread in time
     CHECK_THAT(done.back().error, Catch::Matchers::ContainsSubstring("cancelled"));
-    const Ticket late = backend.submit(plan_of(9, Direction::store, {{addr(a), addr(b), 16}}));
+    const Ticket late = backend.submit(plan_of(9, JobKind::store, {{addr(a), addr(b), 16}}));
     backend.wait(late);
     done.clear();
     backend.poll(done);

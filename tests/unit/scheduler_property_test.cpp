@@ -78,7 +78,7 @@ class Simulation {
   Simulation(std::uint64_t seed, std::int64_t steps, std::string policy)
       : rng_(seed), steps_(steps) {
     random_config();
-    config_.manager.policy = std::move(policy);
+    config_.manager.policy = parse_eviction_policy(policy, "policy");
     s_.emplace(config_);
     f_ = config_.block_size_factor;
     for (GpuBlockId id = 20000; id >= 1; --id) free_ids_.push_back(id);
@@ -98,7 +98,7 @@ class Simulation {
            " host_blocks=" + std::to_string(config_.manager.host_blocks) +
            " workers=" + std::to_string(config_.num_workers) +
            " prefix_caching=" + std::to_string(config_.prefix_caching) +
-           " policy=" + config_.manager.policy +
+           " policy=" + std::string(to_string(config_.manager.policy)) +
            " store_threshold=" + std::to_string(config_.manager.store_threshold);
   }
 

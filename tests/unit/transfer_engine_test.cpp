@@ -117,6 +117,7 @@ TEST_CASE(
     // The load: same host blocks and group shapes, fresh GPU blocks.
     TransferJob load = store;
     load.id = 2;
+    load.kind = JobKind::load;
     for (auto& id : load.gpu.block_ids) {
       id = gpu_pool.back();
       gpu_pool.pop_back();
@@ -211,6 +212,12 @@ TEST_CASE("The engine refuses bad jobs before copying anything", "[engine]") {
     CHECK(finish(engine, {9}).empty());
     CHECK(fx.host_memory == before);
     job.gpu = {{3, 4}, {2}, {0}};
+    // A store job given to submit_load is refused by name, before anything is planned.
+    CHECK_THROWS_WITH(engine.submit_load(job), Catch::Matchers::ContainsSubstring(
+                                                   "job 9 is a store job, given to submit_load"));
+    job.kind = JobKind::load;
+    CHECK_THROWS_WITH(engine.submit_store(job), Catch::Matchers::ContainsSubstring(
+                                                    "job 9 is a load job, given to submit_store"));
     engine.submit_load(job);
     CHECK_THROWS_WITH(engine.submit_load(job), Catch::Matchers::ContainsSubstring("already"));
   }

@@ -144,7 +144,9 @@ SchedulerConfig parse_config(const json& line) {
   config.block_size_factor = get_int(line, "block_size_factor");
   config.hash_block_size = get_int(line, "hash_block_size");
   config.manager.host_blocks = get_int(line, "host_blocks");
-  if (line.contains("policy")) config.manager.policy = get_string(line, "policy");
+  if (line.contains("policy")) {
+    config.manager.policy = parse_eviction_policy(get_string(line, "policy"), "config.policy");
+  }
   config.manager.store_threshold = get_int_or(line, "store_threshold", 0);
   config.manager.block_bytes = get_int_or(line, "block_bytes", 0);
   config.num_workers = get_int_or(line, "num_workers", 1);

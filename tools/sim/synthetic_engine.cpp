@@ -73,7 +73,7 @@ struct SyntheticEngine::Impl {
     sc.block_size_factor = c.block_size_factor;
     sc.hash_block_size = c.hash_block_size;
     sc.manager.host_blocks = c.host_blocks;
-    sc.manager.policy = c.policy;
+    sc.manager.policy = parse_eviction_policy(c.policy, "policy");
     // Events accumulate until take_events(); only the invariant checks read them.
     sc.manager.enable_events = c.check_invariants;
     scheduler = std::make_unique<Scheduler>(sc);
