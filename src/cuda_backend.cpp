@@ -412,7 +412,9 @@ void check_config(const CudaBackendConfig& config) {
 
 CudaBackend::CudaBackend(const CudaBackendConfig& config) {
   check_config(config);
-  if (!available()) throw cuda_error("CudaBackend: no CUDA device is visible");
+  if (!available()) {
+    throw unsupported("CudaBackend: needs a CUDA build of kvoffload and a visible CUDA device");
+  }
   impl_ = std::make_unique<Impl>(config, cuda_runtime());
   impl_->setup();
 }

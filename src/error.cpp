@@ -1,5 +1,7 @@
 #include "kvoffload/error.hpp"
 
+#include <new>
+
 namespace kvoffload {
 
 // Out-of-line destructors anchor the vtables (and type_info) in the shared library, so an
@@ -8,5 +10,56 @@ error::~error() = default;
 invalid_argument::~invalid_argument() = default;
 cuda_error::~cuda_error() = default;
 out_of_memory::~out_of_memory() = default;
+unsupported::~unsupported() = default;
+
+std::string_view to_string(ErrorCode code) noexcept {
+  switch (code) {
+    case ErrorCode::ok: return "ok";
+    case ErrorCode::invalid_argument: return "invalid_argument";
+    case ErrorCode::out_of_memory: return "out_of_memory";
+    case ErrorCode::cuda_error: return "cuda_error";
+    case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::internal: return "internal";
+  }
+  return "unknown";
+}
+
+ClassifiedError classify(const std::exception_ptr& e) noexcept {
+  if (!e) return {ErrorCode::ok, {}};
+  try {
+    try {
+      std::rethrow_exception(e);
+    } catch (const invalid_argument& x) {
+      return {ErrorCode::invalid_argument, x.what()};
+    } catch (const out_of_memory& x) {
+      return {ErrorCode::out_of_memory, x.what()};
+    } catch (const std::bad_alloc&) {
+      return {ErrorCode::out_of_memory, "out of host memory"};
+    } catch (const cuda_error& x) {
+      return {ErrorCode::cuda_error, x.what()};
+    } catch (const unsupported& x) {
+      return {ErrorCode::unsupported, x.what()};
+    } catch (const std::exception& x) {
+      return {ErrorCode::internal, x.what()};
+    } catch (...) {
+      return {ErrorCode::internal, "unknown exception"};
+    }
+  } catch (...) {  // copying a message ran out of memory
+    return {ErrorCode::out_of_memory, {}};
+  }
+}
+
+void throw_error_for_test(ErrorCode code, const std::string& message) {
+  switch (code) {
+    case ErrorCode::ok: return;
+    case ErrorCode::invalid_argument: throw invalid_argument(message);
+    case ErrorCode::out_of_memory: throw out_of_memory(message);
+    case ErrorCode::cuda_error: throw cuda_error(message);
+    case ErrorCode::unsupported: throw unsupported(message);
+    case ErrorCode::internal: throw error(message);
+  }
+  throw invalid_argument("throw_error_for_test: unknown code " +
+                         std::to_string(static_cast<int>(code)));
+}
 
 }  // namespace kvoffload

@@ -163,7 +163,7 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
       const std::string what = fmt::format(
           "pinning: registration was required but {}",
           built_with_cuda() ? "no CUDA device is visible" : "this build has no CUDA support");
-      if (!config.allow_unpinned) throw cuda_error(what);
+      if (!config.allow_unpinned) throw unsupported(what);
       detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned)", what);
     }
     return;  // plain memory: the HostBackend and every CPU path work on it

@@ -32,10 +32,6 @@ std::unique_ptr<Backend> make_backend(const WorkerConfig& c, const PinnedHostPoo
     cc.host_base = reinterpret_cast<std::uintptr_t>(pool.data());
     cc.host_bytes = pool.size_bytes();
     if (c.runtime != nullptr) return std::make_unique<CudaBackend>(cc, c.runtime);
-    if (!CudaBackend::available()) {
-      throw cuda_error(
-          "worker: the CUDA backend needs a CUDA build of kvoffload and a visible device");
-    }
     return std::make_unique<CudaBackend>(cc);
   }
   HostBackendConfig bc;
@@ -59,7 +55,7 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   KVOFFLOAD_EXPECTS(c.host_blocks > 0, "worker: host_blocks is {} (must be > 0)", c.host_blocks);
   if (backend == nullptr && c.backend == BackendKind::cuda && c.runtime == nullptr &&
       !CudaBackend::available()) {
-    throw cuda_error(
+    throw unsupported(
         "worker: the CUDA backend needs a CUDA build of kvoffload and a visible device");
   }
   layout_ = std::make_unique<KvLayout>(c.tensors, c.groups, c.block_size_factor);

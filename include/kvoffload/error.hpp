@@ -1,7 +1,25 @@
 #pragma once
 
+// kvoffload's errors, one table for C++, C and Python (tests/unit/error_table_test.cpp,
+// tests/c/c_api_test.c and python/tests/test_errors.py check every row from each layer):
+//
+//   C++ exception                  C status (ErrorCode)        Python class (kvoffload.)
+//   invalid_argument               KVOFFLOAD_INVALID_ARGUMENT  InvalidArgument, a ValueError
+//   out_of_memory, std::bad_alloc  KVOFFLOAD_OUT_OF_MEMORY     OutOfMemory, a MemoryError
+//   cuda_error                     KVOFFLOAD_CUDA_ERROR        CudaError
+//   unsupported                    KVOFFLOAD_UNSUPPORTED       Unsupported
+//   error (a broken internal       KVOFFLOAD_INTERNAL_ERROR    InternalError
+//   invariant), any other exception
+//
+// Every Python class derives from kvoffload.Error. In Python, exceptions that are neither
+// kvoffload's nor std::bad_alloc (a std::out_of_range from the standard library, say) keep
+// nanobind's translation. classify() is the one place that maps an
+// exception to its row; the C API's guard and the Python binding both call it.
+
+#include <exception>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "kvoffload/export.hpp"
 
@@ -36,5 +54,38 @@ class KVOFFLOAD_EXPORT out_of_memory : public error {
   using error::error;
   ~out_of_memory() override;
 };
+
+/// Not available in this build or on this machine: the CUDA backend without a CUDA build or
+/// without a visible device.
+class KVOFFLOAD_EXPORT unsupported : public error {
+ public:
+  using error::error;
+  ~unsupported() override;
+};
+
+/// A row of the table above. The values are the C API's kvoffload_status_t.
+enum class ErrorCode : int {
+  ok = 0,
+  invalid_argument = 1,
+  out_of_memory = 2,
+  cuda_error = 3,
+  unsupported = 4,
+  internal = 5,
+};
+
+/// "ok", "invalid_argument", "out_of_memory", "cuda_error", "unsupported", "internal".
+KVOFFLOAD_EXPORT std::string_view to_string(ErrorCode code) noexcept;
+
+struct ClassifiedError {
+  ErrorCode code = ErrorCode::internal;
+  std::string message;
+};
+
+/// The row of an exception (null: ok) and its message. Never throws.
+KVOFFLOAD_EXPORT ClassifiedError classify(const std::exception_ptr& e) noexcept;
+
+/// Throws the C++ exception of `code`'s row with `message` (the base `error` for internal,
+/// nothing for ok). For tests of the table through the C and Python layers.
+KVOFFLOAD_EXPORT void throw_error_for_test(ErrorCode code, const std::string& message);
 
 }  // namespace kvoffload

@@ -5,8 +5,10 @@ host memory and loaded back; the worker side (:class:`Worker`) runs the copies. 
 are passed by address and shape (:func:`tensor_of` reads them from a PyTorch tensor or a
 NumPy array), so neither library is a dependency.
 
-Errors raise :class:`Error` subclasses, one per C API status: :class:`InvalidArgument` (also a
-``ValueError``), :class:`OutOfMemory` (also a ``MemoryError``) and :class:`CudaError`.
+Errors raise :class:`Error` subclasses, one per C API status (the table in
+``kvoffload/error.hpp``): :class:`InvalidArgument` (also a ``ValueError``), :class:`OutOfMemory`
+(also a ``MemoryError``), :class:`CudaError`, :class:`Unsupported` (e.g. the CUDA backend
+without a CUDA build or device) and :class:`InternalError`.
 """
 
 from __future__ import annotations
@@ -17,9 +19,11 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from ._kvoffload import (  # noqa: F401  (re-exported)
     CudaError,
     Error,
+    InternalError,
     InvalidArgument,
     Job,
     OutOfMemory,
+    Unsupported,
     _Scheduler,
     _Worker,
     built_with_cuda,
@@ -31,11 +35,13 @@ __all__ = [
     "CompletedJob",
     "CudaError",
     "Error",
+    "InternalError",
     "Event",
     "FinishedTransfer",
     "GroupConfig",
     "InvalidArgument",
     "Job",
+    "Unsupported",
     "JobReport",
     "KvTensor",
     "OutOfMemory",

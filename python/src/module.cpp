@@ -1,7 +1,10 @@
 // The kvoffload._kvoffload extension module and its exceptions: one Python exception class
-// per C API status, so Python callers catch the same categories C callers test for.
+// per C API status (error.hpp's table, mapped by kvoffload::classify), so Python callers catch
+// the same categories C callers test for.
 
 #include <Python.h>
+
+#include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
 #include "kvoffload/device.hpp"
@@ -12,9 +15,8 @@ namespace nb = nanobind;
 namespace kvoffload::python {
 namespace {
 PyObject* error_type = nullptr;
-PyObject* invalid_argument_type = nullptr;
-PyObject* out_of_memory_type = nullptr;
-PyObject* cuda_error_type = nullptr;
+// Indexed by ErrorCode (1..5); [0] unused.
+PyObject* types[6] = {};
 
 PyObject* make_type(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
   const std::string qualified = std::string("kvoffload.") + name;
@@ -28,25 +30,34 @@ PyObject* make_type(nb::module_& m, const char* name, PyObject* bases, const cha
 void bind_errors(nb::module_& m) {
   error_type = make_type(m, "Error", PyExc_RuntimeError, "Base of every kvoffload error.");
   nb::object a = nb::make_tuple(nb::handle(error_type), nb::handle(PyExc_ValueError));
-  invalid_argument_type = make_type(m, "InvalidArgument", a.ptr(),
-                                    "Bad input; the object that raised it is unchanged.");
+  types[1] = make_type(m, "InvalidArgument", a.ptr(),
+                       "Bad input; the object that raised it is unchanged.");
   nb::object b = nb::make_tuple(nb::handle(error_type), nb::handle(PyExc_MemoryError));
-  out_of_memory_type = make_type(m, "OutOfMemory", b.ptr(), "Host or device memory ran out.");
-  cuda_error_type = make_type(m, "CudaError", error_type,
-                              "A CUDA call failed, or CUDA is not available to this build.");
+  types[2] = make_type(m, "OutOfMemory", b.ptr(), "Host or device memory ran out.");
+  types[3] = make_type(m, "CudaError", error_type, "A CUDA call failed.");
+  types[4] = make_type(m, "Unsupported", error_type,
+                       "Not available in this build or on this machine (e.g. the CUDA backend "
+                       "without a CUDA build or device).");
+  types[5] =
+      make_type(m, "InternalError", error_type, "A bug in kvoffload: please report the message.");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    // kvoffload's exceptions and std::bad_alloc follow the table; anything else (nanobind's
+    // own, Python errors passing through) goes on to nanobind's translators.
     try {
       std::rethrow_exception(p);
-    } catch (const invalid_argument& e) {
-      PyErr_SetString(invalid_argument_type, e.what());
-    } catch (const out_of_memory& e) {
-      PyErr_SetString(out_of_memory_type, e.what());
-    } catch (const cuda_error& e) {
-      PyErr_SetString(cuda_error_type, e.what());
-    } catch (const error& e) {
-      PyErr_SetString(error_type, e.what());
+    } catch (const error&) {
+    } catch (const std::bad_alloc&) {
     }
+    const ClassifiedError e = classify(p);
+    const int code = static_cast<int>(e.code);
+    PyErr_SetString(code >= 1 && code <= 5 ? types[code] : error_type, e.message.c_str());
   });
+  m.def(
+      "_raise_for_test",
+      [](int code, const std::string& message) {
+        throw_error_for_test(static_cast<ErrorCode>(code), message);
+      },
+      "Raises the C++ exception of an ErrorCode's row (tests of the error table only).");
 }
 
 }  // namespace kvoffload::python

@@ -7,6 +7,38 @@ from conftest import block_hashes
 def test_exception_hierarchy():
     assert issubclass(kv.InvalidArgument, kv.Error) and issubclass(kv.InvalidArgument, ValueError)
     assert issubclass(kv.OutOfMemory, MemoryError) and issubclass(kv.CudaError, kv.Error)
+    assert issubclass(kv.Unsupported, kv.Error) and issubclass(kv.InternalError, kv.Error)
+
+
+# error.hpp's table, written out: C status value -> Python class. Each row's C++ exception is
+# raised inside the library and must arrive as its class, message intact.
+ERROR_TABLE = [
+    (1, kv.InvalidArgument),
+    (2, kv.OutOfMemory),
+    (3, kv.CudaError),
+    (4, kv.Unsupported),
+    (5, kv.InternalError),
+]
+
+
+@pytest.mark.parametrize("status,cls", ERROR_TABLE)
+def test_error_table_row(status, cls):
+    from kvoffload import _kvoffload
+    with pytest.raises(cls, match="row message") as info:
+        _kvoffload._raise_for_test(status, "row message")
+    # Exactly that class: no other row's class is a base of it.
+    for _, other in ERROR_TABLE:
+        if other is not cls:
+            assert not isinstance(info.value, other)
+
+
+def test_cuda_backend_without_cuda_is_unsupported():
+    import numpy as np
+    if kv.cuda_device_count() > 0:
+        pytest.skip("a CUDA device is visible: the backend is supported here")
+    t = kv.tensor_of(np.zeros((8, 64), dtype=np.uint8))
+    with pytest.raises(kv.Unsupported, match="CUDA"):
+        kv.Worker(kv.WorkerConfig([t], [[(0, 64)]], host_blocks=4, backend="cuda"))
 
 
 @pytest.mark.parametrize("kw,field", [
@@ -57,7 +89,7 @@ def test_worker_errors():
         kv.Worker(kv.WorkerConfig([t], [[(3, 64)]], host_blocks=4))  # no tensor 3
     try:
         kv.Worker(kv.WorkerConfig([t], [[(0, 64)]], host_blocks=4, backend="cuda"))
-    except kv.CudaError as e:
+    except (kv.Unsupported, kv.CudaError) as e:
         assert "CUDA" in str(e)
     with pytest.raises(kv.OutOfMemory):
         big = kv.KvTensor(t.base, 8, 1 << 20, 1 << 20)

@@ -19,6 +19,15 @@ const char* last_error_cstr() noexcept {
   return last_error.c_str();
 }
 
+kvoffload_status_t status_of_current_exception() noexcept {
+  ClassifiedError e = classify(std::current_exception());
+  try {
+    set_last_error(std::move(e.message));
+  } catch (...) {  // no memory for the message: the status still says what happened
+  }
+  return static_cast<kvoffload_status_t>(e.code);
+}
+
 void require_struct_size(std::size_t got, std::size_t want, std::string_view fn,
                          std::string_view what, std::string_view init_macro) {
   if (got < want) {
@@ -63,6 +72,17 @@ const char* kvoffload_status_string(kvoffload_status_t status) {
     case KVOFFLOAD_NUM_STATUSES: break;
   }
   return "unknown status";
+}
+
+/* Not in kvoffload.h: raises the C++ exception of a status's row of error.hpp's table inside the
+   library and returns what the guard makes of it, so tests/c/c_api_test.c can check every row
+   through the C layer. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_internal_raise_for_test(int status,
+                                                                     const char* message) {
+  return kvoffload::capi::guard([&] {
+    kvoffload::throw_error_for_test(static_cast<kvoffload::ErrorCode>(status),
+                                    message != nullptr ? message : "");
+  });
 }
 
 const char* kvoffload_last_error(void) {

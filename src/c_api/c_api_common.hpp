@@ -19,15 +19,21 @@
 
 namespace kvoffload::capi {
 
-/// Thrown by C entry points for what this build or machine cannot do.
-class unsupported : public error {
- public:
-  using error::error;
-};
-
 void set_last_error(std::string message);
 void clear_last_error();
 const char* last_error_cstr() noexcept;
+
+// The C statuses are error.hpp's table.
+static_assert(KVOFFLOAD_SUCCESS == static_cast<int>(ErrorCode::ok));
+static_assert(KVOFFLOAD_INVALID_ARGUMENT == static_cast<int>(ErrorCode::invalid_argument));
+static_assert(KVOFFLOAD_OUT_OF_MEMORY == static_cast<int>(ErrorCode::out_of_memory));
+static_assert(KVOFFLOAD_CUDA_ERROR == static_cast<int>(ErrorCode::cuda_error));
+static_assert(KVOFFLOAD_UNSUPPORTED == static_cast<int>(ErrorCode::unsupported));
+static_assert(KVOFFLOAD_INTERNAL_ERROR == static_cast<int>(ErrorCode::internal));
+
+/// The current exception's status (error.hpp's table), its message kept as this thread's
+/// last error. Call only inside a catch block.
+kvoffload_status_t status_of_current_exception() noexcept;
 
 /// Runs f (returning void), mapping exceptions to statuses.
 template <class F>
@@ -36,27 +42,8 @@ kvoffload_status_t guard(F&& f) noexcept {
     clear_last_error();
     f();
     return KVOFFLOAD_SUCCESS;
-  } catch (const invalid_argument& e) {
-    set_last_error(e.what());
-    return KVOFFLOAD_INVALID_ARGUMENT;
-  } catch (const out_of_memory& e) {
-    set_last_error(e.what());
-    return KVOFFLOAD_OUT_OF_MEMORY;
-  } catch (const std::bad_alloc&) {
-    set_last_error("out of host memory");
-    return KVOFFLOAD_OUT_OF_MEMORY;
-  } catch (const unsupported& e) {
-    set_last_error(e.what());
-    return KVOFFLOAD_UNSUPPORTED;
-  } catch (const cuda_error& e) {
-    set_last_error(e.what());
-    return KVOFFLOAD_CUDA_ERROR;
-  } catch (const std::exception& e) {
-    set_last_error(e.what());
-    return KVOFFLOAD_INTERNAL_ERROR;
   } catch (...) {
-    set_last_error("unknown exception");
-    return KVOFFLOAD_INTERNAL_ERROR;
+    return status_of_current_exception();
   }
 }
 

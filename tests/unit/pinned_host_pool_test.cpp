@@ -106,7 +106,7 @@ TEST_CASE("Without a CUDA device the pool is plain memory; requiring pinning fai
   c.pinning = Pinning::automatic;
   CHECK_FALSE(PinnedHostPool(c).report().pinned);
   c.pinning = Pinning::require;
-  CHECK_THROWS_AS(PinnedHostPool(c), cuda_error);
+  CHECK_THROWS_AS(PinnedHostPool(c), unsupported);
   CHECK_THROWS_WITH(PinnedHostPool(c), ContainsSubstring("pinning"));
   // A failed registration with allow_unpinned falls back to plain memory that still works.
   c.allow_unpinned = true;
