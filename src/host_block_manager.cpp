@@ -211,7 +211,7 @@ void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, b
       // A failed store is never a hit: the block goes away at once.
       policy_->erase(id);
       free_id(id);
-      ++stats_.failed_stores;
+      ++stats_.failed_store_blocks;
     }
   }
   if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));

@@ -220,7 +220,6 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   StoreScratch& scratch = store_scratch;
   if (!collect_candidates(r, blocks, scratch)) return advance();
   if (!manager.prepare_store(scratch.candidates, scratch.prepared)) {
-    ++stats.stores_without_room;
     if (no_room_warnings++ % 1000 == 0) {
       detail::logger().warn(
           "request \"{}\": no room in the host cache for {} block(s); will retry next step "
@@ -494,11 +493,18 @@ CacheStats Scheduler::cache_stats() const noexcept {
   c.deferrals = impl_->stats.deferrals;
   c.evictions = ms.evictions;
   c.stores_skipped = ms.stores_skipped;
-  c.stores_without_room = impl_->stats.stores_without_room;
+  c.stores_without_room = ms.store_rejections;
   c.blocks_stored = ms.stores;
   c.blocks_loaded = ms.loads;
   c.bytes_stored = ms.stores * block_bytes;
   c.bytes_loaded = ms.loads * block_bytes;
+  const SchedulerStats& s = impl_->stats;
+  c.lookups = s.lookups;
+  c.hit_tokens = s.hit_tokens;
+  c.load_jobs = s.load_jobs;
+  c.store_jobs = s.store_jobs;
+  c.failed_loads = s.failed_loads;
+  c.failed_stores = s.failed_stores;
   return c;
 }
 

@@ -31,15 +31,15 @@ struct PreparedStore {
 };
 
 struct ManagerStats {
-  std::uint64_t hits = 0;              ///< lookups of ready keys
-  std::uint64_t misses = 0;            ///< lookups of absent keys
-  std::uint64_t pending = 0;           ///< lookups of keys being written
-  std::uint64_t evictions = 0;         ///< blocks evicted to make room
-  std::uint64_t stores = 0;            ///< blocks stored successfully
-  std::uint64_t failed_stores = 0;     ///< blocks whose store failed
-  std::uint64_t store_rejections = 0;  ///< prepare_store calls that could not make room
-  std::uint64_t stores_skipped = 0;    ///< keys not stored: looked up fewer than store_threshold
-  std::uint64_t loads = 0;             ///< blocks handed to loads
+  std::uint64_t hits = 0;                 ///< lookups of ready keys
+  std::uint64_t misses = 0;               ///< lookups of absent keys
+  std::uint64_t pending = 0;              ///< lookups of keys being written
+  std::uint64_t evictions = 0;            ///< blocks evicted to make room
+  std::uint64_t stores = 0;               ///< blocks stored successfully
+  std::uint64_t failed_store_blocks = 0;  ///< blocks whose store failed
+  std::uint64_t store_rejections = 0;     ///< prepare_store calls that could not make room
+  std::uint64_t stores_skipped = 0;       ///< keys not stored: looked up fewer than store_threshold
+  std::uint64_t loads = 0;                ///< blocks handed to loads
 };
 
 /// The host block manager of SEMANTICS 9: which key lives in which host block, block states

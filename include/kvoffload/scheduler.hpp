@@ -52,18 +52,20 @@ struct CompletedJob {
   bool ok = true;  ///< a failed load means the engine must recompute those tokens
 };
 
+/// The scheduler's own counters (the host cache's are in ManagerStats; CacheStats has both).
 struct SchedulerStats {
   std::uint64_t lookups = 0;
   std::uint64_t hit_tokens = 0;
   std::uint64_t deferrals = 0;  ///< lookups answered "retry later"
   std::uint64_t load_jobs = 0;
   std::uint64_t store_jobs = 0;
-  std::uint64_t failed_loads = 0;
-  std::uint64_t failed_stores = 0;
-  std::uint64_t stores_without_room = 0;  ///< store attempts skipped: no room in the pool
+  std::uint64_t failed_loads = 0;   ///< load jobs
+  std::uint64_t failed_stores = 0;  ///< store jobs
 };
 
-/// A snapshot of the host cache and the scheduler's counters (the replay tool's "stats").
+/// The complete snapshot of the host cache and the scheduler's counters: what the C API's
+/// kvoffload_scheduler_stats_t, Python's Scheduler.stats() and the replay tool's "stats" op
+/// report, field for field (kvoffload/detail/stats_fields.hpp lists them once).
 struct CacheStats {
   std::int64_t blocks_total = 0;
   std::int64_t blocks_used = 0;
@@ -74,12 +76,18 @@ struct CacheStats {
   std::uint64_t misses = 0;     ///< key lookups that missed
   std::uint64_t deferrals = 0;  ///< request lookups answered "retry later"
   std::uint64_t evictions = 0;
-  std::uint64_t stores_skipped = 0;  ///< keys below the store threshold
-  std::uint64_t stores_without_room = 0;
+  std::uint64_t stores_skipped = 0;       ///< keys below the store threshold
+  std::uint64_t stores_without_room = 0;  ///< store attempts refused: no room could be made
   std::uint64_t blocks_stored = 0;
   std::uint64_t blocks_loaded = 0;
   std::uint64_t bytes_stored = 0;  ///< blocks_stored x block_bytes (0 if unknown)
   std::uint64_t bytes_loaded = 0;
+  std::uint64_t lookups = 0;     ///< request lookups
+  std::uint64_t hit_tokens = 0;  ///< tokens those lookups found
+  std::uint64_t load_jobs = 0;
+  std::uint64_t store_jobs = 0;
+  std::uint64_t failed_loads = 0;   ///< load jobs that failed
+  std::uint64_t failed_stores = 0;  ///< store jobs that failed
 };
 
 /// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "bindings.hpp"
+#include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/scheduler.hpp"
 
@@ -70,29 +71,11 @@ GroupKind group_kind(const std::string& name, std::size_t g) {
   return parse_group_kind(name, "groups[" + std::to_string(g) + "].kind");
 }
 
-nb::dict to_dict(const CacheStats& c, const SchedulerStats& s) {
+nb::dict to_dict(const CacheStats& c) {
   nb::dict d;
-  d["blocks_total"] = c.blocks_total;
-  d["blocks_used"] = c.blocks_used;
-  d["blocks_free"] = c.blocks_free;
-  d["blocks_writing"] = c.blocks_writing;
-  d["blocks_being_read"] = c.blocks_being_read;
-  d["hits"] = c.hits;
-  d["misses"] = c.misses;
-  d["deferrals"] = c.deferrals;
-  d["evictions"] = c.evictions;
-  d["stores_skipped"] = c.stores_skipped;
-  d["stores_without_room"] = c.stores_without_room;
-  d["blocks_stored"] = c.blocks_stored;
-  d["blocks_loaded"] = c.blocks_loaded;
-  d["bytes_stored"] = c.bytes_stored;
-  d["bytes_loaded"] = c.bytes_loaded;
-  d["lookups"] = s.lookups;
-  d["hit_tokens"] = s.hit_tokens;
-  d["load_jobs"] = s.load_jobs;
-  d["store_jobs"] = s.store_jobs;
-  d["failed_loads"] = s.failed_loads;
-  d["failed_stores"] = s.failed_stores;
+#define KVOFFLOAD_DICT_FIELD(name) d[#name] = c.name;
+  KVOFFLOAD_CACHE_STATS_FIELDS(KVOFFLOAD_DICT_FIELD)
+#undef KVOFFLOAD_DICT_FIELD
   return d;
 }
 
@@ -251,7 +234,7 @@ void bind_scheduler(nb::module_& m) {
              }
              return out;
            })
-      .def("stats", [](const Scheduler& s) { return to_dict(s.cache_stats(), s.stats()); })
+      .def("stats", [](const Scheduler& s) { return to_dict(s.cache_stats()); })
       .def_prop_ro("num_requests", &Scheduler::num_requests)
       .def_prop_ro("num_jobs_in_flight", &Scheduler::num_jobs_in_flight);
 }

@@ -50,6 +50,13 @@ def test_store_then_hit_then_load():
     assert list(load.group_sizes) == [8, 2]
     stats = s.stats()
     assert stats["load_jobs"] == 1 and stats["blocks_stored"] == len(job.keys)
+    # The complete snapshot, under the C API's field names, in its order.
+    assert list(stats) == [
+        "blocks_total", "blocks_used", "blocks_free", "blocks_writing", "blocks_being_read",
+        "hits", "misses", "deferrals", "evictions", "stores_skipped", "stores_without_room",
+        "blocks_stored", "blocks_loaded", "bytes_stored", "bytes_loaded", "lookups",
+        "hit_tokens", "load_jobs", "store_jobs", "failed_loads", "failed_stores"]
+    assert stats["lookups"] == 2 and stats["store_jobs"] == 1 and stats["hit_tokens"] == hit
 
 
 def test_job_views_outlive_the_step():

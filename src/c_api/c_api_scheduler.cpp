@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "c_api_common.hpp"
+#include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/scheduler.hpp"
 
 struct kvoffload_scheduler_s {
@@ -311,29 +312,10 @@ kvoffload_status_t kvoffload_scheduler_get_stats(kvoffload_scheduler_t s,
     require_struct_size(stats->struct_size, sizeof(kvoffload_scheduler_stats_t), fn, "stats",
                         "KVOFFLOAD_SCHEDULER_STATS_INIT");
     const CacheStats c = s->scheduler.cache_stats();
-    const SchedulerStats& t = s->scheduler.stats();
     kvoffload_scheduler_stats_t& o = *stats;
-    o.blocks_total = c.blocks_total;
-    o.blocks_used = c.blocks_used;
-    o.blocks_free = c.blocks_free;
-    o.blocks_writing = c.blocks_writing;
-    o.blocks_being_read = c.blocks_being_read;
-    o.hits = c.hits;
-    o.misses = c.misses;
-    o.deferrals = c.deferrals;
-    o.evictions = c.evictions;
-    o.stores_skipped = c.stores_skipped;
-    o.stores_without_room = c.stores_without_room;
-    o.blocks_stored = c.blocks_stored;
-    o.blocks_loaded = c.blocks_loaded;
-    o.bytes_stored = c.bytes_stored;
-    o.bytes_loaded = c.bytes_loaded;
-    o.lookups = t.lookups;
-    o.hit_tokens = t.hit_tokens;
-    o.load_jobs = t.load_jobs;
-    o.store_jobs = t.store_jobs;
-    o.failed_loads = t.failed_loads;
-    o.failed_stores = t.failed_stores;
+#define KVOFFLOAD_COPY_FIELD(name) o.name = c.name;
+    KVOFFLOAD_CACHE_STATS_FIELDS(KVOFFLOAD_COPY_FIELD)
+#undef KVOFFLOAD_COPY_FIELD
   });
 }
 

@@ -98,7 +98,7 @@ TEST_CASE("A failed store is never a hit and frees its blocks", "[manager]") {
   CHECK(m.lookup(key(1)) == LookupResult::miss);
   CHECK(m.num_used() == 0);
   CHECK(m.take_events().empty());  // nothing was ever stored
-  CHECK(m.stats().failed_stores == 2);
+  CHECK(m.stats().failed_store_blocks == 2);
   // Freed ids come back most recently freed first: 1 then 0.
   CHECK(store(m, keys({3, 4})).ids == std::vector<HostBlockId>{1, 0});
 }

@@ -163,13 +163,29 @@ TEST_CASE("Replay answers the stats op", "[replay]") {
   REQUIRE(lines.size() == 4);
   CHECK(lines[2]["hit_tokens"] == 32);
   // a's lookup missed aa; b's hit aa and bb and missed cc. Two blocks stored, two being read
-  // by b's load, each of 1024 bytes.
-  const nlohmann::json want = {
-      {"op", "stats"},       {"blocks_total", 4},   {"blocks_used", 2},
-      {"blocks_free", 2},    {"blocks_writing", 0}, {"blocks_being_read", 2},
-      {"hits", 2},           {"misses", 2},         {"deferrals", 0},
-      {"evictions", 0},      {"stores_skipped", 0}, {"stores_without_room", 0},
-      {"blocks_stored", 2},  {"blocks_loaded", 2},  {"bytes_stored", 2048},
-      {"bytes_loaded", 2048}};
+  // by b's load, each of 1024 bytes. Two request lookups, b's finding 32 tokens; one store
+  // job (a's step) and one load job (b's alloc), none failed.
+  const nlohmann::json want = {{"op", "stats"},
+                               {"blocks_total", 4},
+                               {"blocks_used", 2},
+                               {"blocks_free", 2},
+                               {"blocks_writing", 0},
+                               {"blocks_being_read", 2},
+                               {"hits", 2},
+                               {"misses", 2},
+                               {"deferrals", 0},
+                               {"evictions", 0},
+                               {"stores_skipped", 0},
+                               {"stores_without_room", 0},
+                               {"blocks_stored", 2},
+                               {"blocks_loaded", 2},
+                               {"bytes_stored", 2048},
+                               {"bytes_loaded", 2048},
+                               {"lookups", 2},
+                               {"hit_tokens", 32},
+                               {"load_jobs", 1},
+                               {"store_jobs", 1},
+                               {"failed_loads", 0},
+                               {"failed_stores", 0}};
   CHECK(lines[3] == want);
 }

@@ -104,7 +104,8 @@ TEST_CASE("A step with no room in the host cache stores nothing and retries next
   REQUIRE(h.lookup("b", chain_hashes("b", 2), 32, 0) == 0);
   h.alloc_none("b");
   CHECK(h.step("b", 0, 32, {ids(10, 2)}).store_jobs.empty());  // nothing evictable
-  CHECK(h.s.stats().stores_without_room == 1);
+  CHECK(h.s.cache_stats().stores_without_room == 1);
+  CHECK(h.s.manager().stats().store_rejections == 1);
   h.complete(first.store_jobs[0].id);
   // next_stored did not move: the same blocks are stored now, evicting a's.
   const StepResult retry = h.step("b", 32, 1, {{}});

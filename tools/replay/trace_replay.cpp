@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/scheduler.hpp"
 
@@ -160,16 +161,15 @@ class Replayer {
 
   void print_stats() const {
     if (!scheduler_) return;
-    const SchedulerStats& s = scheduler_->stats();
-    const HostBlockManager& m = scheduler_->manager();
-    const ManagerStats& ms = m.stats();
+    const CacheStats s = scheduler_->cache_stats();
+    const ManagerStats& ms = scheduler_->manager().stats();
     err_ << "kvoffload-replay: " << s.lookups << " lookups (" << s.hit_tokens << " tokens hit, "
          << s.deferrals << " deferred), " << s.load_jobs << " load jobs, " << s.store_jobs
          << " store jobs (" << s.failed_stores << " failed, " << s.stores_without_room
          << " skipped for room)\n"
-         << "kvoffload-replay: host cache " << m.num_used() << "/" << m.capacity()
-         << " blocks used, " << ms.stores << " blocks stored, " << ms.loads << " loaded, "
-         << ms.evictions << " evicted; key lookups " << ms.hits << " hit, " << ms.misses
+         << "kvoffload-replay: host cache " << s.blocks_used << "/" << s.blocks_total
+         << " blocks used, " << s.blocks_stored << " blocks stored, " << s.blocks_loaded
+         << " loaded, " << s.evictions << " evicted; key lookups " << s.hits << " hit, " << s.misses
          << " miss, " << ms.pending << " pending\n";
   }
 
@@ -309,21 +309,9 @@ class Replayer {
         const CacheStats c = s.cache_stats();
         ordered o;
         o["op"] = "stats";
-        o["blocks_total"] = c.blocks_total;
-        o["blocks_used"] = c.blocks_used;
-        o["blocks_free"] = c.blocks_free;
-        o["blocks_writing"] = c.blocks_writing;
-        o["blocks_being_read"] = c.blocks_being_read;
-        o["hits"] = c.hits;
-        o["misses"] = c.misses;
-        o["deferrals"] = c.deferrals;
-        o["evictions"] = c.evictions;
-        o["stores_skipped"] = c.stores_skipped;
-        o["stores_without_room"] = c.stores_without_room;
-        o["blocks_stored"] = c.blocks_stored;
-        o["blocks_loaded"] = c.blocks_loaded;
-        o["bytes_stored"] = c.bytes_stored;
-        o["bytes_loaded"] = c.bytes_loaded;
+#define KVOFFLOAD_JSON_FIELD(name) o[#name] = c.name;
+        KVOFFLOAD_CACHE_STATS_FIELDS(KVOFFLOAD_JSON_FIELD)
+#undef KVOFFLOAD_JSON_FIELD
         out_ << o.dump() << "\n";
       });
     }
