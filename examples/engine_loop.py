@@ -38,7 +38,8 @@ class Engine:
     def __init__(self, quiet=False):
         self.quiet = quiet
         self.gpu = np.zeros((GPU_BLOCKS, PAGE), dtype=np.uint8)
-        self.scheduler = kv.Scheduler(host_blocks=64, block_size_factor=FACTOR,
+        self.scheduler = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)],
+                                      host_blocks=64, block_size_factor=FACTOR,
                                       gpu_blocks=GPU_BLOCKS)
         self.worker = kv.Worker(kv.WorkerConfig(
             tensors=[kv.tensor_of(self.gpu)], groups=[[(0, PAGE)]], host_blocks=64,

@@ -33,9 +33,8 @@
 extern "C" {
 #endif
 
-#define KVOFFLOAD_VERSION_MAJOR 0
-#define KVOFFLOAD_VERSION_MINOR 1
-#define KVOFFLOAD_VERSION_PATCH 0
+/* KVOFFLOAD_VERSION_MAJOR, _MINOR, _PATCH and _STRING, generated from CMakeLists.txt. */
+#include "kvoffload/version.h"
 /* major * 10000 + minor * 100 + patch */
 #define KVOFFLOAD_VERSION_CODE \
   (KVOFFLOAD_VERSION_MAJOR * 10000 + KVOFFLOAD_VERSION_MINOR * 100 + KVOFFLOAD_VERSION_PATCH)
@@ -113,9 +112,28 @@ typedef struct kvoffload_scheduler_config {
   int64_t store_threshold;   /* 0 or N >= 2 lookups before a key is stored */
   int64_t block_bytes;       /* bytes of a host block, for statistics (0: unknown) */
   int enable_events;         /* 1: record stored/removed events */
+  /* Read only when struct_size covers it: structs compiled before it existed get 0. */
+  int64_t threshold_tracker_keys; /* keys the store-threshold tracker remembers (0: 4 x
+                                     host_blocks, at least 1024) */
 } kvoffload_scheduler_config_t;
-#define KVOFFLOAD_SCHEDULER_CONFIG_INIT \
-  { sizeof(kvoffload_scheduler_config_t), NULL, 0, 1, 16, 1, 1, 0, 0, NULL, 0, 0, 1 }
+/* kvoffload::SchedulerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+#define KVOFFLOAD_SCHEDULER_CONFIG_INIT                                            \
+  {                                                                                \
+    sizeof(kvoffload_scheduler_config_t), /* struct_size */                        \
+        NULL,                             /* groups: none, the caller sets them */ \
+        0,                                /* num_groups */                         \
+        1,                                /* block_size_factor */                  \
+        16,                               /* hash_block_size */                    \
+        1,                                /* num_workers */                        \
+        1,                                /* prefix_caching */                     \
+        0,                                /* gpu_blocks: unknown */                \
+        0,                                /* host_blocks: the caller sets it */    \
+        NULL,                             /* policy: "lru" */                      \
+        0,                                /* store_threshold: off */               \
+        0,                                /* block_bytes: unknown */               \
+        1,                                /* enable_events */                      \
+        0                                 /* threshold_tracker_keys: automatic */  \
+  }
 
 /* lookup's answer when keys are being stored or loaded right now: ask again later. */
 #define KVOFFLOAD_RETRY_LATER (-1)
@@ -292,10 +310,23 @@ typedef struct kvoffload_worker_config {
   uintptr_t compute_stream;
   int loads_wait_for_compute; /* default 1 */
 } kvoffload_worker_config_t;
-#define KVOFFLOAD_WORKER_CONFIG_INIT                                                               \
-  {                                                                                                \
-    sizeof(kvoffload_worker_config_t), NULL, 0, NULL, 0, 1, 0, KVOFFLOAD_BACKEND_HOST, 0, 0, 0, 0, \
-        0, 1                                                                                       \
+/* kvoffload::WorkerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+#define KVOFFLOAD_WORKER_CONFIG_INIT                                         \
+  {                                                                          \
+    sizeof(kvoffload_worker_config_t), /* struct_size */                     \
+        NULL,                          /* tensors: the caller sets them */   \
+        0,                             /* num_tensors */                     \
+        NULL,                          /* groups: the caller sets them */    \
+        0,                             /* num_groups */                      \
+        1,                             /* block_size_factor */               \
+        0,                             /* host_blocks: the caller sets it */ \
+        KVOFFLOAD_BACKEND_HOST,        /* backend */                         \
+        0,                             /* threads: all cores */              \
+        0,                             /* cuda_device */                     \
+        0,                             /* defer_stores */                    \
+        0,                             /* has_compute_stream */              \
+        0,                             /* compute_stream */                  \
+        1                              /* loads_wait_for_compute */          \
   }
 
 typedef struct kvoffload_finished_transfer {

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Sequence, Tuple
 
+from ._kvoffload import __version__ as _kvoffload_version
 from ._kvoffload import (  # noqa: F401  (re-exported)
     CudaError,
     Error,
@@ -57,7 +58,7 @@ __all__ = [
     "tensor_of",
 ]
 
-__version__ = "0.1.0"
+__version__: str = _kvoffload_version  # the library's, from CMakeLists.txt
 
 Key = Tuple[bytes, int]
 
@@ -73,8 +74,12 @@ class GroupConfig:
 
 @dataclass
 class SchedulerConfig:
-    groups: List[GroupConfig] = field(default_factory=lambda: [GroupConfig()])
-    host_blocks: int = 1024
+    """kvoffload::SchedulerConfig (with its ManagerConfig's fields): the same defaults, which
+    tests/test_config_defaults.py checks against the library. ``groups`` (the model) and
+    ``host_blocks`` (the capacity) have none: set both."""
+
+    groups: List[GroupConfig] = field(default_factory=list)
+    host_blocks: int = 0
     block_size_factor: int = 1
     hash_block_size: int = 16
     num_workers: int = 1
@@ -82,6 +87,7 @@ class SchedulerConfig:
     gpu_blocks: int = 0
     policy: str = "lru"
     store_threshold: int = 0
+    threshold_tracker_keys: int = 0  # 0: 4 x host_blocks, at least 1024
     block_bytes: int = 0
     enable_events: bool = True
 
@@ -152,6 +158,7 @@ class Scheduler:
             host_blocks=c.host_blocks,
             policy=c.policy,
             store_threshold=c.store_threshold,
+            threshold_tracker_keys=c.threshold_tracker_keys,
             block_bytes=c.block_bytes,
             enable_events=c.enable_events,
         )
@@ -240,7 +247,7 @@ def tensor_of(t) -> KvTensor:
 class WorkerConfig:
     tensors: List[KvTensor]
     groups: List[List[Tuple[int, int]]]  # per group: (tensor index, page bytes used)
-    host_blocks: int
+    host_blocks: int = 0  # the scheduler's host_blocks; required (0 is refused)
     block_size_factor: int = 1
     backend: str = "host"  # or "cuda"
     threads: int = 0

@@ -9,6 +9,7 @@
 #include "bindings.hpp"
 #include "kvoffload/device.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/version.h"
 
 namespace nb = nanobind;
 
@@ -67,6 +68,7 @@ NB_MODULE(_kvoffload, m) {
   kvoffload::python::bind_errors(m);
   kvoffload::python::bind_scheduler(m);
   kvoffload::python::bind_worker(m);
+  m.attr("__version__") = KVOFFLOAD_VERSION_STRING;
   m.def("built_with_cuda", &kvoffload::built_with_cuda,
         "Whether this build of the library contains the CUDA backend.");
   m.def("cuda_device_count", &kvoffload::cuda_device_count,

@@ -22,6 +22,23 @@ using namespace nb::literals;
 namespace kvoffload::python {
 
 void bind_worker(nb::module_& m) {
+  m.def(
+      "_worker_config_defaults",
+      [] {
+        const WorkerConfig c;
+        nb::dict d;
+        d["host_blocks"] = c.host_blocks;
+        d["block_size_factor"] = c.block_size_factor;
+        d["backend"] = std::string(to_string(c.backend));
+        d["threads"] = c.threads;
+        d["cuda_device"] = c.cuda_device;
+        d["defer_stores"] = c.defer_stores;
+        d["compute_stream"] = c.compute_stream ? nb::cast(*c.compute_stream) : nb::none();
+        d["loads_wait_for_compute"] = c.loads_wait_for_compute;
+        return d;
+      },
+      "kvoffload::WorkerConfig's defaults, for the test that keeps WorkerConfig equal.");
+
   nb::class_<Worker>(m, "_Worker")
       .def(
           "__init__",

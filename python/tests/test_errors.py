@@ -41,12 +41,16 @@ def test_cuda_backend_without_cuda_is_unsupported():
         kv.Worker(kv.WorkerConfig([t], [[(0, 64)]], host_blocks=4, backend="cuda"))
 
 
+FULL = [kv.GroupConfig("full_attention", 16)]
+
+
 @pytest.mark.parametrize("kw,field", [
-    (dict(host_blocks=0), "host_blocks"),
-    (dict(policy="fifo"), "fifo"),
-    (dict(block_size_factor=0), "block_size_factor"),
-    (dict(groups=[kv.GroupConfig("sliding_window", 16, 0)]), "sliding_window"),
-    (dict(groups=[kv.GroupConfig("linear", 16)]), "groups[0].kind"),
+    (dict(groups=FULL), "host_blocks"),  # no default capacity
+    (dict(host_blocks=8), "groups"),     # no default model
+    (dict(groups=FULL, host_blocks=8, policy="fifo"), "fifo"),
+    (dict(groups=FULL, host_blocks=8, block_size_factor=0), "block_size_factor"),
+    (dict(groups=[kv.GroupConfig("sliding_window", 16, 0)], host_blocks=8), "sliding_window"),
+    (dict(groups=[kv.GroupConfig("linear", 16)], host_blocks=8), "groups[0].kind"),
 ])
 def test_bad_config_names_the_field(kw, field):
     with pytest.raises(kv.InvalidArgument, match=field.replace("[", r"\[").replace("]", r"\]")):
@@ -54,7 +58,7 @@ def test_bad_config_names_the_field(kw, field):
 
 
 def test_bad_calls_raise_and_change_nothing():
-    s = kv.Scheduler(host_blocks=8)
+    s = kv.Scheduler(groups=FULL, host_blocks=8)
     with pytest.raises(kv.InvalidArgument, match="nobody"):
         s.lookup("nobody")
     with pytest.raises(kv.InvalidArgument, match="block hash 1 has 40 bytes"):

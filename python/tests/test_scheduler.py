@@ -5,6 +5,9 @@ import kvoffload as kv
 from conftest import block_hashes
 
 
+FULL = [kv.GroupConfig("full_attention", 16)]
+
+
 def two_group_scheduler(**kw):
     cfg = kv.SchedulerConfig(
         groups=[kv.GroupConfig("full_attention", 16),
@@ -60,7 +63,7 @@ def test_store_then_hit_then_load():
 
 
 def test_job_views_outlive_the_step():
-    s = kv.Scheduler(host_blocks=8)
+    s = kv.Scheduler(groups=FULL, host_blocks=8)
     s.update_request("a", 32, block_hashes("v", 2))
     s.lookup("a")
     s.on_allocated("a", [kv.AllocatedGroup([])], 0)
@@ -72,7 +75,7 @@ def test_job_views_outlive_the_step():
 
 
 def test_lookup_defers_while_a_store_is_in_flight():
-    s = kv.Scheduler(host_blocks=8)
+    s = kv.Scheduler(groups=FULL, host_blocks=8)
     h = block_hashes("d", 2)
     s.update_request("a", 32, h)
     s.lookup("a")
@@ -85,7 +88,7 @@ def test_lookup_defers_while_a_store_is_in_flight():
 
 
 def test_config_overrides_and_policies():
-    s = kv.Scheduler(kv.SchedulerConfig(host_blocks=4), policy="arc")
+    s = kv.Scheduler(kv.SchedulerConfig(groups=FULL, host_blocks=4), policy="arc")
     assert s.config.policy == "arc" and s.config.host_blocks == 4
     assert s.stats()["blocks_total"] == 4
 

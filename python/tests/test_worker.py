@@ -11,7 +11,8 @@ def test_round_trip_through_the_host_pool():
     f, page = 2, 128
     gpu = np.zeros((32, page), dtype=np.uint8)  # the "GPU" KV tensor: 32 blocks
     rng = np.random.default_rng(7)
-    s = kv.Scheduler(host_blocks=16, block_size_factor=f)
+    s = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=16,
+                     block_size_factor=f)
     w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, page)]], host_blocks=16,
                                   block_size_factor=f, threads=1))
     h = block_hashes("w", 4)  # 64 tokens: 4 GPU blocks, 2 host blocks

@@ -51,8 +51,10 @@ bool is_load(const kvoffload_job_kind_t& kind, std::string_view fn) {
 
 SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
   constexpr std::string_view fn = "kvoffload_scheduler_create";
-  require_struct_size(c.struct_size, sizeof(kvoffload_scheduler_config_t), fn, "config",
-                      "KVOFFLOAD_SCHEDULER_CONFIG_INIT");
+  // Structs from before threshold_tracker_keys are accepted; the field then defaults.
+  constexpr std::size_t v1_size = offsetof(kvoffload_scheduler_config_t, threshold_tracker_keys);
+  require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_SCHEDULER_CONFIG_INIT");
+  const bool has_v2 = c.struct_size >= sizeof(kvoffload_scheduler_config_t);
   require_array(c.groups, c.num_groups, fn, "config->groups");
   SchedulerConfig s;
   for (std::size_t g = 0; g < c.num_groups; ++g) {
@@ -70,6 +72,7 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
   s.manager.store_threshold = c.store_threshold;
   s.manager.block_bytes = c.block_bytes;
   s.manager.enable_events = c.enable_events != 0;
+  if (has_v2) s.manager.threshold_tracker_keys = c.threshold_tracker_keys;
   s.validate();
   return s;
 }
