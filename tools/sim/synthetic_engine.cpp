@@ -6,11 +6,14 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
+#include <tuple>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "kvoffload/error.hpp"
 #include "kvoffload/faulty_backend.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/scheduler.hpp"
@@ -62,20 +65,40 @@ struct Request {
   Phase phase = Phase::waiting;
   std::vector<std::vector<GpuBlockId>> table;
   std::vector<std::size_t> sent;
+  /// Blocks of a GPU prefix-cache hit (group, block index, id): they get their data when the
+  /// request is first scheduled, after that step's flushed stores ran (the id may be reused).
+  std::vector<std::tuple<std::size_t, std::int64_t, GpuBlockId>> local_data;
+};
+
+/// Reports still owed for a finished transfer (staggered_reports).
+struct OwedReports {
+  std::int64_t count = 0;
+  bool ok = true;
 };
 
 }  // namespace
 
 struct SyntheticEngine::Impl {
   explicit Impl(const SimConfig& c) : config(c), rng(c.seed) {
+    if (c.check_invariants && (c.reset_probability > 0 || c.report_failure_probability > 0)) {
+      // The shadow cache follows the copies; a reset or a worker's failed report would make
+      // the scheduler's (correct) view differ from it.
+      throw kvoffload::invalid_argument(
+          "synthetic engine: check_invariants excludes reset_probability and "
+          "report_failure_probability");
+    }
     SchedulerConfig sc;
     sc.groups = c.groups;
     sc.block_size_factor = c.block_size_factor;
     sc.hash_block_size = c.hash_block_size;
+    sc.num_workers = c.num_workers;
+    sc.prefix_caching = c.prefix_caching;
     sc.manager.host_blocks = c.host_blocks;
     sc.manager.policy = parse_eviction_policy(c.policy, "policy");
-    // Events accumulate until take_events(); only the invariant checks read them.
-    sc.manager.enable_events = c.check_invariants;
+    sc.manager.store_threshold = c.store_threshold;
+    // Events accumulate until take_events(); only the invariant checks and the observer read
+    // them.
+    sc.manager.enable_events = c.check_invariants || static_cast<bool>(c.observer);
     scheduler = std::make_unique<Scheduler>(sc);
     const auto G = c.groups.size();
     // Per group, per layer, K and V: separate tensors in "GPU" memory (host RAM here).
@@ -106,8 +129,10 @@ struct SyntheticEngine::Impl {
     }
     for (int f = 0; f < c.prefix_families; ++f) families.push_back(random_hashes(64));
     max_obs = 0;
-    for (const GroupLayout& l : scheduler->layouts())
+    for (const GroupLayout& l : scheduler->layouts()) {
       max_obs = std::max(max_obs, l.offloaded_block_size);
+      gbs_lcm = std::lcm(gbs_lcm, l.gpu_block_size);
+    }
     start = std::chrono::steady_clock::now();
   }
 
@@ -190,37 +215,51 @@ struct SyntheticEngine::Impl {
     r.hashes_sent = want;
   }
 
-  /// Lookup and allocation; true if the request computes this step.
+  /// Lookup and allocation; true if the request computes this step. Now and then the request
+  /// starts from a prefix in the GPU prefix cache (num_computed_tokens > 0).
   bool try_start(Request& r) {
+    // SEMANTICS 8b: no load while the request still has jobs in flight (a preempted request's
+    // stores whose reports are still owed): it waits.
+    if (const auto it = jobs_of.find(r.id); it != jobs_of.end() && it->second > 0) return false;
     if (!r.registered) send_hashes(r);
-    const auto hit = scheduler->lookup(r.id, 0);
+    std::int64_t nct = 0;
+    if (chance(config.local_hit_probability)) nct = rand(0, r.prompt / gbs_lcm) * gbs_lcm;
+    nct = std::min(nct, r.num_tokens - 1);
+    nct -= nct % gbs_lcm;
+    const auto hit = scheduler->lookup(r.id, nct);
     if (!hit) return false;
     const std::int64_t h = *hit;
     if (h > 0) ++report.lookup_hits;
+    if (nct > 0) ++report.local_hits;
+    const std::int64_t cached = nct + h;
     std::vector<AllocatedGroup> groups(config.groups.size());
     const auto& layouts = scheduler->layouts();
+    r.local_data.clear();
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const GroupLayout& L = layouts[g];
-      const std::int64_t n_gpu = (h + L.gpu_block_size - 1) / L.gpu_block_size;
-      const std::int64_t n_off = (h + L.offloaded_block_size - 1) / L.offloaded_block_size;
+      const std::int64_t n_gpu = (cached + L.gpu_block_size - 1) / L.gpu_block_size;
+      const std::int64_t n_off = (cached + L.offloaded_block_size - 1) / L.offloaded_block_size;
       // Window groups load only their window; blocks before it are null.
-      const std::int64_t local =
-          L.windowed() && h > 0
-              ? std::max<std::int64_t>(0, (n_off - L.window_blocks) * config.block_size_factor)
-              : 0;
+      std::int64_t local = nct / L.gpu_block_size;
+      if (h > 0 && L.windowed()) {
+        local = std::max(local, (n_off - L.window_blocks) * config.block_size_factor);
+      }
+      local = std::min(local, n_gpu);
       r.table[g].clear();
       for (std::int64_t k = 0; k < n_gpu; ++k) {
-        r.table[g].push_back(k < local ? null_block : alloc_block());
+        const bool null = h > 0 && L.windowed() && k < local;
+        r.table[g].push_back(null ? null_block : alloc_block());
+        if (!null && k < nct / L.gpu_block_size) r.local_data.emplace_back(g, k, r.table[g].back());
       }
       groups[g].block_ids = r.table[g];
-      groups[g].num_computed_blocks = local;
+      groups[g].num_computed_blocks = h > 0 ? local : 0;
     }
     scheduler->on_allocated(r.id, groups, h);
     r.sent.assign(groups.size(), 0);
-    r.computed = 0;
+    r.computed = nct;
     if (h > 0) {
       r.phase = Phase::loading;
-      r.cached = h;
+      r.cached = cached;
       return false;
     }
     r.phase = Phase::running;
@@ -230,18 +269,57 @@ struct SyntheticEngine::Impl {
   void restart(Request& r) {
     r.prompt = std::max(r.prompt, r.num_tokens - 1);  // recompute everything known
     free_blocks(r);
+    r.local_data.clear();
     r.phase = Phase::waiting;
     r.computed = 0;
     r.resumed = true;
     waiting.push_back(r.id);
   }
 
+  /// Which sub-blocks of each of a store's host blocks it writes: a window block stored with
+  /// leading null sub-blocks leaves them unwritten, and a GPU block that a load filled from
+  /// such a sub-block passes the gap on.
+  void record_written(const TransferJob& job) {
+    const std::int64_t f = config.block_size_factor;
+    std::size_t key = 0, pos = 0;
+    for (std::size_t g = 0; g < job.gpu.group_sizes.size(); ++g) {
+      const std::size_t first_key = key;
+      while (key < job.keys.size() && job.keys[key].group == g) {
+        host_written[job.host_block_ids[key]].assign(static_cast<std::size_t>(f), false);
+        ++key;
+      }
+      const std::int64_t skip = job.gpu.block_indices[g] % f;
+      for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++pos) {
+        const HostBlockId host =
+            job.host_block_ids[first_key + static_cast<std::size_t>((skip + p) / f)];
+        host_written[host][static_cast<std::size_t>((skip + p) % f)] =
+            gpu_unwritten.count(job.gpu.block_ids[pos]) == 0;
+      }
+    }
+  }
+
   void verify_load(const TransferJob& job) {
     const Request& r = requests.at(job.request_id);
-    std::size_t at = 0;
+    const std::int64_t f = config.block_size_factor;
+    std::size_t at = 0, key = 0;
     for (std::size_t g = 0; g < config.groups.size(); ++g) {
+      const std::size_t first_key = key;
+      while (key < job.keys.size() && job.keys[key].group == g) ++key;
+      const std::int64_t skip = job.gpu.block_indices[g] % f;
       for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++at) {
         const std::int64_t block = job.gpu.block_indices[g] + p;
+        const HostBlockId host =
+            job.host_block_ids[first_key + static_cast<std::size_t>((skip + p) / f)];
+        const auto written = host_written.find(host);
+        if (config.groups[g].kind != GroupKind::full_attention && written != host_written.end() &&
+            !written->second[static_cast<std::size_t>((skip + p) % f)]) {
+          // SEMANTICS counts the key as a hit although its store skipped this sub-block; the
+          // GPU block now holds that gap (a store of it passes it on).
+          ++report.unwritten_reads;
+          gpu_unwritten.insert(job.gpu.block_ids[at]);
+          continue;
+        }
+        gpu_unwritten.erase(job.gpu.block_ids[at]);
         for (std::size_t k = 0; k < static_cast<std::size_t>(2 * config.layers); ++k) {
           if (!holds(page(g, k, job.gpu.block_ids[at]), config.page_bytes,
                      seed_of(r, g, k, block))) {
@@ -266,7 +344,9 @@ struct SyntheticEngine::Impl {
 
   /// Loads planned by this step load only keys whose store succeeded and that were not
   /// evicted since; then this step's evictions leave the shadow cache.
-  void after_build(const StepResult& out) {
+  std::vector<ManagerEvent> take_events() { return scheduler->take_events(); }
+
+  void after_build(const StepResult& out, const std::vector<ManagerEvent>& events) {
     for (const TransferJob& job : out.load_jobs) {
       for (const Key& k : job.keys) {
         if (stored_ok.count(k) == 0) {
@@ -275,7 +355,7 @@ struct SyntheticEngine::Impl {
         }
       }
     }
-    for (const ManagerEvent& e : scheduler->take_events()) {
+    for (const ManagerEvent& e : events) {
       if (!e.removed) continue;  // "stored" comes from the scheduler: the truth is the worker's
       for (const Key& k : e.keys) {
         if (stored_ok.erase(k) == 0) violation("evicted " + to_string(k) + ", which was not ready");
@@ -338,13 +418,14 @@ struct SyntheticEngine::Impl {
     }
   }
 
-  /// Finished transfers go back to the scheduler (successful loads verified first); returns
+  /// Finished transfers go back to the scheduler (successful loads verified first), with
+  /// every worker's report at once or (staggered_reports) one or two of them a step; returns
   /// the jobs that completed.
-  std::vector<CompletedJob> report_finished() {
+  std::vector<CompletedJob> report_finished(bool all_owed = false) {
     std::vector<JobReport> reports;
     for (const FinishedTransfer& t : engine->get_finished()) {
-      reports.push_back({t.job, 1, t.ok});
       submitted.erase(t.job);
+      stores_running.erase(t.job);
       if (config.check_invariants) transfer_finished(t);
       if (t.kind == JobKind::load) {
         auto it = load_jobs.find(t.job);
@@ -353,8 +434,28 @@ struct SyntheticEngine::Impl {
           load_jobs.erase(it);
         }
       }
+      owed[t.job] = {config.num_workers, t.ok};
+    }
+    for (auto it = owed.begin(); it != owed.end();) {
+      OwedReports& o = it->second;
+      if (!all_owed && config.staggered_reports && chance(0.5)) {
+        ++it;
+        continue;
+      }
+      const std::int64_t count = all_owed || !config.staggered_reports
+                                     ? o.count
+                                     : std::min<std::int64_t>(o.count, rand(1, 2));
+      const bool ok = o.ok && !chance(config.report_failure_probability);
+      reports.push_back({it->first, count, ok});
+      o.count -= count;
+      it = o.count == 0 ? owed.erase(it) : std::next(it);
     }
     std::vector<CompletedJob> done = scheduler->on_completed(reports);
+    for (const CompletedJob& c : done) {
+      if (auto it = jobs_of.find(c.request_id); it != jobs_of.end() && --it->second == 0) {
+        jobs_of.erase(it);
+      }
+    }
     if (config.check_invariants) {
       for (const CompletedJob& c : done) completed(c);
     }
@@ -366,7 +467,7 @@ struct SyntheticEngine::Impl {
     // and report it, until the scheduler has nothing in flight.
     for (int round = 0; round < 100000 && scheduler->num_jobs_in_flight() > 0; ++round) {
       const StepResult out = scheduler->build_step({});
-      if (config.check_invariants) after_build(out);
+      if (config.check_invariants) after_build(out, take_events());
       for (const TransferJob& job : out.load_jobs) {
         engine->submit(job);
         submitted.insert(job.id);
@@ -374,7 +475,7 @@ struct SyntheticEngine::Impl {
       }
       engine->start_step();
       engine->wait(std::vector<JobId>(submitted.begin(), submitted.end()));
-      (void)report_finished();
+      (void)report_finished(/*all_owed=*/true);
     }
     const HostBlockManager& m = scheduler->manager();
     if (scheduler->num_jobs_in_flight() != 0) violation("jobs still in flight after draining");
@@ -388,6 +489,28 @@ struct SyntheticEngine::Impl {
       violation(std::to_string(failed_loads.size()) + " failed loads never reported");
     check_cache();
     report.drained = true;
+  }
+
+  /// The GPU blocks a step writes: local prefix-cache data, the forward pass, the loads.
+  std::unordered_set<GpuBlockId> blocks_written(const std::vector<ScheduledRequest>& entries,
+                                                const StepResult& out) const {
+    std::unordered_set<GpuBlockId> written;
+    const auto& layouts = scheduler->layouts();
+    for (const ScheduledRequest& e : entries) {
+      const Request& r = requests.at(e.request_id);
+      for (const auto& [g, k, id] : r.local_data) written.insert(id);
+      const std::int64_t end = e.num_computed_tokens + e.num_scheduled_tokens;
+      for (std::size_t g = 0; g < layouts.size(); ++g) {
+        const std::int64_t gbs = layouts[g].gpu_block_size;
+        for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
+          written.insert(r.table[g][static_cast<std::size_t>(k)]);
+        }
+      }
+    }
+    for (const TransferJob& job : out.load_jobs) {
+      written.insert(job.gpu.block_ids.begin(), job.gpu.block_ids.end());
+    }
+    return written;
   }
 
   void step() {
@@ -446,14 +569,61 @@ struct SyntheticEngine::Impl {
       entries.push_back(std::move(e));
     }
 
+    // reset_cache now and then: the cache empties without per-key events (the engine that
+    // resets knows), every job in flight is flushed, and their reports become stale.
+    std::vector<ManagerEvent> events_before;
+    const bool reset = chance(config.reset_probability);
+    if (reset) {
+      events_before = take_events();
+      if (config.check_invariants) after_build(StepResult{}, events_before);
+      scheduler->reset_cache();
+      stored_ok.clear();
+      jobs_of.clear();  // every job is stale now
+      ++report.resets;
+    }
     const StepResult out = scheduler->build_step(entries, preempted);
-    if (config.check_invariants) after_build(out);
+    const std::vector<ManagerEvent> events =
+        config.check_invariants || config.observer ? take_events() : std::vector<ManagerEvent>{};
+    if (config.check_invariants) after_build(out, events);
+    if (config.observer) {
+      const std::unordered_set<GpuBlockId> written = blocks_written(entries, out);
+      config.observer(StepObservation{*scheduler, entries, out, events_before, events, reset,
+                                      written, stores_running});
+    }
     engine->wait(out.flush);  // the fence: stores still reading reused blocks finish first
+    // Their copies are done (a FaultyBackend may still hold their results back a few polls).
+    for (const JobId id : out.flush) stores_running.erase(id);
+    if (reset) {
+      // Jobs from before the reset have all run (flushed): verify and report them (the
+      // scheduler ignores the stale reports); requests waiting for a load start over.
+      (void)report_finished(/*all_owed=*/true);
+      // A load whose result a FaultyBackend still holds back is not verified: its request
+      // starts over now and its blocks go to others.
+      for (auto it = load_jobs.begin(); it != load_jobs.end();) {
+        it = loading.count(it->second.request_id) != 0 ? load_jobs.erase(it) : std::next(it);
+      }
+      for (const std::string& id : std::vector<std::string>(loading.begin(), loading.end())) {
+        restart(requests.at(id));
+      }
+      loading.clear();
+    }
     for (const std::string& id : preempted) restart(requests.at(id));
+    // Local prefix-cache blocks get their data once the stores that still read them ran.
+    for (const ScheduledRequest& e : entries) {
+      Request& r = requests.at(e.request_id);
+      for (const auto& [g, k, id] : r.local_data) {
+        gpu_unwritten.erase(id);
+        for (std::size_t t = 0; t < static_cast<std::size_t>(2 * config.layers); ++t) {
+          fill(page(g, t, id), config.page_bytes, seed_of(r, g, t, k));
+        }
+      }
+      r.local_data.clear();
+    }
     for (const TransferJob& job : out.load_jobs) {
       engine->submit(job);
       submitted.insert(job.id);
       load_jobs.emplace(job.id, job);
+      ++jobs_of[job.request_id];
       ++report.load_jobs;
     }
     // The forward pass writes the scheduled tokens' blocks.
@@ -464,6 +634,7 @@ struct SyntheticEngine::Impl {
         const std::int64_t gbs = layouts[g].gpu_block_size;
         for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
           const GpuBlockId id = r.table[g][static_cast<std::size_t>(k)];
+          gpu_unwritten.erase(id);
           for (std::size_t t = 0; t < static_cast<std::size_t>(2 * config.layers); ++t) {
             const std::uint64_t seed = (k + 1) * gbs <= end
                                            ? seed_of(r, g, t, k)
@@ -476,15 +647,20 @@ struct SyntheticEngine::Impl {
       if (r.computed >= r.prompt) r.num_tokens = std::min(r.computed + 1, r.max_len + 1);
     }
     for (const TransferJob& job : out.store_jobs) {
+      record_written(job);
       engine->submit(job);
       submitted.insert(job.id);
+      stores_running.emplace(job.id, job.gpu.block_ids);
+      ++jobs_of[job.request_id];
       ++report.store_jobs;
       if (config.check_invariants) store_keys.emplace(job.id, job.keys);
     }
 
     for (const CompletedJob& c : report_finished()) {
       if (c.kind != JobKind::load) continue;
-      Request& r = requests.at(c.request_id);
+      auto found = requests.find(c.request_id);
+      if (found == requests.end() || found->second.phase != Phase::loading) continue;
+      Request& r = found->second;
       loading.erase(r.id);
       if (c.ok) {
         r.phase = Phase::running;
@@ -541,6 +717,15 @@ struct SyntheticEngine::Impl {
   std::unordered_map<JobId, std::vector<Key>> store_keys;
   std::unordered_set<JobId> failed_loads;
   std::unordered_set<JobId> submitted;  // jobs given to the engine and not yet finished
+  // Store jobs whose copy may still run (not flushed, not reported finished): their sources.
+  std::unordered_map<JobId, std::vector<GpuBlockId>> stores_running;
+  std::map<JobId, OwedReports> owed;  // reports not yet given to the scheduler
+  std::unordered_map<HostBlockId, std::vector<bool>> host_written;  // record_written
+  std::unordered_set<GpuBlockId> gpu_unwritten;  // loaded from a sub-block no store wrote
+  std::int64_t gbs_lcm = 1;
+  std::unordered_map<std::string, std::int64_t> jobs_of;  // jobs in flight per request
+  std::unordered_map<JobId, std::string>
+      store_req;  // a local prefix hit covers whole blocks of every group
   SimReport report;
   std::chrono::steady_clock::time_point start;
 };

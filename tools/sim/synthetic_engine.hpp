@@ -4,18 +4,40 @@
 // block manager, the pinned pool and the transfer engine (HostBackend) over a real KV layout in
 // host memory, step after step, with eviction pressure and preemption. Every block loaded back
 // is compared byte for byte with what the request would have computed. Used by kvoffload-demo,
-// the end-to-end test, the benchmark and the soak run.
+// the end-to-end test, the scheduler property test (through `observer`), the benchmark and the
+// soak run.
 
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kvoffload/config.hpp"
 #include "kvoffload/faulty_backend.hpp"
+#include "kvoffload/host_block_manager.hpp"
+#include "kvoffload/scheduler.hpp"
 
 namespace kvsim {
+
+/// What one step did, for an oracle outside the engine (SimConfig::observer). Valid during the
+/// call only.
+struct StepObservation {
+  const kvoffload::Scheduler& scheduler;
+  const std::vector<kvoffload::ScheduledRequest>& entries;
+  const kvoffload::StepResult& out;
+  /// Events taken before reset_cache (when `reset`), and those since (after build_step).
+  const std::vector<kvoffload::ManagerEvent>& events_before_reset;
+  const std::vector<kvoffload::ManagerEvent>& events;
+  bool reset = false;  ///< reset_cache() ran right before this build_step
+  /// GPU blocks this step writes: the forward pass, local prefix-cache hits, the loads.
+  const std::unordered_set<kvoffload::GpuBlockId>& written;
+  /// Store jobs whose copy may still run (neither flushed nor reported finished by the
+  /// worker), with the GPU blocks they read.
+  const std::unordered_map<kvoffload::JobId, std::vector<kvoffload::GpuBlockId>>& stores_running;
+};
 
 struct SimConfig {
   std::uint64_t seed = 1;
@@ -33,6 +55,18 @@ struct SimConfig {
   int prefix_families = 4;  ///< requests share prefixes from this many families
   double preempt_probability = 0.01;
   std::string policy = "lru";
+  std::int64_t num_workers = 1;  ///< reports per job (the engine stands in for every worker)
+  bool prefix_caching = true;
+  std::int64_t store_threshold = 0;
+  double local_hit_probability = 0;  ///< a start finds a prefix in the GPU prefix cache
+  double reset_probability = 0;      ///< reset_cache() before a step
+  /// A worker reports a job failed although its copy succeeded (not with check_invariants,
+  /// whose shadow cache follows the copies).
+  double report_failure_probability = 0;
+  /// Reports of a finished transfer trickle in over the next steps (1 or 2 at a time) instead
+  /// of all at once.
+  bool staggered_reports = false;
+  std::function<void(const StepObservation&)> observer;
   bool defer_stores = true;
   bool verify = true;  ///< compare every loaded byte (off for speed measurements)
   int copy_threads = 0;
@@ -68,6 +102,12 @@ struct SimReport {
   std::uint64_t stores_without_room = 0;  ///< store attempts with the host cache full
   std::int64_t invariant_checks = 0;
   std::int64_t invariant_violations = 0;  ///< must be 0
+  std::int64_t local_hits = 0;            ///< starts with a GPU prefix-cache hit
+  std::int64_t resets = 0;
+  /// Pages a load brought from host sub-blocks that their store skipped (a window block
+  /// stored after reset_cache, with its leading sub-blocks already null); window groups only,
+  /// else a mismatch.
+  std::int64_t unwritten_reads = 0;
   std::string first_violation;
   bool drained = false;  ///< run() ended with every job finished and the checks above
 };
