@@ -1,0 +1,103 @@
+#pragma once
+
+// The disk tier's storage (issue 16, first part): preallocated slab files of fixed-size slots,
+// each holding one host block row behind a self-describing header, so that a new process
+// rebuilds the index by scanning headers (restart-safe) and a torn or corrupted slot is a miss,
+// never wrong data.
+//
+// Slot layout (all integers little-endian):
+//   [0, 4096)           header: magic "KVOFSLT1", format version, key (hash bytes, size,
+//                       group), layout digest, payload length, XXH3-64 of the payload, XXH3-64
+//                       of the header fields before it; zero padding
+//   [4096, slot_bytes)  payload, padded to a multiple of 4096 (O_DIRECT-ready)
+// Files: <directory>/<layout digest, 16 hex digits>/slab-<n>.kvo, `slots_per_file` slots each.
+//
+// Not thread-safe: one owner (a worker's I/O thread) calls it.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvoffload {
+
+struct DiskSlotsConfig {
+  std::string directory;             ///< the tier's root directory (created if missing)
+  std::uint64_t layout_digest = 0;   ///< of everything that makes bytes incompatible
+  std::uint64_t payload_bytes = 0;   ///< bytes of one host block row, > 0
+  std::uint64_t capacity_bytes = 0;  ///< bound on the slab files' total size, >= one slot
+  std::uint64_t slots_per_file = 1024;
+  /// Scan also reads every payload and checks its checksum (slow on large tiers): then the
+  /// index holds exactly the slots whose write completed. Without it, a write torn between
+  /// header and payload is found at read time (a miss, counted) instead.
+  bool verify_payloads_on_scan = false;
+};
+
+/// What the scan at open found.
+struct DiskScanReport {
+  std::int64_t valid = 0;    ///< slots with a good header (and payload, when verified)
+  std::int64_t invalid = 0;  ///< slots with a header that is torn, corrupt or of another layout
+  std::int64_t empty = 0;    ///< slots never written or erased
+  double seconds = 0;
+};
+
+struct DiskSlotsStats {
+  std::uint64_t writes = 0;
+  std::uint64_t write_errors = 0;  ///< I/O errors, ENOSPC included
+  std::uint64_t reads = 0;
+  std::uint64_t read_misses = 0;  ///< bad header, other key, bad checksum, short file
+};
+
+class KVOFFLOAD_EXPORT DiskSlots {
+ public:
+  /// Creates or opens the slab files and scans their headers. Throws invalid_argument naming
+  /// the field for a bad config, and kvoffload::error naming the path when a file cannot be
+  /// created.
+  explicit DiskSlots(const DiskSlotsConfig& config);
+  ~DiskSlots();
+  DiskSlots(const DiskSlots&) = delete;
+  DiskSlots& operator=(const DiskSlots&) = delete;
+
+  [[nodiscard]] std::int64_t num_slots() const noexcept { return num_slots_; }
+  [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return slot_bytes_; }
+  /// The directory of this layout's files.
+  [[nodiscard]] const std::string& layout_directory() const noexcept { return layout_dir_; }
+
+  /// Writes `payload` (exactly payload_bytes) with `key`'s header into `slot`, header and
+  /// payload in one write. Returns false (counted, logged) on an I/O error such as ENOSPC.
+  bool write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload);
+  /// Reads `slot` into `out` (payload_bytes) if its header is valid, holds `key`, and the
+  /// payload's checksum matches; otherwise returns false (a miss, counted) and `out` must not
+  /// be used.
+  bool read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out);
+  /// Marks `slot` empty (its header zeroed), e.g. when the tier evicts it.
+  bool erase(std::int64_t slot);
+
+  /// The key the scan at open found in each slot (nullopt: empty or invalid).
+  [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept { return scanned_; }
+  [[nodiscard]] const DiskScanReport& scan_report() const noexcept { return scan_; }
+  [[nodiscard]] const DiskSlotsStats& stats() const noexcept { return stats_; }
+
+ private:
+  void scan();
+  [[nodiscard]] std::pair<int, std::uint64_t> locate(std::int64_t slot) const;
+
+  DiskSlotsConfig config_;
+  std::string layout_dir_;
+  std::uint64_t slot_bytes_ = 0;
+  std::int64_t num_slots_ = 0;
+  std::vector<int> fds_;
+  std::vector<std::uint8_t> buffer_;  // one slot, for writes and reads
+  std::vector<std::optional<Key>> scanned_;
+  DiskScanReport scan_;
+  DiskSlotsStats stats_;
+};
+
+/// XXH3-64 of `bytes` (the disk tier's checksum), exposed for tests and tools.
+KVOFFLOAD_EXPORT std::uint64_t disk_checksum(std::span<const std::uint8_t> bytes) noexcept;
+
+}  // namespace kvoffload

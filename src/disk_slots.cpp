@@ -1,0 +1,248 @@
+#include "kvoffload/disk_slots.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+// Header-only XXH3 (Debian's libxxhash-dev): nothing to load at run time.
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "expects.hpp"
+#include "logging.hpp"
+
+namespace kvoffload {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the slot format is little-endian");
+
+constexpr std::uint64_t kHeaderBytes = 4096;
+constexpr std::uint64_t kAlign = 4096;
+constexpr char kMagic[8] = {'K', 'V', 'O', 'F', 'S', 'L', 'T', '1'};
+constexpr std::uint32_t kVersion = 1;
+
+// Field offsets in the header.
+constexpr std::size_t kOffVersion = 8, kOffKeySize = 12, kOffKey = 16, kOffGroup = 48,
+                      kOffDigest = 56, kOffLength = 64, kOffPayloadSum = 72, kOffHeaderSum = 80,
+                      kHeaderFields = 88;
+
+template <class T>
+void put(std::uint8_t* p, std::size_t at, T v) {
+  std::memcpy(p + at, &v, sizeof v);
+}
+template <class T>
+T get(const std::uint8_t* p, std::size_t at) {
+  T v;
+  std::memcpy(&v, p + at, sizeof v);
+  return v;
+}
+
+std::uint64_t round_up(std::uint64_t n, std::uint64_t a) {
+  return (n + a - 1) / a * a;
+}
+
+std::string hex16(std::uint64_t v) {
+  return fmt::format("{:016x}", v);
+}
+
+/// pread/pwrite all of `n` bytes; false on an error or end of file (errno kept, 0 at EOF).
+bool full_pread(int fd, std::uint8_t* p, std::size_t n, off_t at) {
+  while (n > 0) {
+    const ssize_t got = ::pread(fd, p, n, at);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      if (got == 0) errno = 0;
+      return false;
+    }
+    p += got;
+    n -= static_cast<std::size_t>(got);
+    at += got;
+  }
+  return true;
+}
+
+bool full_pwrite(int fd, const std::uint8_t* p, std::size_t n, off_t at) {
+  while (n > 0) {
+    const ssize_t put_n = ::pwrite(fd, p, n, at);
+    if (put_n < 0 && errno == EINTR) continue;
+    if (put_n <= 0) return false;
+    p += put_n;
+    n -= static_cast<std::size_t>(put_n);
+    at += put_n;
+  }
+  return true;
+}
+
+enum class HeaderState { empty, invalid, valid };
+
+/// Decodes a header; `key` is set when valid.
+HeaderState decode(const std::uint8_t* h, std::uint64_t digest, std::uint64_t payload_bytes,
+                   Key& key) {
+  bool zero = true;
+  for (std::size_t i = 0; i < kHeaderFields && zero; ++i) zero = h[i] == 0;
+  if (zero) return HeaderState::empty;
+  if (std::memcmp(h, kMagic, sizeof kMagic) != 0) return HeaderState::invalid;
+  if (get<std::uint64_t>(h, kOffHeaderSum) != XXH3_64bits(h, kOffHeaderSum))
+    return HeaderState::invalid;
+  const auto size = get<std::uint32_t>(h, kOffKeySize);
+  if (get<std::uint32_t>(h, kOffVersion) != kVersion || size < 1 || size > BlockHash::max_size ||
+      get<std::uint64_t>(h, kOffDigest) != digest ||
+      get<std::uint64_t>(h, kOffLength) != payload_bytes) {
+    return HeaderState::invalid;
+  }
+  key = Key{BlockHash::from_bytes(std::span(h + kOffKey, size)), get<std::uint32_t>(h, kOffGroup)};
+  return HeaderState::valid;
+}
+
+}  // namespace
+
+std::uint64_t disk_checksum(std::span<const std::uint8_t> bytes) noexcept {
+  return XXH3_64bits(bytes.data(), bytes.size());
+}
+
+DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
+  KVOFFLOAD_EXPECTS(!config.directory.empty(), "disk tier: directory is empty");
+  KVOFFLOAD_EXPECTS(config.payload_bytes > 0, "disk tier: payload_bytes must be positive");
+  KVOFFLOAD_EXPECTS(config.slots_per_file > 0, "disk tier: slots_per_file must be positive");
+  slot_bytes_ = kHeaderBytes + round_up(config.payload_bytes, kAlign);
+  KVOFFLOAD_EXPECTS(config.capacity_bytes >= slot_bytes_,
+                    "disk tier: capacity_bytes {} is less than one slot ({} bytes)",
+                    config.capacity_bytes, slot_bytes_);
+  num_slots_ = static_cast<std::int64_t>(config.capacity_bytes / slot_bytes_);
+  layout_dir_ = (std::filesystem::path(config.directory) / hex16(config.layout_digest)).string();
+  std::error_code ec;
+  std::filesystem::create_directories(layout_dir_, ec);
+  if (ec) throw error(fmt::format("disk tier: cannot create {}: {}", layout_dir_, ec.message()));
+  const auto per_file = static_cast<std::int64_t>(config.slots_per_file);
+  const std::int64_t files = (num_slots_ + per_file - 1) / per_file;
+  for (std::int64_t f = 0; f < files; ++f) {
+    const std::string path = fmt::format("{}/slab-{}.kvo", layout_dir_, f);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      const int err = errno;
+      for (const int open_fd : fds_) ::close(open_fd);
+      throw error(fmt::format("disk tier: cannot open {}: {}", path, std::strerror(err)));
+    }
+    fds_.push_back(fd);
+    // Sparse: space is taken as slots are written, so a full disk fails a write (ENOSPC,
+    // counted), never the open. A file someone truncated grows back with empty slots.
+    const std::int64_t slots = std::min(per_file, num_slots_ - f * per_file);
+    const auto want = static_cast<off_t>(static_cast<std::uint64_t>(slots) * slot_bytes_);
+    struct stat st {};
+    if (::fstat(fd, &st) == 0 && st.st_size < want && ::ftruncate(fd, want) != 0) {
+      detail::logger().warn("disk tier: cannot size {}: {}", path, std::strerror(errno));
+    }
+  }
+  buffer_.resize(slot_bytes_);
+  scan();
+}
+
+DiskSlots::~DiskSlots() {
+  for (const int fd : fds_) ::close(fd);
+}
+
+std::pair<int, std::uint64_t> DiskSlots::locate(std::int64_t slot) const {
+  KVOFFLOAD_EXPECTS(slot >= 0 && slot < num_slots_, "disk tier: slot {} is outside 0..{}", slot,
+                    num_slots_ - 1);
+  const auto per_file = static_cast<std::int64_t>(config_.slots_per_file);
+  return {fds_[static_cast<std::size_t>(slot / per_file)],
+          static_cast<std::uint64_t>(slot % per_file) * slot_bytes_};
+}
+
+void DiskSlots::scan() {
+  const auto start = std::chrono::steady_clock::now();
+  scanned_.assign(static_cast<std::size_t>(num_slots_), std::nullopt);
+  for (std::int64_t s = 0; s < num_slots_; ++s) {
+    const auto [fd, at] = locate(s);
+    const std::size_t n = config_.verify_payloads_on_scan ? slot_bytes_ : kHeaderBytes;
+    Key key;
+    if (!full_pread(fd, buffer_.data(), n, static_cast<off_t>(at))) {
+      ++scan_.empty;  // past the end of a truncated file
+      continue;
+    }
+    switch (decode(buffer_.data(), config_.layout_digest, config_.payload_bytes, key)) {
+      case HeaderState::empty: ++scan_.empty; break;
+      case HeaderState::invalid: ++scan_.invalid; break;
+      case HeaderState::valid:
+        if (config_.verify_payloads_on_scan &&
+            XXH3_64bits(buffer_.data() + kHeaderBytes, config_.payload_bytes) !=
+                get<std::uint64_t>(buffer_.data(), kOffPayloadSum)) {
+          ++scan_.invalid;
+          break;
+        }
+        scanned_[static_cast<std::size_t>(s)] = key;
+        ++scan_.valid;
+        break;
+    }
+  }
+  scan_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  detail::logger().info(
+      "disk tier: {} holds {} valid, {} invalid and {} empty slots (scanned in {:.3f} s)",
+      layout_dir_, scan_.valid, scan_.invalid, scan_.empty, scan_.seconds);
+}
+
+bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload) {
+  KVOFFLOAD_EXPECTS(payload.size() == config_.payload_bytes,
+                    "disk tier: a payload of {} bytes, slots hold {}", payload.size(),
+                    config_.payload_bytes);
+  const auto [fd, at] = locate(slot);
+  std::uint8_t* h = buffer_.data();
+  std::memset(h, 0, kHeaderBytes);
+  std::memcpy(h, kMagic, sizeof kMagic);
+  put<std::uint32_t>(h, kOffVersion, kVersion);
+  put<std::uint32_t>(h, kOffKeySize, static_cast<std::uint32_t>(key.hash.size()));
+  std::memcpy(h + kOffKey, key.hash.data(), key.hash.size());
+  put<std::uint32_t>(h, kOffGroup, key.group);
+  put<std::uint64_t>(h, kOffDigest, config_.layout_digest);
+  put<std::uint64_t>(h, kOffLength, config_.payload_bytes);
+  put<std::uint64_t>(h, kOffPayloadSum, XXH3_64bits(payload.data(), payload.size()));
+  put<std::uint64_t>(h, kOffHeaderSum, XXH3_64bits(h, kOffHeaderSum));
+  std::memcpy(h + kHeaderBytes, payload.data(), payload.size());
+  std::memset(h + kHeaderBytes + payload.size(), 0, slot_bytes_ - kHeaderBytes - payload.size());
+  ++stats_.writes;
+  if (!full_pwrite(fd, h, slot_bytes_, static_cast<off_t>(at))) {
+    ++stats_.write_errors;
+    detail::logger().warn("disk tier: writing slot {} of {} failed: {}", slot, layout_dir_,
+                          std::strerror(errno));
+    // A partly written slot must not read back as valid: drop its header if we can.
+    std::memset(h, 0, kHeaderBytes);
+    (void)full_pwrite(fd, h, kHeaderBytes, static_cast<off_t>(at));
+    return false;
+  }
+  return true;
+}
+
+bool DiskSlots::read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out) {
+  KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
+                    "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
+                    config_.payload_bytes);
+  const auto [fd, at] = locate(slot);
+  ++stats_.reads;
+  Key found;
+  const bool ok = full_pread(fd, buffer_.data(), slot_bytes_, static_cast<off_t>(at)) &&
+                  decode(buffer_.data(), config_.layout_digest, config_.payload_bytes, found) ==
+                      HeaderState::valid &&
+                  found == key &&
+                  XXH3_64bits(buffer_.data() + kHeaderBytes, config_.payload_bytes) ==
+                      get<std::uint64_t>(buffer_.data(), kOffPayloadSum);
+  if (!ok) {
+    ++stats_.read_misses;
+    return false;
+  }
+  std::memcpy(out.data(), buffer_.data() + kHeaderBytes, out.size());
+  return true;
+}
+
+bool DiskSlots::erase(std::int64_t slot) {
+  const auto [fd, at] = locate(slot);
+  std::memset(buffer_.data(), 0, kHeaderBytes);
+  return full_pwrite(fd, buffer_.data(), kHeaderBytes, static_cast<off_t>(at));
+}
+
+}  // namespace kvoffload
