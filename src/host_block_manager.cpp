@@ -285,6 +285,34 @@ void HostBlockManager::reset() {
   policy_->reset();
 }
 
+std::int64_t HostBlockManager::restore(std::span<const std::optional<Key>> blocks) {
+  KVOFFLOAD_EXPECTS(index_.size() == 0 && next_never_used_ == 0 && freed_.empty(),
+                    "restore: the manager already holds blocks");
+  KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(blocks.size()) <= capacity_,
+                    "restore: {} blocks for a capacity of {}", blocks.size(), capacity_);
+  ManagerEvent stored{false, {}};
+  std::int64_t restored = 0;
+  for (std::size_t i = 0; i < blocks.size(); ++i) {
+    if (!blocks[i]) continue;
+    const auto id = static_cast<HostBlockId>(i);
+    const Key& key = *blocks[i];
+    if (!index_.insert(key, detail::KeyIndex::hash(key), id, keys_.data()).second) continue;
+    keys_[i] = key;
+    blocks_[i].state = State::ready;
+    blocks_[i].readers = 0;
+    policy_->insert(id, key);
+    if (enable_events_) stored.keys.push_back(key);
+    ++restored;
+  }
+  // Every id is now either held or free; free ones are handed out lowest first.
+  next_never_used_ = static_cast<HostBlockId>(capacity_);
+  for (auto id = static_cast<HostBlockId>(capacity_); id-- > 0;) {
+    if (blocks_[static_cast<std::size_t>(id)].state == State::free) freed_.push_back(id);
+  }
+  if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));
+  return restored;
+}
+
 std::vector<ManagerEvent> HostBlockManager::take_events() {
   std::vector<ManagerEvent> out;
   out.swap(events_);

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -90,6 +91,13 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   void touch_blocks(std::span<const HostBlockId> ids);
   /// Forgets every block; ids become never-used again. Emits no event.
   void reset();
+  /// Rebuilds an empty manager from what a tier found at open (DiskSlots::scanned()): block
+  /// `id` holds `blocks[id]` when set, ready, with no readers. A key found twice keeps its
+  /// first block (the others stay free). Restored keys enter the eviction order in block
+  /// order (the disk keeps no recency) and, with events on, one "stored" event. Free blocks
+  /// are handed out lowest first. Returns the number of keys restored. Throws
+  /// invalid_argument unless the manager is empty and `blocks` fits its capacity.
+  std::int64_t restore(std::span<const std::optional<Key>> blocks);
 
   /// Events since the last call, oldest first.
   std::vector<ManagerEvent> take_events();

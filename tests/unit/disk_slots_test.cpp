@@ -16,6 +16,7 @@
 
 #include "kvoffload/disk_slots.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/host_block_manager.hpp"
 
 using namespace kvoffload;
 using Catch::Matchers::ContainsSubstring;
@@ -239,4 +240,37 @@ TEST_CASE("Disk slots: a process killed while writing leaves only whole blocks",
     REQUIRE(out == payload_of(s, c.payload_bytes));
   }
   CHECK(found >= static_cast<std::int64_t>(completed.size()));
+}
+
+TEST_CASE("A tier's index is a block manager restored from the slots' scan", "[disk][manager]") {
+  TempDir dir;
+  const DiskSlotsConfig c = config_in(dir.path, 4096, 6);
+  {
+    DiskSlots d(c);
+    for (const int i : {0, 2, 3, 5}) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
+    REQUIRE(d.write(4, key_of(0), payload_of(0, c.payload_bytes)));  // key 0 twice
+  }
+  DiskSlots d(c);
+  ManagerConfig mc;
+  mc.host_blocks = d.num_slots();
+  HostBlockManager index(mc);
+  CHECK(index.restore(d.scanned()) == 4);  // the second copy of key 0 is dropped
+  for (const int i : {0, 2, 3, 5}) {
+    CAPTURE(i);
+    CHECK(index.peek(key_of(i)) == LookupResult::hit);
+    CHECK(index.block_of(key_of(i)) == i);
+  }
+  CHECK(index.num_used() == 4);
+  const auto events = index.take_events();
+  REQUIRE(events.size() == 1);
+  CHECK_FALSE(events[0].removed);
+  CHECK(events[0].keys.size() == 4);
+  // Three new keys, two free slots: the least recent restored key (slot 0) is evicted, and
+  // the ids go out most recently freed first (SEMANTICS 9), then the free slots lowest first.
+  PreparedStore p;
+  REQUIRE(index.prepare_store(std::vector<Key>{key_of(10), key_of(11), key_of(12)}, p));
+  CHECK(p.block_ids == std::vector<HostBlockId>{0, 1, 4});
+  CHECK(index.peek(key_of(0)) == LookupResult::miss);
+  // Only an empty manager can be restored.
+  CHECK_THROWS_WITH(index.restore(d.scanned()), ContainsSubstring("already holds blocks"));
 }
