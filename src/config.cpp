@@ -33,6 +33,26 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
   KVOFFLOAD_EXPECTS(config.num_workers >= 1, "num_workers must be at least 1, got {}",
                     config.num_workers);
   validate(config.manager);
+  KVOFFLOAD_EXPECTS(config.tiers.size() <= 8, "tiers: at most 8 tiers, got {}",
+                    config.tiers.size());
+  for (std::size_t t = 0; t < config.tiers.size(); ++t) {
+    const TierConfig& tier = config.tiers[t];
+    KVOFFLOAD_EXPECTS(tier.medium != Medium::host,
+                      "tiers[{}].medium: a tier is below the host "
+                      "cache, not \"host\"",
+                      t);
+    KVOFFLOAD_EXPECTS(tier.blocks >= 1 && tier.blocks <= (std::int64_t{1} << 31) - 2,
+                      "tiers[{}].blocks must be 1 to 2^31 - 2, got {}", t, tier.blocks);
+    KVOFFLOAD_EXPECTS(tier.store_threshold == 0 || tier.store_threshold >= 2,
+                      "tiers[{}].store_threshold must be 0 (off) or at least 2, got {}", t,
+                      tier.store_threshold);
+    KVOFFLOAD_EXPECTS(tier.write_queue_blocks >= 0,
+                      "tiers[{}].write_queue_blocks must not be negative, got {}", t,
+                      tier.write_queue_blocks);
+    KVOFFLOAD_EXPECTS(
+        tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc,
+        "tiers[{}].policy: unknown eviction policy {}", t, static_cast<int>(tier.policy));
+  }
   KVOFFLOAD_EXPECTS(config.gpu_blocks >= 0 && config.gpu_blocks <= (std::int64_t{1} << 31),
                     "gpu_blocks must be 0 (unknown) to 2^31, got {}", config.gpu_blocks);
 

@@ -12,6 +12,8 @@ namespace {
 constexpr std::array<std::string_view, 3> kGroupKind{"full_attention", "sliding_window", "mamba"};
 constexpr std::array<std::string_view, 2> kJobKind{"load", "store"};
 constexpr std::array<std::string_view, 2> kBackendKind{"host", "cuda"};
+constexpr std::array<std::string_view, 2> kMedium{"host", "disk"};
+constexpr std::array<std::string_view, 2> kTierJobKind{"promote", "write"};
 constexpr std::array<std::string_view, 2> kEvictionPolicy{"lru", "arc"};
 constexpr std::array<std::string_view, 3> kLookupResult{"miss", "pending", "hit"};
 constexpr std::array<std::string_view, 3> kHugePages{"off", "prefer", "require"};
@@ -52,6 +54,8 @@ std::uint8_t index_of(const std::array<std::string_view, N>& names, std::string_
 KVOFFLOAD_ENUM_NAMES(GroupKind, kGroupKind, parse_group_kind, "group kind")
 KVOFFLOAD_ENUM_NAMES(JobKind, kJobKind, parse_job_kind, "job kind")
 KVOFFLOAD_ENUM_NAMES(BackendKind, kBackendKind, parse_backend_kind, "backend")
+KVOFFLOAD_ENUM_NAMES(Medium, kMedium, parse_medium, "medium")
+KVOFFLOAD_ENUM_NAMES(TierJobKind, kTierJobKind, parse_tier_job_kind, "tier job kind")
 KVOFFLOAD_ENUM_NAMES(EvictionPolicyKind, kEvictionPolicy, parse_eviction_policy, "eviction policy")
 KVOFFLOAD_ENUM_NAMES(HugePages, kHugePages, parse_huge_pages, "huge page setting")
 KVOFFLOAD_ENUM_NAMES(Pinning, kPinning, parse_pinning, "pinning")

@@ -7,6 +7,7 @@ namespace kvoffload {
 HostBlockManager::HostBlockManager(const ManagerConfig& config)
     : capacity_((validate(config), config.host_blocks)),
       enable_events_(config.enable_events),
+      medium_(config.medium),
       store_threshold_(config.store_threshold),
       block_bytes_(config.block_bytes),
       policy_(make_eviction_policy(config.policy, static_cast<std::size_t>(capacity_))),
@@ -81,7 +82,8 @@ void HostBlockManager::free_id(HostBlockId id) {
   freed_.push_back(id);
 }
 
-bool HostBlockManager::prepare_store(std::span<const Key> keys, PreparedStore& out) {
+bool HostBlockManager::prepare_store(std::span<const Key> keys, PreparedStore& out,
+                                     bool admit_all) {
   std::vector<Key>& keys_to_store = out.keys_to_store;
   std::vector<HostBlockId>& block_ids = out.block_ids;
   keys_to_store.clear();
@@ -111,7 +113,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, PreparedStore& o
     if (const HostBlockId id = index_.find(key, key_hashes_[k], keys_.data()); id >= 0) {
       blocks_[static_cast<std::size_t>(id)].protect_epoch = epoch_;
       out.key_blocks[k] = id;
-    } else if (store_threshold_ > 0 &&
+    } else if (store_threshold_ > 0 && !admit_all &&
                lookup_count(key) < static_cast<std::uint32_t>(store_threshold_)) {
       ++stats_.stores_skipped;  // not popular enough yet
     } else {
@@ -142,7 +144,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, PreparedStore& o
       out.ok = false;
       return false;
     }
-    ManagerEvent removed{true, {}};
+    ManagerEvent removed{true, {}, medium_};
     if (enable_events_) removed.keys.reserve(scratch_ids_.size());
     for (const HostBlockId id : scratch_ids_) {
       const Key key = keys_[static_cast<std::size_t>(id)];
@@ -196,7 +198,7 @@ void HostBlockManager::complete_store(std::span<const Key> keys, bool ok) {
 }
 
 void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, bool ok) {
-  ManagerEvent stored{false, {}};
+  ManagerEvent stored{false, {}, medium_};
   if (enable_events_ && ok) stored.keys.reserve(ids.size());
   for (const HostBlockId id : ids) {
     if (id < 0 || id >= capacity_) continue;
@@ -249,6 +251,45 @@ void HostBlockManager::complete_load(std::span<const Key> keys) {
   }
 }
 
+void HostBlockManager::pin_blocks(std::span<const HostBlockId> ids) {
+  for (const HostBlockId id : ids) {
+    KVOFFLOAD_EXPECTS(
+        id >= 0 && id < capacity_ && blocks_[static_cast<std::size_t>(id)].state == State::ready,
+        "pin: host block {} is not a ready block", id);
+  }
+  for (const HostBlockId id : ids) {
+    Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.readers++ == 0) ++num_being_read_;
+  }
+}
+
+void HostBlockManager::unpin_blocks(std::span<const HostBlockId> ids) {
+  for (const HostBlockId id : ids) {
+    if (id < 0 || id >= capacity_) continue;
+    Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.state != State::free && block.readers > 0 && --block.readers == 0) {
+      --num_being_read_;
+    }
+  }
+}
+
+std::int64_t HostBlockManager::erase(std::span<const Key> keys) {
+  ManagerEvent removed{true, {}, medium_};
+  std::int64_t n = 0;
+  for (const Key& key : keys) {
+    const HostBlockId id = block_of(key);
+    if (id < 0) continue;
+    const Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.state != State::ready || block.readers != 0) continue;
+    policy_->erase(id);
+    free_id(id);
+    if (enable_events_) removed.keys.push_back(key);
+    ++n;
+  }
+  if (enable_events_ && !removed.keys.empty()) events_.push_back(std::move(removed));
+  return n;
+}
+
 void HostBlockManager::touch_blocks(std::span<const HostBlockId> ids) {
   if (ids.empty()) return;
   for (const HostBlockId id : ids) {
@@ -290,7 +331,7 @@ std::int64_t HostBlockManager::restore(std::span<const std::optional<Key>> block
                     "restore: the manager already holds blocks");
   KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(blocks.size()) <= capacity_,
                     "restore: {} blocks for a capacity of {}", blocks.size(), capacity_);
-  ManagerEvent stored{false, {}};
+  ManagerEvent stored{false, {}, medium_};
   std::int64_t restored = 0;
   for (std::size_t i = 0; i < blocks.size(); ++i) {
     if (!blocks[i]) continue;

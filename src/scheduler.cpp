@@ -40,6 +40,9 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
   // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
   fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
   store_scratch.first_candidate.resize(layouts.size());
+  for (const TierConfig& tier : cfg.tiers) {
+    tiers.push_back(std::make_unique<TierState>(tier, cfg.manager.enable_events));
+  }
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
 
@@ -257,6 +260,7 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   if (job.kind == JobKind::store) {
     manager.complete_store_blocks(job.host_ids, job.ok);
     if (!job.ok) ++stats.failed_stores;
+    if (job.ok && !tiers.empty()) queue_tier_writes(job.host_ids);  // write-through
     for_each_source(job, true, [&](GpuBlockId id) { fence.remove(id, job.id); });
     if (job.full_registered) {
       for_each_source(job, false, [&](GpuBlockId id) { fence.remove(id, job.id); });
@@ -387,6 +391,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
     for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
   }
   out.load_jobs.swap(s.pending_loads);
+  out.tier_jobs.swap(s.pending_tier_jobs);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (plan.idle[i] != 0) continue;  // most requests of a decode step
     s.build_store(*plan.requests[i], scheduled[i], plan.blocks_of(i), out);
@@ -404,7 +409,18 @@ std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> rep
   std::vector<CompletedJob> done;
   for (const JobReport& report : reports) {
     auto it = s.jobs.find(report.job);
-    if (it == s.jobs.end()) continue;  // stale: issued before reset_cache()
+    if (it == s.jobs.end()) {
+      auto tier_it = s.tier_jobs.find(report.job);
+      if (tier_it == s.tier_jobs.end()) continue;  // stale: issued before reset_cache()
+      TierJobState& job = tier_it->second;
+      job.remaining -= report.count;
+      job.ok = job.ok && report.ok;
+      if (job.remaining == 0) {
+        s.complete_tier_job(job);
+        s.tier_jobs.erase(tier_it);
+      }
+      continue;
+    }
     JobState& job = it->second;
     job.remaining -= report.count;
     job.ok = job.ok && report.ok;
@@ -435,6 +451,15 @@ void Scheduler::reset_cache() {
   KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
   Impl& s = *impl_;
   for (const auto& [id, job] : s.jobs) s.flush.push_back(id);
+  for (const auto& [id, job] : s.tier_jobs) s.flush.push_back(id);
+  // The tiers are dropped too: reset_cache means the cached KV is no longer valid (new
+  // weights, say), wherever it is. Tier jobs not yet emitted never run.
+  s.tier_jobs.clear();
+  s.pending_tier_jobs.clear();
+  for (auto& tier : s.tiers) {
+    tier->index.reset();
+    tier->queued = 0;
+  }
   if (!s.pending_loads.empty()) {
     detail::logger().warn("reset_cache: dropping {} planned load job(s) before they ran",
                           s.pending_loads.size());
@@ -457,7 +482,11 @@ void Scheduler::reset_cache() {
 
 std::vector<ManagerEvent> Scheduler::take_events() {
   KVOFFLOAD_ONE_THREAD(*impl_, "take_events");
-  return impl_->manager.take_events();
+  std::vector<ManagerEvent> events = impl_->manager.take_events();
+  for (auto& tier : impl_->tiers) {
+    for (ManagerEvent& e : tier->index.take_events()) events.push_back(std::move(e));
+  }
+  return events;
 }
 const SchedulerStats& Scheduler::stats() const noexcept {
   return impl_->stats;
@@ -475,7 +504,7 @@ std::size_t Scheduler::num_requests() const noexcept {
   return impl_->requests.size();
 }
 std::size_t Scheduler::num_jobs_in_flight() const noexcept {
-  return impl_->jobs.size();
+  return impl_->jobs.size() + impl_->tier_jobs.size();
 }
 
 CacheStats Scheduler::cache_stats() const noexcept {

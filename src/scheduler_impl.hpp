@@ -70,6 +70,35 @@ struct JobState {
   }
 };
 
+/// A tier below the host cache: its index is a block manager whose blocks are the tier's
+/// slots (docs/semantics.md, "Tiers").
+struct TierState {
+  TierState(const TierConfig& c, bool events);
+  TierConfig config;
+  HostBlockManager index;
+  TierStats stats;
+  std::int64_t queue_limit = 0;
+  std::int64_t queued = 0;  // blocks in write jobs not yet completed
+};
+
+struct TierJobState {
+  JobId id = 0;
+  TierJobKind kind = TierJobKind::write;
+  std::uint32_t tier = 0;
+  std::vector<Key> keys;
+  std::vector<HostBlockId> host_ids;
+  std::vector<std::int64_t> tier_ids;
+  std::int64_t remaining = 0;
+  bool ok = true;
+};
+
+/// A key the lookup's scan missed in host memory and found in a tier.
+struct TierFind {
+  std::uint32_t group = 0;
+  std::uint32_t tier = 0;
+  std::int64_t index = 0;  // offloaded block index in the group
+};
+
 struct StringHash {
   using is_transparent = void;
   std::size_t operator()(std::string_view s) const noexcept {
@@ -123,6 +152,22 @@ struct Scheduler::Impl {
 
   // scheduler_lookup.cpp
   std::optional<std::int64_t> lookup(RequestState& r, std::int64_t num_computed_tokens);
+  /// One pass of SEMANTICS 4 (with the tiers: keys found only in a tier count as hits and
+  /// are recorded in tier_found). Fills `hit`; returns false for retry later.
+  bool scan(RequestState& r, std::int64_t nct, std::int64_t& hit);
+  /// The key's answer for the scan: the host cache's, else (with tiers probed) a tier's hit.
+  LookupResult probe(const RequestState& r, std::size_t g, std::int64_t i);
+
+  // scheduler_tiers.cpp
+  /// After a lookup found `hit` tokens: promotes the keys it uses that are only in a tier.
+  /// Returns true if a promotion started (the lookup answers retry later), false if there
+  /// was none to start; sets `no_room` if one was needed and the host cache had no room.
+  bool start_promotions(const RequestState& r, std::int64_t nct, std::int64_t hit, bool& no_room);
+  /// Write-through: queues tier writes of these ready host blocks, subject to each tier's
+  /// admission and write queue.
+  void queue_tier_writes(std::span<const HostBlockId> host_ids);
+  void complete_tier_job(TierJobState& job);
+  TierJob& new_tier_job(TierJobKind kind, std::uint32_t tier, std::string request_id);
 
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
@@ -197,6 +242,17 @@ struct Scheduler::Impl {
   JobId stale_below = 0;  // reports of jobs below this id predate reset_cache()
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
   BlockReuseFence fence;  // GPU block id -> store jobs still reading it
+
+  // Tiers (empty without): their indexes, jobs in flight and jobs for the next step.
+  std::vector<std::unique_ptr<TierState>> tiers;
+  std::unordered_map<JobId, TierJobState> tier_jobs;
+  std::vector<TierJob> pending_tier_jobs;
+  bool probe_tiers = false;   // scan(): look keys missed in host memory up in the tiers
+  bool count_lookups = true;  // scan(): count in the statistics (false on a second pass)
+  std::vector<TierFind> tier_found;
+  std::vector<HostBlockId> catch_up_writes;  // host hits that just reached a tier's admission
+  std::vector<Key> promote_keys;             // scratch
+  PreparedStore promote_prepared;            // scratch
 
   // Reused across calls so steps do not allocate per key or per request.
   StepPlan step_plan;

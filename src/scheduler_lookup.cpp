@@ -18,11 +18,11 @@ struct ScanResult {
 
 /// Full attention: keys from the front up to the first miss; a pending key counts as a hit
 /// but defers the answer.
-ScanResult prefix_scan(HostBlockManager& manager, const Scheduler::Impl& s, const RequestState& r,
-                       std::size_t g, std::int64_t start, std::int64_t end) {
+ScanResult prefix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
+                       std::int64_t end) {
   ScanResult res;
   for (std::int64_t i = start; i < end; ++i) {
-    const LookupResult found = manager.lookup(s.key(r, g, i));
+    const LookupResult found = s.probe(r, g, i);
     if (found == LookupResult::miss) break;
     if (found == LookupResult::pending) res.deferred = true;
     ++res.count;
@@ -32,13 +32,13 @@ ScanResult prefix_scan(HostBlockManager& manager, const Scheduler::Impl& s, cons
 
 /// Sliding window and mamba: from the back, the rightmost run of window_blocks consecutive
 /// hits; without one, the run that reaches the front. A pending key breaks a run and defers.
-ScanResult suffix_scan(HostBlockManager& manager, const Scheduler::Impl& s, const RequestState& r,
-                       std::size_t g, std::int64_t start, std::int64_t end) {
+ScanResult suffix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
+                       std::int64_t end) {
   const std::int64_t window = s.layouts[g].window_blocks;
   ScanResult res;
   std::int64_t run = 0;
   for (std::int64_t i = end - 1; i >= start; --i) {
-    const LookupResult found = manager.lookup(s.key(r, g, i));
+    const LookupResult found = s.probe(r, g, i);
     if (found == LookupResult::hit) {
       if (++run == window) {
         res.count = (i - start) + window;
@@ -54,6 +54,99 @@ ScanResult suffix_scan(HostBlockManager& manager, const Scheduler::Impl& s, cons
 }
 
 }  // namespace
+
+LookupResult Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i) {
+  const Key k = key(r, g, i);
+  const LookupResult host = count_lookups ? manager.lookup(k) : manager.peek(k);
+  if (tiers.empty()) return host;
+  if (host != LookupResult::miss) {
+    if (!count_lookups) return host;
+    // Admission counts every lookup of the key, also while the host cache has it; a host hit
+    // that brings a key to a tier's threshold is written through now (it was stored earlier).
+    for (const auto& tier : tiers) {
+      if (tier->config.store_threshold == 0) continue;
+      tier->index.note_lookup(k);
+      if (host == LookupResult::hit &&
+          tier->index.lookup_count(k) == static_cast<std::uint32_t>(tier->config.store_threshold) &&
+          tier->index.peek(k) == LookupResult::miss) {
+        catch_up_writes.push_back(manager.block_of(k));
+      }
+    }
+    return host;
+  }
+  if (!probe_tiers) return host;
+  for (std::size_t t = 0; t < tiers.size(); ++t) {
+    HostBlockManager& index = tiers[t]->index;
+    if ((count_lookups ? index.lookup(k) : index.peek(k)) == LookupResult::hit) {
+      tier_found.push_back(
+          TierFind{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(t), i});
+      return LookupResult::hit;
+    }
+  }
+  return LookupResult::miss;
+}
+
+bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_out) {
+  std::int64_t max_hit = r.num_tokens - (any_windowed ? 1 : 0);
+  std::int64_t hit = 0;
+  bool defer = false;
+  hit_out = 0;
+
+  enum class Pass { none, windowed, all };
+  Pass queued = Pass::all;
+  while (queued != Pass::none) {
+    const Pass pass = queued;
+    queued = Pass::none;
+    bool windowed_seen = false;
+    for (const std::size_t g : lookup_order) {
+      const GroupLayout& layout = layouts[g];
+      if (pass == Pass::windowed && !layout.windowed()) continue;
+      const std::int64_t obs = layout.offloaded_block_size;
+      const std::int64_t nk = num_keys(r, g);
+      max_hit = std::min(max_hit, nk * obs);
+      if (max_hit - nct < obs) return true;
+      const std::int64_t start = nct / obs;
+      const std::int64_t end = std::min(cdiv(max_hit, obs), nk);
+      const ScanResult res = layout.windowed() ? suffix_scan(*this, r, g, start, end)
+                                               : prefix_scan(*this, r, g, start, end);
+      if (res.deferred) {
+        defer = true;
+      } else {
+        if (res.count == 0) return true;
+        max_hit = std::min(max_hit, obs * (start + res.count));
+      }
+      const std::int64_t new_hit = max_hit - nct;
+      if (new_hit < obs) return true;
+      if (new_hit < hit) {
+        // A later group shrank the hit: earlier answers may have changed.
+        if (defer) {
+          defer = false;
+          queued = Pass::all;
+        } else if (windowed_seen && queued == Pass::none) {
+          queued = Pass::windowed;
+        }
+      }
+      hit = new_hit;
+      if (layout.windowed()) windowed_seen = true;
+    }
+  }
+  if (defer) return false;
+
+  if (config.prefix_caching && !being_loaded.empty()) {
+    for (std::size_t g = 0; g < layouts.size(); ++g) {
+      const std::int64_t obs = layouts[g].offloaded_block_size;
+      const std::int64_t start = nct / obs;
+      const std::int64_t stop = cdiv(nct + hit, obs);
+      const std::int64_t first =
+          layouts[g].windowed() ? std::max(start, stop - layouts[g].window_blocks) : start;
+      for (std::int64_t i = first; i < stop; ++i) {
+        if (being_loaded.contains(key(r, g, i))) return false;
+      }
+    }
+  }
+  hit_out = hit;
+  return true;
+}
 
 std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
                                                     std::int64_t num_computed_tokens) {
@@ -79,69 +172,34 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
     stats.hit_tokens += static_cast<std::uint64_t>(hit_tokens);
     return hit_tokens;
   };
-  std::int64_t max_hit = r.num_tokens - (any_windowed ? 1 : 0);
-  std::int64_t hit = 0;
-  bool defer = false;
-
-  enum class Pass { none, windowed, all };
-  Pass queued = Pass::all;
-  while (queued != Pass::none) {
-    const Pass pass = queued;
-    queued = Pass::none;
-    bool windowed_seen = false;
-    for (const std::size_t g : lookup_order) {
-      const GroupLayout& layout = layouts[g];
-      if (pass == Pass::windowed && !layout.windowed()) continue;
-      const std::int64_t obs = layout.offloaded_block_size;
-      const std::int64_t nk = num_keys(r, g);
-      max_hit = std::min(max_hit, nk * obs);
-      if (max_hit - nct < obs) return finish(0);
-      const std::int64_t start = nct / obs;
-      const std::int64_t end = std::min(cdiv(max_hit, obs), nk);
-      const ScanResult res = layout.windowed() ? suffix_scan(manager, *this, r, g, start, end)
-                                               : prefix_scan(manager, *this, r, g, start, end);
-      if (res.deferred) {
-        defer = true;
-      } else {
-        if (res.count == 0) return finish(0);
-        max_hit = std::min(max_hit, obs * (start + res.count));
-      }
-      const std::int64_t new_hit = max_hit - nct;
-      if (new_hit < obs) return finish(0);
-      if (new_hit < hit) {
-        // A later group shrank the hit: earlier answers may have changed.
-        if (defer) {
-          defer = false;
-          queued = Pass::all;
-        } else if (windowed_seen && queued == Pass::none) {
-          queued = Pass::windowed;
-        }
-      }
-      hit = new_hit;
-      if (layout.windowed()) windowed_seen = true;
-    }
-  }
-  if (defer) {
+  const auto defer = [&]() -> std::optional<std::int64_t> {
     ++stats.deferrals;
     return std::nullopt;
-  }
+  };
 
-  if (config.prefix_caching && !being_loaded.empty()) {
-    for (std::size_t g = 0; g < layouts.size(); ++g) {
-      const std::int64_t obs = layouts[g].offloaded_block_size;
-      const std::int64_t start = nct / obs;
-      const std::int64_t stop = cdiv(nct + hit, obs);
-      const std::int64_t first =
-          layouts[g].windowed() ? std::max(start, stop - layouts[g].window_blocks) : start;
-      for (std::int64_t i = first; i < stop; ++i) {
-        if (being_loaded.contains(key(r, g, i))) {
-          ++stats.deferrals;
-          return std::nullopt;
-        }
-      }
+  std::int64_t hit = 0;
+  if (tiers.empty()) return scan(r, nct, hit) ? finish(hit) : defer();
+
+  // With tiers, keys found only in a tier count as hits; the keys the answer uses are then
+  // promoted and the lookup retried later. Without room for them in host memory, the answer
+  // is the host cache's alone.
+  tier_found.clear();
+  catch_up_writes.clear();
+  probe_tiers = true;
+  const bool answered = scan(r, nct, hit);
+  probe_tiers = false;
+  if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
+  if (!answered) return defer();
+  bool no_room = false;
+  if (!tier_found.empty() && hit > 0) {
+    if (start_promotions(r, nct, hit, no_room)) return defer();
+    if (no_room) {
+      count_lookups = false;
+      const bool host_answered = scan(r, nct, hit);
+      count_lookups = true;
+      if (!host_answered) return defer();
     }
   }
-
   return finish(hit);
 }
 

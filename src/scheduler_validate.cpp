@@ -185,15 +185,21 @@ void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
   report_sums.clear();
   for (const JobReport& report : reports) {
     if (report.job < stale_below && report.job >= 0) continue;
-    auto it = jobs.find(report.job);
-    KVOFFLOAD_EXPECTS(it != jobs.end(), "complete: unknown job {}", report.job);
+    std::int64_t remaining = 0;
+    if (auto it = jobs.find(report.job); it != jobs.end()) {
+      remaining = it->second.remaining;
+    } else if (auto tier_it = tier_jobs.find(report.job); tier_it != tier_jobs.end()) {
+      remaining = tier_it->second.remaining;
+    } else {
+      KVOFFLOAD_EXPECTS(false, "complete: unknown job {}", report.job);
+    }
     KVOFFLOAD_EXPECTS(report.count > 0, "complete: job {}: count must be positive, got {}",
                       report.job, report.count);
     auto [sum, inserted] = report_sums.insert(report.job, 0);
     *sum += report.count;
-    KVOFFLOAD_EXPECTS(*sum <= it->second.remaining,
+    KVOFFLOAD_EXPECTS(*sum <= remaining,
                       "complete: job {}: {} reports, but only {} of {} workers have not reported",
-                      report.job, *sum, it->second.remaining, config.num_workers);
+                      report.job, *sum, remaining, config.num_workers);
   }
 }
 

@@ -31,6 +31,22 @@ struct ManagerConfig {
   /// engine that does not publish KV events must turn this off (or call take_events() every
   /// step) to keep memory flat.
   bool enable_events = true;
+  /// The medium the manager's events name (a tier's index is a manager too).
+  Medium medium = Medium::host;
+};
+
+/// A tier below the host cache (docs/semantics.md, "Tiers"): the scheduler keeps its index
+/// (which key is in which slot), the workers move the bytes.
+struct TierConfig {
+  Medium medium = Medium::disk;
+  std::int64_t blocks = 0;  ///< capacity in offloaded blocks (slots), > 0
+  EvictionPolicyKind policy = EvictionPolicyKind::lru;
+  /// Admission: 0 (off) or N >= 2, a key is written to the tier only once it was looked up N
+  /// times, so single-use blocks do not wear the disk.
+  std::int64_t store_threshold = 0;
+  /// Blocks that may wait for or be in a tier write at once (0: 1024). A write that does not
+  /// fit is skipped and counted; a step never waits for the tier.
+  std::int64_t write_queue_blocks = 0;
 };
 
 /// Everything the scheduler needs to know about the model and the cache.
@@ -44,6 +60,8 @@ struct KVOFFLOAD_EXPORT SchedulerConfig {
   /// (0: it grows as block ids appear).
   std::int64_t gpu_blocks = 0;
   ManagerConfig manager;
+  /// Tiers below the host cache, nearest first. Empty: no tier, every behaviour as without.
+  std::vector<TierConfig> tiers;
 
   /// Throws invalid_argument naming the first bad field (e.g. "groups[1].sliding_window").
   void validate() const;

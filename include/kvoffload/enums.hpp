@@ -18,6 +18,12 @@ enum class GroupKind : std::uint8_t { full_attention, sliding_window, mamba };
 /// API's (KVOFFLOAD_JOB_LOAD = 0, KVOFFLOAD_JOB_STORE = 1).
 enum class JobKind : std::uint8_t { load, store };
 
+/// Where a cached block lives: the host cache, or a tier below it.
+enum class Medium : std::uint8_t { host, disk };
+
+/// A tier job's direction: promote (tier to host memory) or write (host memory to the tier).
+enum class TierJobKind : std::uint8_t { promote, write };
+
 /// The worker's copy backend.
 enum class BackendKind : std::uint8_t {
   host,  ///< HostBackend: memcpy threads; the KV tensors are in host memory
@@ -59,6 +65,10 @@ KVOFFLOAD_EXPORT std::string_view to_string(GroupKind v) noexcept;
 KVOFFLOAD_EXPORT std::string_view to_string(JobKind v) noexcept;
 /// "host", "cuda".
 KVOFFLOAD_EXPORT std::string_view to_string(BackendKind v) noexcept;
+/// "host", "disk".
+KVOFFLOAD_EXPORT std::string_view to_string(Medium v) noexcept;
+/// "promote", "write".
+KVOFFLOAD_EXPORT std::string_view to_string(TierJobKind v) noexcept;
 /// "lru", "arc".
 KVOFFLOAD_EXPORT std::string_view to_string(EvictionPolicyKind v) noexcept;
 /// "miss", "pending", "hit".
@@ -73,6 +83,8 @@ KVOFFLOAD_EXPORT std::string_view to_string(CopyMode v) noexcept;
 KVOFFLOAD_EXPORT GroupKind parse_group_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT JobKind parse_job_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT BackendKind parse_backend_kind(std::string_view name, std::string_view field);
+KVOFFLOAD_EXPORT Medium parse_medium(std::string_view name, std::string_view field);
+KVOFFLOAD_EXPORT TierJobKind parse_tier_job_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT EvictionPolicyKind parse_eviction_policy(std::string_view name,
                                                           std::string_view field);
 KVOFFLOAD_EXPORT HugePages parse_huge_pages(std::string_view name, std::string_view field);

@@ -19,6 +19,7 @@ namespace kvoffload {
 struct ManagerEvent {
   bool removed = false;
   std::vector<Key> keys;
+  Medium medium = Medium::host;  ///< the host cache, or the tier whose index changed
 };
 
 /// prepare_store's answer. Reuse one across calls: its vectors keep their capacity.
@@ -68,7 +69,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// once. For the rest, room is made by evicting ready, unread blocks whose key is not in
   /// `keys`, in policy order, all or nothing. Fills `out` (see PreparedStore; the new blocks
   /// are `writing`) and returns out.ok. On false nothing changed: room could not be made.
-  bool prepare_store(std::span<const Key> keys, PreparedStore& out);
+  /// With `admit_all`, the store threshold is not applied (promotions into the host cache).
+  bool prepare_store(std::span<const Key> keys, PreparedStore& out, bool admit_all = false);
   /// Ends the stores of `keys`: with ok, writing blocks become ready (one "stored" event);
   /// without, writing blocks are removed and freed. Keys not writing are ignored.
   void complete_store(std::span<const Key> keys, bool ok);
@@ -84,6 +86,20 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   void prepare_load(std::span<const Key> keys, std::vector<HostBlockId>& block_ids);
   /// Removes the reader prepare_load added. Absent keys are ignored (after reset()).
   void complete_load(std::span<const Key> keys);
+
+  /// Adds a reader to each block without counting a load: the block can then be neither
+  /// evicted nor reused (a tier write reads it). Ids of blocks that are not ready are refused
+  /// with invalid_argument, changing nothing.
+  void pin_blocks(std::span<const HostBlockId> ids);
+  /// Removes the reader pin_blocks added; free blocks (after reset()) are ignored.
+  void unpin_blocks(std::span<const HostBlockId> ids);
+  /// Removes the ready, unread keys among `keys` (one "removed" event); others are ignored.
+  /// Returns the number removed.
+  std::int64_t erase(std::span<const Key> keys);
+  /// Counts a lookup of `key` towards its admission (store threshold) only.
+  void note_lookup(const Key& key) {
+    if (store_threshold_ > 0) count_lookup(key);
+  }
 
   /// Policy recency update for the present keys among `keys` (SEMANTICS 10).
   void touch(std::span<const Key> keys);
@@ -116,6 +132,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   [[nodiscard]] std::int32_t readers(HostBlockId id) const noexcept;
   [[nodiscard]] const EvictionPolicy& policy() const noexcept { return *policy_; }
   [[nodiscard]] std::int64_t block_bytes() const noexcept { return block_bytes_; }
+  [[nodiscard]] std::int64_t store_threshold() const noexcept { return store_threshold_; }
   /// Lookups of `key` the admission tracker remembers (0 without a store threshold).
   [[nodiscard]] std::uint32_t lookup_count(const Key& key) const noexcept;
 
@@ -134,6 +151,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
 
   std::int64_t capacity_;
   bool enable_events_;
+  Medium medium_;
   std::int64_t store_threshold_;
   std::int64_t block_bytes_;
   // Admission tracker: two generations of lookup counts; when the current one is full it

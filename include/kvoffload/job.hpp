@@ -30,6 +30,20 @@ struct TransferJob {
   std::vector<HostBlockId> host_block_ids;
 };
 
+/// One transfer between host blocks and a tier's slots, run by the workers (each moves its own
+/// rows): promote reads slots into host blocks, write copies host blocks into slots. keys,
+/// host_block_ids and tier_block_ids have the same order.
+struct TierJob {
+  JobId id = 0;
+  TierJobKind kind = TierJobKind::write;
+  std::uint32_t tier = 0;  ///< index into SchedulerConfig::tiers
+  Medium medium = Medium::disk;
+  std::string request_id;  ///< promote: the request whose lookup started it; write: empty
+  std::vector<Key> keys;
+  std::vector<HostBlockId> host_block_ids;
+  std::vector<std::int64_t> tier_block_ids;  ///< slots of the tier
+};
+
 /// Checks the invariants SEMANTICS 6 states for every GPU spec: sum(group_sizes) ==
 /// len(block_ids), one size and one index per group, no null id, and per group
 /// cdiv(group_sizes[g] + block_indices[g] % f, f) == the number of that group's keys (host

@@ -34,7 +34,10 @@ struct ScheduledRequest {
 struct StepResult {
   std::vector<TransferJob> load_jobs;
   std::vector<TransferJob> store_jobs;
-  std::vector<JobId> flush;  ///< in-flight stores that must finish first, ascending
+  std::vector<JobId> flush;  ///< in-flight jobs that must finish first, ascending
+  /// Promotions from and writes to the tiers (empty without tiers), reported through
+  /// on_completed like the others; a worker runs them on its host pool.
+  std::vector<TierJob> tier_jobs;
 };
 
 /// A worker's report on a job (on_completed). With several workers a job completes once the
@@ -61,6 +64,27 @@ struct SchedulerStats {
   std::uint64_t store_jobs = 0;
   std::uint64_t failed_loads = 0;   ///< load jobs
   std::uint64_t failed_stores = 0;  ///< store jobs
+};
+
+/// One tier's counters (Scheduler::tier_stats): its index and the jobs the scheduler made.
+struct TierStats {
+  std::int64_t blocks_total = 0;
+  std::int64_t blocks_used = 0;
+  std::int64_t blocks_writing = 0;
+  std::int64_t blocks_being_read = 0;   ///< promotions in flight
+  std::uint64_t hits = 0;               ///< keys a lookup missed in host memory and found here
+  std::uint64_t misses = 0;             ///< keys missed in host memory and here
+  std::uint64_t promotions = 0;         ///< blocks promoted into host memory
+  std::uint64_t failed_promotions = 0;  ///< blocks whose promotion failed (a miss, then)
+  std::uint64_t promotions_without_room = 0;  ///< lookups whose promotion found no host room
+  std::uint64_t blocks_written = 0;           ///< blocks written to the tier
+  std::uint64_t failed_writes = 0;            ///< blocks whose write failed (ENOSPC, I/O)
+  std::uint64_t writes_skipped = 0;           ///< below the tier's store_threshold
+  std::uint64_t writes_queue_full = 0;        ///< skipped: the write queue was full
+  std::uint64_t writes_without_room = 0;      ///< skipped: no slot could be freed
+  std::uint64_t evictions = 0;
+  std::uint64_t promote_jobs = 0;
+  std::uint64_t write_jobs = 0;
 };
 
 /// The complete snapshot of the host cache and the scheduler's counters: what the C API's
@@ -143,8 +167,18 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// reports will be ignored.
   void reset_cache();
 
-  /// The manager's events since the last call, oldest first.
+  /// The events since the last call: the host cache's, oldest first, then each tier's
+  /// (ManagerEvent::medium), oldest first.
   std::vector<ManagerEvent> take_events();
+
+  /// Rebuilds tier `tier`'s index from its slots' scan after a restart (slot i holds
+  /// blocks[i]; see HostBlockManager::restore). Only before the tier holds anything. Returns
+  /// the keys restored.
+  std::int64_t restore_tier(std::size_t tier, std::span<const std::optional<Key>> blocks);
+  /// Tier `tier`'s counters; throws invalid_argument for a tier that is not configured.
+  [[nodiscard]] TierStats tier_stats(std::size_t tier) const;
+  /// Tier `tier`'s index: which key is in which slot.
+  [[nodiscard]] const HostBlockManager& tier_index(std::size_t tier) const;
 
   [[nodiscard]] const SchedulerStats& stats() const noexcept;
   [[nodiscard]] CacheStats cache_stats() const noexcept;

@@ -40,6 +40,9 @@ TEST_CASE("Every public enum has names that parse back, and bad names are refuse
                        "load or store");
   check_names<BackendKind>({BackendKind::host, BackendKind::cuda}, {"host", "cuda"},
                            parse_backend_kind, "host or cuda");
+  check_names<Medium>({Medium::host, Medium::disk}, {"host", "disk"}, parse_medium, "host or disk");
+  check_names<TierJobKind>({TierJobKind::promote, TierJobKind::write}, {"promote", "write"},
+                           parse_tier_job_kind, "promote or write");
   check_names<EvictionPolicyKind>({EvictionPolicyKind::lru, EvictionPolicyKind::arc},
                                   {"lru", "arc"}, parse_eviction_policy, "lru or arc");
   check_names<HugePages>({HugePages::off, HugePages::prefer, HugePages::require},

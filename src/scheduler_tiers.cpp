@@ -1,0 +1,223 @@
+// Tiers below the host cache (docs/semantics.md, "Tiers"): promotion of the keys a lookup uses
+// from a tier into host memory, write-through of stored blocks with admission and a bounded
+// queue, and the completion of both kinds of tier job.
+
+#include <algorithm>
+
+#include "block_math.hpp"
+#include "expects.hpp"
+#include "logging.hpp"
+#include "scheduler_impl.hpp"
+
+namespace kvoffload {
+namespace {
+
+ManagerConfig index_config(const TierConfig& c, bool events) {
+  ManagerConfig m;
+  m.host_blocks = c.blocks;
+  m.policy = c.policy;
+  m.store_threshold = c.store_threshold;
+  m.enable_events = events;
+  m.medium = c.medium;
+  return m;
+}
+
+constexpr std::int64_t kDefaultWriteQueueBlocks = 1024;
+
+}  // namespace
+
+TierState::TierState(const TierConfig& c, bool events)
+    : config(c),
+      index(index_config(c, events)),
+      queue_limit(c.write_queue_blocks > 0 ? c.write_queue_blocks : kDefaultWriteQueueBlocks) {}
+
+TierJob& Scheduler::Impl::new_tier_job(TierJobKind kind, std::uint32_t tier,
+                                       std::string request_id) {
+  TierJob& job = pending_tier_jobs.emplace_back();
+  job.id = next_job++;
+  job.kind = kind;
+  job.tier = tier;
+  job.medium = tiers[tier]->config.medium;
+  job.request_id = std::move(request_id);
+  return job;
+}
+
+bool Scheduler::Impl::start_promotions(const RequestState& r, std::int64_t nct, std::int64_t hit,
+                                       bool& no_room) {
+  // The keys the answer uses (a prefix; for windowed groups only the window's blocks), host
+  // hits included: prepare_store then keeps them from being evicted for the promoted ones.
+  promote_keys.clear();
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const std::int64_t obs = layouts[g].offloaded_block_size;
+    const std::int64_t start = nct / obs;
+    const std::int64_t stop = detail::cdiv(nct + hit, obs);
+    const std::int64_t first =
+        layouts[g].windowed() ? std::max(start, stop - layouts[g].window_blocks) : start;
+    for (std::int64_t i = first; i < stop; ++i) promote_keys.push_back(key(r, g, i));
+  }
+  // Keep the finds inside those ranges; they are what gets promoted.
+  std::erase_if(tier_found, [&](const TierFind& found) {
+    const GroupLayout& layout = layouts[found.group];
+    const std::int64_t obs = layout.offloaded_block_size;
+    const std::int64_t stop = detail::cdiv(nct + hit, obs);
+    const std::int64_t first =
+        layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
+    return found.index < first || found.index >= stop;
+  });
+  if (tier_found.empty()) return false;
+  // Group-major, each key once (a scan's second pass may have found a key again).
+  std::sort(tier_found.begin(), tier_found.end(), [](const TierFind& x, const TierFind& y) {
+    return x.group != y.group ? x.group < y.group : x.index < y.index;
+  });
+  tier_found.erase(std::unique(tier_found.begin(), tier_found.end(),
+                               [](const TierFind& x, const TierFind& y) {
+                                 return x.group == y.group && x.index == y.index;
+                               }),
+                   tier_found.end());
+
+  if (!manager.prepare_store(promote_keys, promote_prepared, /*admit_all=*/true)) {
+    for (const TierFind& found : tier_found) ++tiers[found.tier]->stats.promotions_without_room;
+    no_room = true;
+    return false;
+  }
+  // One job per tier, keys in group-major order.
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierJob* job = nullptr;
+    for (const TierFind& found : tier_found) {
+      if (found.tier != t) continue;
+      if (job == nullptr) job = &new_tier_job(TierJobKind::promote, t, r.id);
+      const Key k = key(r, found.group, found.index);
+      const HostBlockId host = manager.block_of(k);
+      KVOFFLOAD_ASSERT(host >= 0, "promotion of {}: no host block was prepared", to_string(k));
+      job->keys.push_back(k);
+      job->host_block_ids.push_back(host);
+    }
+    if (job == nullptr) continue;
+    std::vector<HostBlockId> slots;
+    tiers[t]->index.prepare_load(job->keys, slots);
+    job->tier_block_ids.assign(slots.begin(), slots.end());
+    TierJobState& state = tier_jobs[job->id];
+    state.id = job->id;
+    state.kind = TierJobKind::promote;
+    state.tier = t;
+    state.keys = job->keys;
+    state.host_ids = job->host_block_ids;
+    state.tier_ids = job->tier_block_ids;
+    state.remaining = config.num_workers;
+    ++tiers[t]->stats.promote_jobs;
+  }
+  return true;
+}
+
+void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids) {
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    std::vector<Key> keys;
+    std::vector<HostBlockId> sources;
+    for (const HostBlockId id : host_ids) {
+      const Key* k = manager.key_of(id);
+      if (k == nullptr || manager.peek(*k) != LookupResult::hit) continue;
+      if (tier.index.peek(*k) != LookupResult::miss) continue;  // there, or being written
+      if (tier.config.store_threshold > 0 &&
+          tier.index.lookup_count(*k) < static_cast<std::uint32_t>(tier.config.store_threshold)) {
+        ++tier.stats.writes_skipped;
+        continue;
+      }
+      if (tier.queued + static_cast<std::int64_t>(keys.size()) >= tier.queue_limit) {
+        ++tier.stats.writes_queue_full;
+        continue;
+      }
+      keys.push_back(*k);
+      sources.push_back(id);
+    }
+    if (keys.empty()) continue;
+    PreparedStore prepared;
+    if (!tier.index.prepare_store(keys, prepared, /*admit_all=*/true)) {
+      tier.stats.writes_without_room += keys.size();
+      continue;
+    }
+    if (prepared.keys_to_store.empty()) continue;
+    TierJob& job = new_tier_job(TierJobKind::write, t, {});
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (prepared.key_stored[i] == 0) continue;  // a host block given twice
+      job.keys.push_back(keys[i]);
+      job.host_block_ids.push_back(sources[i]);
+      job.tier_block_ids.push_back(prepared.key_blocks[i]);
+    }
+    manager.pin_blocks(job.host_block_ids);
+    tier.queued += static_cast<std::int64_t>(job.keys.size());
+    TierJobState& state = tier_jobs[job.id];
+    state.id = job.id;
+    state.kind = TierJobKind::write;
+    state.tier = t;
+    state.keys = job.keys;
+    state.host_ids = job.host_block_ids;
+    state.tier_ids = job.tier_block_ids;
+    state.remaining = config.num_workers;
+    ++tier.stats.write_jobs;
+  }
+}
+
+void Scheduler::Impl::complete_tier_job(TierJobState& job) {
+  TierState& tier = *tiers[job.tier];
+  const auto n = static_cast<std::uint64_t>(job.keys.size());
+  std::vector<HostBlockId> slots(job.tier_ids.begin(), job.tier_ids.end());
+  if (job.kind == TierJobKind::promote) {
+    manager.complete_store_blocks(job.host_ids, job.ok);
+    tier.index.complete_load(job.keys);
+    if (job.ok) {
+      tier.stats.promotions += n;
+    } else {
+      // The slots could not be read back (a bad checksum, a truncated file, an I/O error):
+      // they are forgotten, so the next lookup misses instead of failing again.
+      tier.stats.failed_promotions += n;
+      tier.index.erase(job.keys);
+      detail::logger().warn(
+          "tier {} ({}): promotion job {} of {} block(s) failed; the keys are "
+          "dropped from the tier",
+          job.tier, to_string(tier.config.medium), job.id, n);
+    }
+  } else {
+    tier.index.complete_store_blocks(slots, job.ok);
+    manager.unpin_blocks(job.host_ids);
+    tier.queued -= static_cast<std::int64_t>(n);
+    if (job.ok) {
+      tier.stats.blocks_written += n;
+    } else {
+      tier.stats.failed_writes += n;
+    }
+  }
+}
+
+// ---- public API ----------------------------------------------------------------------------
+
+std::int64_t Scheduler::restore_tier(std::size_t tier, std::span<const std::optional<Key>> blocks) {
+  KVOFFLOAD_EXPECTS(tier < impl_->tiers.size(),
+                    "restore_tier: tier {} is not configured ({} tiers)", tier,
+                    impl_->tiers.size());
+  return impl_->tiers[tier]->index.restore(blocks);
+}
+
+TierStats Scheduler::tier_stats(std::size_t tier) const {
+  KVOFFLOAD_EXPECTS(tier < impl_->tiers.size(), "tier_stats: tier {} is not configured ({} tiers)",
+                    tier, impl_->tiers.size());
+  const TierState& t = *impl_->tiers[tier];
+  TierStats s = t.stats;
+  const HostBlockManager& m = t.index;
+  s.blocks_total = m.capacity();
+  s.blocks_used = m.num_used();
+  s.blocks_writing = m.num_writing();
+  s.blocks_being_read = m.num_being_read();
+  s.hits = m.stats().hits;
+  s.misses = m.stats().misses;
+  s.evictions = m.stats().evictions;
+  return s;
+}
+
+const HostBlockManager& Scheduler::tier_index(std::size_t tier) const {
+  KVOFFLOAD_EXPECTS(tier < impl_->tiers.size(), "tier_index: tier {} is not configured ({} tiers)",
+                    tier, impl_->tiers.size());
+  return impl_->tiers[tier]->index;
+}
+
+}  // namespace kvoffload

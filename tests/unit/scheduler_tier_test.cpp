@@ -1,0 +1,324 @@
+// docs/semantics.md "Tiers": write-through with admission and a bounded queue, promotion of the
+// keys a lookup uses (prefix only, window blocks only), failures, tier eviction, reset and
+// restore, on the scheduler's side (the tier's contents are its index).
+
+#include <algorithm>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "kvoffload/error.hpp"
+#include "support/scheduler_fixture.hpp"
+
+using namespace kvtest;
+
+namespace {
+
+SchedulerConfig tiered(std::vector<GroupConfig> groups, std::int64_t host_blocks,
+                       std::int64_t tier_blocks, std::int64_t threshold = 0,
+                       std::int64_t queue = 0) {
+  SchedulerConfig c = make_config(std::move(groups), 1, host_blocks);
+  TierConfig t;
+  t.blocks = tier_blocks;
+  t.store_threshold = threshold;
+  t.write_queue_blocks = queue;
+  c.tiers.push_back(t);
+  return c;
+}
+
+struct Tiered {
+  explicit Tiered(const SchedulerConfig& c) : h(c), groups(c.groups.size()) {}
+
+  /// A new request of `blocks` full blocks stored to host memory; returns its store job.
+  TransferJob store(const std::string& req, const std::vector<BlockHash>& hashes) {
+    const auto n = static_cast<std::int64_t>(hashes.size());
+    REQUIRE(h.lookup(req, hashes, n * 16 + 1, 0).has_value());
+    h.alloc_none(req);
+    std::vector<std::vector<GpuBlockId>> fresh;
+    for (std::size_t g = 0; g < groups; ++g) {
+      fresh.push_back(ids(next_id, n + 1));
+      next_id += static_cast<GpuBlockId>(n + 1);
+    }
+    StepResult st = h.step(req, 0, n * 16 + 1, fresh);
+    REQUIRE(st.store_jobs.size() == 1);
+    CHECK(st.tier_jobs.empty());
+    h.complete(st.store_jobs[0].id);
+    return st.store_jobs[0];
+  }
+  /// The tier jobs of an empty step.
+  std::vector<TierJob> tier_jobs() { return h.s.build_step({}).tier_jobs; }
+  void complete(const TierJob& job, bool ok = true) {
+    (void)h.s.on_completed(std::vector<JobReport>{{job.id, 1, ok}});
+  }
+  LookupResult in_tier(const BlockHash& hash, std::uint32_t g = 0) const {
+    return h.s.tier_index(0).peek(Key{hash, g});
+  }
+  LookupResult in_host(const BlockHash& hash, std::uint32_t g = 0) const {
+    return h.s.manager().peek(Key{hash, g});
+  }
+
+  Harness h;
+  std::size_t groups;
+  GpuBlockId next_id = 1;
+};
+
+std::vector<Key> keys_of(const std::vector<BlockHash>& hashes, std::uint32_t g = 0) {
+  std::vector<Key> out;
+  for (const BlockHash& h : hashes) out.push_back(Key{h, g});
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("A completed store is written through to the tier, its host blocks pinned meanwhile",
+          "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 8, 16));
+  const auto a = chain_hashes("a", 4);
+  const TransferJob store = t.store("a", a);
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  const TierJob& w = jobs[0];
+  CHECK(w.kind == TierJobKind::write);
+  CHECK(w.medium == Medium::disk);
+  CHECK(w.keys == keys_of(a));
+  CHECK(w.host_block_ids == store.host_block_ids);
+  CHECK(w.tier_block_ids == std::vector<std::int64_t>{0, 1, 2, 3});
+  CHECK(t.in_tier(a[0]) == LookupResult::pending);
+  for (const HostBlockId id : store.host_block_ids) CHECK(t.h.s.manager().readers(id) == 1);
+
+  t.complete(w);
+  for (const BlockHash& hash : a) CHECK(t.in_tier(hash) == LookupResult::hit);
+  for (const HostBlockId id : store.host_block_ids) CHECK(t.h.s.manager().readers(id) == 0);
+  const TierStats s = t.h.s.tier_stats(0);
+  CHECK(s.blocks_written == 4);
+  CHECK(s.blocks_used == 4);
+  CHECK(s.write_jobs == 1);
+  CHECK(t.h.s.num_jobs_in_flight() == 0);
+  CHECK(t.tier_jobs().empty());  // written once
+}
+
+TEST_CASE("A pinned host block is not evicted while its tier write runs", "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 4, 16));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  // The host cache is full of a's pinned blocks: b finds no room until the write completes.
+  const auto b = chain_hashes("b", 2);
+  REQUIRE(t.h.lookup("b", b, 33, 0) == 0);
+  t.h.alloc_none("b");
+  CHECK(t.h.step("b", 0, 33, {ids(100, 3)}).store_jobs.empty());
+  CHECK(t.h.s.cache_stats().stores_without_room == 1);
+  for (const BlockHash& hash : a) CHECK(t.in_host(hash) == LookupResult::hit);
+  t.complete(jobs[0]);
+  CHECK(t.h.step("b", 33, 1, {{}}).store_jobs.size() == 1);
+}
+
+TEST_CASE("A key only in the tier is promoted before the lookup answers", "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 4, 16));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  t.store("b", chain_hashes("b", 4));  // evicts a from host memory
+  t.complete(t.tier_jobs().at(0));
+  for (const BlockHash& hash : a) REQUIRE(t.in_host(hash) == LookupResult::miss);
+
+  // c shares a's blocks: retry later, and the next step promotes all four.
+  CHECK_FALSE(t.h.lookup("c", a, 65, 0).has_value());
+  for (const BlockHash& hash : a) CHECK(t.in_host(hash) == LookupResult::pending);
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  const TierJob& p = jobs[0];
+  CHECK(p.kind == TierJobKind::promote);
+  CHECK(p.request_id == "c");
+  CHECK(p.keys == keys_of(a));
+  CHECK(p.tier_block_ids == std::vector<std::int64_t>{0, 1, 2, 3});
+  for (std::size_t i = 0; i < 4; ++i) {
+    CHECK(t.h.s.manager().block_of(p.keys[i]) == p.host_block_ids[i]);
+  }
+  CHECK(t.h.s.tier_index(0).num_being_read() == 4);  // not evicted from the tier meanwhile
+  CHECK_FALSE(t.h.s.lookup("c", 0).has_value());     // still pending
+
+  t.complete(p);
+  CHECK(t.h.s.lookup("c", 0) == 64);
+  const TierStats s = t.h.s.tier_stats(0);
+  CHECK(s.promotions == 4);
+  CHECK(s.promote_jobs == 1);
+  CHECK(s.blocks_being_read == 0);
+}
+
+TEST_CASE("Promotion takes the prefix the lookup uses, not keys after a miss",
+          "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 8, 16));
+  const auto a = chain_hashes("a", 2);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  t.store("b", chain_hashes("b", 8));  // evicts a
+  t.complete(t.tier_jobs().at(0));
+  // d = a's two blocks, a block nobody has, then b's first block (in the tier).
+  auto d = a;
+  d.push_back(chain_hashes("none", 1)[0]);
+  d.push_back(chain_hashes("b", 1)[0]);
+  CHECK_FALSE(t.h.lookup("d", d, 65, 0).has_value());
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].keys == keys_of(a));
+  t.complete(jobs[0]);
+  CHECK(t.h.s.lookup("d", 0) == 32);
+}
+
+TEST_CASE("A windowed group promotes only the blocks its window needs", "[scheduler][tier]") {
+  Tiered t(tiered({full(), mamba()}, 8, 16));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  const auto writes = t.tier_jobs();
+  REQUIRE(writes.size() == 1);
+  CHECK(writes[0].keys.size() == 8);
+  t.complete(writes[0]);
+  t.store("b", chain_hashes("b", 4));  // 8 more keys: evicts a's
+  t.complete(t.tier_jobs().at(0));
+
+  CHECK_FALSE(t.h.lookup("c", a, 64, 0).has_value());
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  std::vector<Key> expected = keys_of(a, 0);
+  expected.push_back(Key{a[3], 1});  // mamba: the last block only
+  CHECK(jobs[0].keys == expected);
+  t.complete(jobs[0]);
+  CHECK(t.h.s.lookup("c", 0) == 63);
+  CHECK(t.in_host(a[0], 1) == LookupResult::miss);
+}
+
+TEST_CASE("A failed promotion is a miss and the tier forgets the keys", "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 4, 16));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  t.store("b", chain_hashes("b", 4));
+  t.complete(t.tier_jobs().at(0));
+  CHECK_FALSE(t.h.lookup("c", a, 65, 0).has_value());
+  t.complete(t.tier_jobs().at(0), false);
+  for (const BlockHash& hash : a) {
+    CHECK(t.in_host(hash) == LookupResult::miss);
+    CHECK(t.in_tier(hash) == LookupResult::miss);
+  }
+  CHECK(t.h.s.lookup("c", 0) == 0);
+  CHECK(t.h.s.tier_stats(0).failed_promotions == 4);
+  const auto events = t.h.s.take_events();
+  const bool removed_from_disk = std::any_of(events.begin(), events.end(), [&](const auto& e) {
+    return e.removed && e.medium == Medium::disk && e.keys == keys_of(a);
+  });
+  CHECK(removed_from_disk);
+}
+
+TEST_CASE("Without host room for a promotion the answer is the host cache's", "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 4, 16));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  const auto b = chain_hashes("b", 4);
+  t.store("b", b);
+  t.complete(t.tier_jobs().at(0));
+  // A load of b keeps every host block read: nothing can be evicted.
+  REQUIRE(t.h.lookup("r", b, 65, 0) == 64);
+  t.h.s.on_allocated("r", std::vector<AllocatedGroup>{{ids(500, 5), 0}}, 64);
+  CHECK(t.h.lookup("c", a, 65, 0) == 0);
+  CHECK(t.h.s.tier_stats(0).promotions_without_room == 4);
+  CHECK(t.h.s.build_step({}).tier_jobs.empty());
+}
+
+TEST_CASE("Tier admission: a key is written once it was looked up store_threshold times",
+          "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 8, 16, /*threshold=*/2));
+  const auto a = chain_hashes("a", 2);
+  t.store("a", a);  // looked up once: not admitted
+  CHECK(t.tier_jobs().empty());
+  CHECK(t.h.s.tier_stats(0).writes_skipped == 2);
+  // The first lookup stopped at its first miss: a[0] was looked up once, a[1] never. A
+  // second lookup (host hits) brings a[0] to the threshold: written through now.
+  REQUIRE(t.h.lookup("c", a, 33, 0) == 32);
+  auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].keys == std::vector<Key>{Key{a[0], 0}});
+  REQUIRE(t.h.lookup("d", a, 33, 0) == 32);
+  jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].keys == std::vector<Key>{Key{a[1], 0}});
+}
+
+TEST_CASE("A full write queue skips and counts, and never blocks a step", "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 8, 16, 0, /*queue=*/3));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].keys.size() == 3);
+  CHECK(t.h.s.tier_stats(0).writes_queue_full == 1);
+  t.store("b", chain_hashes("b", 1));  // the queue is still full
+  CHECK(t.tier_jobs().empty());
+  CHECK(t.h.s.tier_stats(0).writes_queue_full == 2);
+  t.complete(jobs[0]);
+  t.store("e", chain_hashes("e", 1));
+  CHECK(t.tier_jobs().size() == 1);
+}
+
+TEST_CASE("The tier evicts by its own policy, with events naming the disk", "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 8, 4));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  const auto b = chain_hashes("b", 2);
+  t.store("b", b);
+  t.complete(t.tier_jobs().at(0));
+  // LRU: a's two oldest slots went.
+  CHECK(t.in_tier(a[0]) == LookupResult::miss);
+  CHECK(t.in_tier(a[1]) == LookupResult::miss);
+  CHECK(t.in_tier(a[2]) == LookupResult::hit);
+  CHECK(t.in_tier(b[1]) == LookupResult::hit);
+  CHECK(t.h.s.tier_stats(0).evictions == 2);
+  const auto events = t.h.s.take_events();
+  std::size_t disk_events = 0;
+  for (const ManagerEvent& e : events) {
+    if (e.medium != Medium::disk) continue;
+    ++disk_events;
+    if (e.removed) CHECK(e.keys == std::vector<Key>{Key{a[0], 0}, Key{a[1], 0}});
+  }
+  CHECK(disk_events == 3);  // stored a, removed a0 a1, stored b
+}
+
+TEST_CASE("reset_cache drops the tiers; restore_tier rebuilds one after a restart",
+          "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 4, 16));
+  const auto a = chain_hashes("a", 2);
+  t.store("a", a);
+  const auto jobs = t.tier_jobs();
+  t.h.s.reset_cache();
+  CHECK(t.in_tier(a[0]) == LookupResult::miss);
+  // The write was emitted and may still read its host blocks: the next step flushes it.
+  CHECK(t.h.s.build_step({}).flush == std::vector<JobId>{jobs.at(0).id});
+  t.complete(jobs.at(0));  // a stale report is ignored
+  CHECK(t.h.s.tier_stats(0).blocks_used == 0);
+
+  Tiered fresh(tiered({full()}, 4, 16));
+  std::vector<std::optional<Key>> slots(6);
+  slots[2] = Key{a[0], 0};
+  slots[5] = Key{a[1], 0};
+  CHECK(fresh.h.s.restore_tier(0, slots) == 2);
+  CHECK_FALSE(fresh.h.lookup("c", a, 33, 0).has_value());
+  const auto promote = fresh.tier_jobs();
+  REQUIRE(promote.size() == 1);
+  CHECK(promote[0].tier_block_ids == std::vector<std::int64_t>{2, 5});
+  fresh.complete(promote[0]);
+  CHECK(fresh.h.s.lookup("c", 0) == 32);
+  CHECK_THROWS_AS(fresh.h.s.restore_tier(1, slots), invalid_argument);
+}
+
+TEST_CASE("Tier configuration errors name the field", "[scheduler][tier]") {
+  auto c = tiered({full()}, 4, 0);
+  CHECK_THROWS_WITH(Scheduler(c), "tiers[0].blocks must be 1 to 2^31 - 2, got 0");
+  c = tiered({full()}, 4, 4, 1);
+  CHECK_THROWS_WITH(Scheduler(c), "tiers[0].store_threshold must be 0 (off) or at least 2, got 1");
+  c = tiered({full()}, 4, 4);
+  c.tiers[0].medium = Medium::host;
+  CHECK_THROWS_AS(Scheduler(c), invalid_argument);
+}
