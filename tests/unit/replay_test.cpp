@@ -68,6 +68,25 @@ TEST_CASE("Replay reproduces the shared example traces", "[replay]") {
   }
 }
 
+TEST_CASE("Replay reproduces the tier traces, derived by hand from docs/semantics.md",
+          "[replay][tier]") {
+  // tier-promote: write-through, host eviction, promotion, load. tier-failures: restore, a
+  // failed promotion, admission, a failed write, a full write queue, an unknown tier.
+  for (const auto& [name, status] : {std::pair{"tier-promote", 0}, std::pair{"tier-failures", 1}}) {
+    INFO(name);
+    const std::string dir = std::string(KVOFFLOAD_TEST_DATA_DIR) + "/traces/";
+    const Run r = replay(read_file(dir + name + ".jsonl"));
+    CHECK(r.status == status);
+    const auto got = json_lines(r.out);
+    const auto want = json_lines(read_file(dir + name + ".expected.jsonl"));
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("output line " << i + 1);
+      CHECK(got[i] == want[i]);
+    }
+  }
+}
+
 TEST_CASE("Replay rejects malformed traces with status 2 and the line number", "[replay]") {
   struct Case {
     std::string trace;

@@ -19,6 +19,13 @@
 namespace kvoffload::replay {
 namespace {
 
+/// A tier index from a trace; a negative one is the library's to reject like any unknown tier.
+std::size_t tier_of(std::int64_t tier) {
+  if (tier < 0)
+    throw kvoffload::invalid_argument("tier " + std::to_string(tier) + " is not configured");
+  return static_cast<std::size_t>(tier);
+}
+
 using json = nlohmann::json;
 using ordered = nlohmann::ordered_json;
 
@@ -130,6 +137,35 @@ ordered job_json(const TransferJob& job) {
   return j;
 }
 
+ordered tier_job_json(const TierJob& job) {
+  ordered keys = ordered::array();
+  for (const Key& k : job.keys) keys.push_back(key_json(k));
+  ordered j;
+  j["job"] = job.id;
+  j["kind"] = std::string(to_string(job.kind));
+  j["tier"] = job.tier;
+  j["medium"] = std::string(to_string(job.medium));
+  j["req"] = job.request_id;
+  j["keys"] = std::move(keys);
+  j["host"] = ordered{{"block_ids", job.host_block_ids}};
+  j["slots"] = job.tier_block_ids;
+  return j;
+}
+
+Key parse_key(const json& v, const std::string& what) {
+  if (!v.is_array() || v.size() != 2 || !v[0].is_string()) {
+    fail(what + " must be a key [\"<hash hex>\", group]");
+  }
+  const auto& hex = v[0].get_ref<const std::string&>();
+  bool lower_hex = hex.size() >= 2 && hex.size() <= 64 && hex.size() % 2 == 0;
+  for (const char c : hex)
+    lower_hex = lower_hex && ((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'));
+  if (!lower_hex) fail(what + ": the hash must be 2 to 64 lowercase hex digits, an even count");
+  const std::int64_t group = as_int(v[1], what + ": the group");
+  if (group < 0 || group > 63) fail(what + ": the group must be 0 to 63");
+  return Key{BlockHash::from_hex(hex), static_cast<std::uint32_t>(group)};
+}
+
 SchedulerConfig parse_config(const json& line) {
   SchedulerConfig config;
   const json& groups = get_array(line, "groups");
@@ -152,6 +188,23 @@ SchedulerConfig parse_config(const json& line) {
   config.manager.block_bytes = get_int_or(line, "block_bytes", 0);
   config.num_workers = get_int_or(line, "num_workers", 1);
   config.prefix_caching = get_bool_or(line, "prefix_caching", true);
+  if (line.contains("tiers")) {
+    const json& tiers = get_array(line, "tiers");
+    for (std::size_t t = 0; t < tiers.size(); ++t) {
+      const std::string what = "tiers[" + std::to_string(t) + "]";
+      const json& obj = get_object(tiers[t], what);
+      TierConfig tier;
+      if (obj.contains("medium"))
+        tier.medium = parse_medium(get_string(obj, "medium"), what + ".medium");
+      tier.blocks = get_int(obj, "blocks");
+      if (obj.contains("policy")) {
+        tier.policy = parse_eviction_policy(get_string(obj, "policy"), what + ".policy");
+      }
+      tier.store_threshold = get_int_or(obj, "store_threshold", 0);
+      tier.write_queue_blocks = get_int_or(obj, "write_queue_blocks", 0);
+      config.tiers.push_back(tier);
+    }
+  }
   return config;
 }
 
@@ -206,8 +259,9 @@ class Replayer {
       // factor of 0) are the library's to reject.
       return guarded(line_no, [&] { scheduler_.emplace(parse_config(j)); });
     }
-    static const char* const known[] = {"request", "lookup",      "alloc",  "step", "complete",
-                                        "finish",  "reset_cache", "events", "stats"};
+    static const char* const known[] = {"request",  "lookup",     "alloc",       "step",
+                                        "complete", "finish",     "reset_cache", "events",
+                                        "stats",    "tier_stats", "tier_restore"};
     if (std::find(std::begin(known), std::end(known), op) == std::end(known)) {
       fail("unknown op \"" + op + "\"");
     }
@@ -284,6 +338,11 @@ class Replayer {
         o["load_jobs"] = std::move(loads);
         o["store_jobs"] = std::move(stores);
         o["flush"] = r.flush;
+        if (!s.config().tiers.empty()) {
+          ordered tier_jobs = ordered::array();
+          for (const TierJob& job : r.tier_jobs) tier_jobs.push_back(tier_job_json(job));
+          o["tier_jobs"] = std::move(tier_jobs);
+        }
         out_ << o.dump() << "\n";
       });
     }
@@ -315,6 +374,32 @@ class Replayer {
         out_ << o.dump() << "\n";
       });
     }
+    if (op == "tier_stats") {
+      const std::int64_t tier = get_int(j, "tier");
+      return guarded(line_no, [&] {
+        const TierStats t = s.tier_stats(tier_of(tier));
+        ordered o;
+        o["op"] = "tier_stats";
+        o["tier"] = tier;
+#define KVOFFLOAD_JSON_FIELD(name) o[#name] = t.name;
+        KVOFFLOAD_TIER_STATS_FIELDS(KVOFFLOAD_JSON_FIELD)
+#undef KVOFFLOAD_JSON_FIELD
+        out_ << o.dump() << "\n";
+      });
+    }
+    if (op == "tier_restore") {
+      const std::int64_t tier = get_int(j, "tier");
+      const json& arr = get_array(j, "slots");
+      std::vector<std::optional<Key>> slots;
+      for (std::size_t i = 0; i < arr.size(); ++i) {
+        if (arr[i].is_null()) {
+          slots.emplace_back();
+        } else {
+          slots.emplace_back(parse_key(arr[i], "slots[" + std::to_string(i) + "]"));
+        }
+      }
+      return guarded(line_no, [&] { (void)s.restore_tier(tier_of(tier), slots); });
+    }
     // events
     return guarded(line_no, [&] {
       ordered events = ordered::array();
@@ -324,6 +409,7 @@ class Replayer {
         ordered ev;
         ev["removed"] = e.removed;
         ev["keys"] = std::move(keys);
+        if (!s.config().tiers.empty()) ev["medium"] = std::string(to_string(e.medium));
         events.push_back(std::move(ev));
       }
       ordered o;

@@ -26,3 +26,23 @@
   X(store_jobs)                         \
   X(failed_loads)                       \
   X(failed_stores)
+
+// TierStats's fields (Scheduler::tier_stats), for the front ends likewise.
+#define KVOFFLOAD_TIER_STATS_FIELDS(X) \
+  X(blocks_total)                      \
+  X(blocks_used)                       \
+  X(blocks_writing)                    \
+  X(blocks_being_read)                 \
+  X(hits)                              \
+  X(misses)                            \
+  X(promotions)                        \
+  X(failed_promotions)                 \
+  X(promotions_without_room)           \
+  X(blocks_written)                    \
+  X(failed_writes)                     \
+  X(writes_skipped)                    \
+  X(writes_queue_full)                 \
+  X(writes_without_room)               \
+  X(evictions)                         \
+  X(promote_jobs)                      \
+  X(write_jobs)
