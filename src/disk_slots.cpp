@@ -7,8 +7,10 @@
 #include <bit>
 #include <cerrno>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <new>
 
 // Header-only XXH3 (Debian's libxxhash-dev): nothing to load at run time.
 #define XXH_INLINE_ALL
@@ -45,6 +47,24 @@ T get(const std::uint8_t* p, std::size_t at) {
 
 std::uint64_t round_up(std::uint64_t n, std::uint64_t a) {
   return (n + a - 1) / a * a;
+}
+
+/// A slot-sized, 4 KiB-aligned buffer per thread (O_DIRECT needs the alignment), grown as
+/// needed and kept for the thread's life.
+std::uint8_t* slot_buffer(std::uint64_t bytes) {
+  struct Buffer {
+    std::uint8_t* p = nullptr;
+    std::uint64_t size = 0;
+    ~Buffer() { std::free(p); }
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < bytes) {
+    std::free(buffer.p);
+    buffer.p = static_cast<std::uint8_t*>(std::aligned_alloc(4096, bytes));
+    if (buffer.p == nullptr) throw std::bad_alloc();
+    buffer.size = bytes;
+  }
+  return buffer.p;
 }
 
 std::string hex16(std::uint64_t v) {
@@ -126,10 +146,23 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) {
       const int err = errno;
-      for (const int open_fd : fds_) ::close(open_fd);
+      for (std::size_t i = 0; i < fds_.size(); ++i) {
+        if (direct_fds_[i] != fds_[i]) ::close(direct_fds_[i]);
+        ::close(fds_[i]);
+      }
       throw error(fmt::format("disk tier: cannot open {}: {}", path, std::strerror(err)));
     }
     fds_.push_back(fd);
+    int direct_fd = -1;
+    if (config.direct_io) {
+      direct_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT);
+      if (direct_fd < 0 && f == 0) {
+        detail::logger().info("disk tier: {} does not support O_DIRECT ({}): buffered I/O",
+                              layout_dir_, std::strerror(errno));
+      }
+    }
+    direct_fds_.push_back(direct_fd >= 0 ? direct_fd : fd);
+    if (f == 0) direct_ = direct_fd >= 0;
     // Sparse: space is taken as slots are written, so a full disk fails a write (ENOSPC,
     // counted), never the open. A file someone truncated grows back with empty slots.
     const std::int64_t slots = std::min(per_file, num_slots_ - f * per_file);
@@ -139,40 +172,49 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
       detail::logger().warn("disk tier: cannot size {}: {}", path, std::strerror(errno));
     }
   }
-  buffer_.resize(slot_bytes_);
   scan();
 }
 
 DiskSlots::~DiskSlots() {
-  for (const int fd : fds_) ::close(fd);
+  for (std::size_t i = 0; i < fds_.size(); ++i) {
+    if (direct_fds_[i] != fds_[i]) ::close(direct_fds_[i]);
+    ::close(fds_[i]);
+  }
+}
+
+DiskSlotsStats DiskSlots::stats() const noexcept {
+  return DiskSlotsStats{writes_.load(), write_errors_.load(), reads_.load(), read_misses_.load()};
 }
 
 std::pair<int, std::uint64_t> DiskSlots::locate(std::int64_t slot) const {
   KVOFFLOAD_EXPECTS(slot >= 0 && slot < num_slots_, "disk tier: slot {} is outside 0..{}", slot,
                     num_slots_ - 1);
   const auto per_file = static_cast<std::int64_t>(config_.slots_per_file);
-  return {fds_[static_cast<std::size_t>(slot / per_file)],
+  return {direct_fds_[static_cast<std::size_t>(slot / per_file)],
           static_cast<std::uint64_t>(slot % per_file) * slot_bytes_};
 }
 
 void DiskSlots::scan() {
   const auto start = std::chrono::steady_clock::now();
   scanned_.assign(static_cast<std::size_t>(num_slots_), std::nullopt);
+  std::uint8_t* const buffer = slot_buffer(slot_bytes_);
+  const auto per_file = static_cast<std::int64_t>(config_.slots_per_file);
   for (std::int64_t s = 0; s < num_slots_; ++s) {
-    const auto [fd, at] = locate(s);
+    const int fd = fds_[static_cast<std::size_t>(s / per_file)];
+    const std::uint64_t at = static_cast<std::uint64_t>(s % per_file) * slot_bytes_;
     const std::size_t n = config_.verify_payloads_on_scan ? slot_bytes_ : kHeaderBytes;
     Key key;
-    if (!full_pread(fd, buffer_.data(), n, static_cast<off_t>(at))) {
+    if (!full_pread(fd, buffer, n, static_cast<off_t>(at))) {
       ++scan_.empty;  // past the end of a truncated file
       continue;
     }
-    switch (decode(buffer_.data(), config_.layout_digest, config_.payload_bytes, key)) {
+    switch (decode(buffer, config_.layout_digest, config_.payload_bytes, key)) {
       case HeaderState::empty: ++scan_.empty; break;
       case HeaderState::invalid: ++scan_.invalid; break;
       case HeaderState::valid:
         if (config_.verify_payloads_on_scan &&
-            XXH3_64bits(buffer_.data() + kHeaderBytes, config_.payload_bytes) !=
-                get<std::uint64_t>(buffer_.data(), kOffPayloadSum)) {
+            XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) !=
+                get<std::uint64_t>(buffer, kOffPayloadSum)) {
           ++scan_.invalid;
           break;
         }
@@ -183,8 +225,10 @@ void DiskSlots::scan() {
   }
   scan_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   detail::logger().info(
-      "disk tier: {} holds {} valid, {} invalid and {} empty slots (scanned in {:.3f} s)",
-      layout_dir_, scan_.valid, scan_.invalid, scan_.empty, scan_.seconds);
+      "disk tier: {} holds {} valid, {} invalid and {} empty slots (scanned in {:.3f} s); "
+      "slot I/O {}",
+      layout_dir_, scan_.valid, scan_.invalid, scan_.empty, scan_.seconds,
+      direct_ ? "O_DIRECT" : "buffered");
 }
 
 bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload) {
@@ -192,7 +236,7 @@ bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::ui
                     "disk tier: a payload of {} bytes, slots hold {}", payload.size(),
                     config_.payload_bytes);
   const auto [fd, at] = locate(slot);
-  std::uint8_t* h = buffer_.data();
+  std::uint8_t* h = slot_buffer(slot_bytes_);
   std::memset(h, 0, kHeaderBytes);
   std::memcpy(h, kMagic, sizeof kMagic);
   put<std::uint32_t>(h, kOffVersion, kVersion);
@@ -205,9 +249,9 @@ bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::ui
   put<std::uint64_t>(h, kOffHeaderSum, XXH3_64bits(h, kOffHeaderSum));
   std::memcpy(h + kHeaderBytes, payload.data(), payload.size());
   std::memset(h + kHeaderBytes + payload.size(), 0, slot_bytes_ - kHeaderBytes - payload.size());
-  ++stats_.writes;
+  ++writes_;
   if (!full_pwrite(fd, h, slot_bytes_, static_cast<off_t>(at))) {
-    ++stats_.write_errors;
+    ++write_errors_;
     detail::logger().warn("disk tier: writing slot {} of {} failed: {}", slot, layout_dir_,
                           std::strerror(errno));
     // A partly written slot must not read back as valid: drop its header if we can.
@@ -223,26 +267,28 @@ bool DiskSlots::read(std::int64_t slot, const Key& key, std::span<std::uint8_t> 
                     "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
                     config_.payload_bytes);
   const auto [fd, at] = locate(slot);
-  ++stats_.reads;
+  ++reads_;
   Key found;
-  const bool ok = full_pread(fd, buffer_.data(), slot_bytes_, static_cast<off_t>(at)) &&
-                  decode(buffer_.data(), config_.layout_digest, config_.payload_bytes, found) ==
-                      HeaderState::valid &&
-                  found == key &&
-                  XXH3_64bits(buffer_.data() + kHeaderBytes, config_.payload_bytes) ==
-                      get<std::uint64_t>(buffer_.data(), kOffPayloadSum);
+  std::uint8_t* const buffer = slot_buffer(slot_bytes_);
+  const bool ok =
+      full_pread(fd, buffer, slot_bytes_, static_cast<off_t>(at)) &&
+      decode(buffer, config_.layout_digest, config_.payload_bytes, found) == HeaderState::valid &&
+      found == key &&
+      XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) ==
+          get<std::uint64_t>(buffer, kOffPayloadSum);
   if (!ok) {
-    ++stats_.read_misses;
+    ++read_misses_;
     return false;
   }
-  std::memcpy(out.data(), buffer_.data() + kHeaderBytes, out.size());
+  std::memcpy(out.data(), buffer + kHeaderBytes, out.size());
   return true;
 }
 
 bool DiskSlots::erase(std::int64_t slot) {
   const auto [fd, at] = locate(slot);
-  std::memset(buffer_.data(), 0, kHeaderBytes);
-  return full_pwrite(fd, buffer_.data(), kHeaderBytes, static_cast<off_t>(at));
+  std::uint8_t* const buffer = slot_buffer(slot_bytes_);
+  std::memset(buffer, 0, kHeaderBytes);
+  return full_pwrite(fd, buffer, kHeaderBytes, static_cast<off_t>(at));
 }
 
 }  // namespace kvoffload

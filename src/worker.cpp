@@ -1,5 +1,7 @@
 #include "kvoffload/worker.hpp"
 
+#include <fmt/format.h>
+
 #include "expects.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/device_runtime.hpp"
@@ -86,10 +88,34 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   TransferEngineConfig ec;
   ec.defer_stores = c.defer_stores;
   engine_ = std::make_unique<TransferEngine>(*layout_, region, std::move(backend), ec);
+  const std::string layout = layout_description();
+  for (const DiskTierConfig& t : c.disk_tiers) {
+    tiers_.push_back(std::make_unique<DiskTier>(t, layout, pool_->block_bytes(),
+                                                [this](HostBlockId id) { return host_block(id); }));
+  }
+}
+
+std::string Worker::layout_description() const {
+  std::string d =
+      fmt::format("f={} block_bytes={}", layout_->block_size_factor(), pool_->block_bytes());
+  for (std::size_t g = 0; g < layout_->num_groups(); ++g) {
+    d += fmt::format(" g{}:{}[", g, layout_->host_block_bytes(g));
+    for (const GroupTensor& t : layout_->group(g))
+      d += fmt::format("{}:{},", t.tensor, t.page_bytes);
+    d += "]";
+  }
+  return d;
+}
+
+void Worker::submit_tier(const TierJob& job) {
+  KVOFFLOAD_EXPECTS(job.tier < tiers_.size(), "tier job {}: tier {} is not configured ({} tiers)",
+                    job.id, job.tier, tiers_.size());
+  tiers_[job.tier]->submit(job);
 }
 
 // The engine goes first: its backend may still be copying into the pool.
 Worker::~Worker() {
+  tiers_.clear();
   engine_.reset();
   if (registered_with_ != nullptr && pool_ != nullptr) {
     (void)static_cast<SimDevice&>(*registered_with_).host_unregister(pool_->data());
@@ -116,11 +142,24 @@ void Worker::start_step() {
 }
 
 std::vector<FinishedTransfer> Worker::get_finished() {
-  return engine_->get_finished();
+  std::vector<FinishedTransfer> out = engine_->get_finished();
+  for (const auto& tier : tiers_) {
+    for (const FinishedTierJob& f : tier->get_finished()) {
+      FinishedTransfer t;
+      t.job = f.job;
+      t.ok = f.ok;
+      t.tier = true;
+      t.tier_kind = f.kind;
+      if (!f.ok) t.error = fmt::format("{} block(s) failed", f.failed_blocks);
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
 }
 
 void Worker::wait(std::span<const JobId> jobs) {
   engine_->wait(jobs);
+  for (const auto& tier : tiers_) tier->wait(jobs);
 }
 
 std::span<std::byte> Worker::host_block(HostBlockId id) const {

@@ -12,8 +12,11 @@
 //   [4096, slot_bytes)  payload, padded to a multiple of 4096 (O_DIRECT-ready)
 // Files: <directory>/<layout digest, 16 hex digits>/slab-<n>.kvo, `slots_per_file` slots each.
 //
-// Not thread-safe: one owner (a worker's I/O thread) calls it.
+// Thread-safety: write, read and erase of different slots may run concurrently (the disk
+// tier's I/O threads); the same slot must not be used by two calls at once (the scheduler's
+// tier index never hands out a slot that is being written or read).
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -35,6 +38,9 @@ struct DiskSlotsConfig {
   /// index holds exactly the slots whose write completed. Without it, a write torn between
   /// header and payload is found at read time (a miss, counted) instead.
   bool verify_payloads_on_scan = false;
+  /// Slot reads and writes bypass the page cache (O_DIRECT) where the file system allows it;
+  /// elsewhere (tmpfs, some overlay file systems) they fall back to buffered I/O, logged.
+  bool direct_io = false;
 };
 
 /// What the scan at open found.
@@ -80,7 +86,9 @@ class KVOFFLOAD_EXPORT DiskSlots {
   /// The key the scan at open found in each slot (nullopt: empty or invalid).
   [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept { return scanned_; }
   [[nodiscard]] const DiskScanReport& scan_report() const noexcept { return scan_; }
-  [[nodiscard]] const DiskSlotsStats& stats() const noexcept { return stats_; }
+  [[nodiscard]] DiskSlotsStats stats() const noexcept;
+  /// Whether slot I/O uses O_DIRECT (direct_io asked for and supported).
+  [[nodiscard]] bool direct() const noexcept { return direct_; }
 
  private:
   void scan();
@@ -90,11 +98,12 @@ class KVOFFLOAD_EXPORT DiskSlots {
   std::string layout_dir_;
   std::uint64_t slot_bytes_ = 0;
   std::int64_t num_slots_ = 0;
-  std::vector<int> fds_;
-  std::vector<std::uint8_t> buffer_;  // one slot, for writes and reads
+  std::vector<int> fds_;         // buffered: the scan
+  std::vector<int> direct_fds_;  // slot I/O: O_DIRECT, or the buffered fds again
+  bool direct_ = false;
   std::vector<std::optional<Key>> scanned_;
   DiskScanReport scan_;
-  DiskSlotsStats stats_;
+  std::atomic<std::uint64_t> writes_{0}, write_errors_{0}, reads_{0}, read_misses_{0};
 };
 
 /// XXH3-64 of `bytes` (the disk tier's checksum), exposed for tests and tools.

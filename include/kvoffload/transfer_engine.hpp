@@ -29,6 +29,8 @@ struct FinishedTransfer {
   std::string error;
   std::uint64_t bytes = 0;
   double seconds = 0;
+  bool tier = false;  ///< a tier job (Worker::submit_tier); then tier_kind, not kind, applies
+  TierJobKind tier_kind = TierJobKind::write;
 };
 
 struct TransferStats {

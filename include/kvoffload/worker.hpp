@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kvoffload/disk_tier.hpp"
 #include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
@@ -38,6 +39,8 @@ struct WorkerConfig {
   /// CUDA backend: where its CUDA calls go. Null: the CUDA runtime; a SimDevice runs the
   /// backend on the CPU (the pool is then registered with the simulated device).
   std::shared_ptr<DeviceRuntime> runtime;
+  /// The disk tiers, in the order of SchedulerConfig::tiers (each opened and scanned here).
+  std::vector<DiskTierConfig> disk_tiers;
 };
 
 class PinnedHostPool;
@@ -62,8 +65,18 @@ class KVOFFLOAD_EXPORT Worker {
   /// group for a job that breaks the invariants or leaves the layout. Nothing is copied then.
   void submit(const TransferJob& job);
   void start_step();
+  /// Load and store jobs finished, then tier jobs (FinishedTransfer::tier set).
   std::vector<FinishedTransfer> get_finished();
+  /// Waits for these jobs, tier jobs included (ids the worker does not know are ignored).
   void wait(std::span<const JobId> jobs);
+  /// Starts a tier job on tier job.tier. Throws invalid_argument naming the job for a tier
+  /// that is not configured or a job that does not fit it.
+  void submit_tier(const TierJob& job);
+  [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
+  /// Tier `t` of this worker (its scan, for Scheduler::restore_tier, and its counters).
+  [[nodiscard]] const DiskTier& tier(std::size_t t) const { return *tiers_.at(t); }
+  /// The description of the host block layout that disk_layout_digest hashes.
+  [[nodiscard]] std::string layout_description() const;
   /// Changes the compute stream for jobs submitted from now on (WorkerConfig::compute_stream);
   /// nullopt turns the waits off. Throws invalid_argument for a backend other than CUDA or for
   /// cudaStreamPerThread.
@@ -82,6 +95,7 @@ class KVOFFLOAD_EXPORT Worker {
   std::shared_ptr<DeviceRuntime> registered_with_;  // a SimDevice the pool is registered with
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
+  std::vector<std::unique_ptr<DiskTier>> tiers_;  // destroyed first: they read the pool
 };
 
 }  // namespace kvoffload

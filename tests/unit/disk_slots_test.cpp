@@ -17,26 +17,14 @@
 #include "kvoffload/disk_slots.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/host_block_manager.hpp"
+#include "support/temp_dir.hpp"
 
 using namespace kvoffload;
 using Catch::Matchers::ContainsSubstring;
 
 namespace {
 
-/// A fresh directory under the system's temporary directory, removed at the end.
-struct TempDir {
-  std::filesystem::path path;
-  TempDir() {
-    std::random_device rd;
-    path = std::filesystem::temp_directory_path() /
-           ("kvoffload-disk-test-" + std::to_string(::getpid()) + "-" + std::to_string(rd()));
-    std::filesystem::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path, ec);
-  }
-};
+using kvtest::TempDir;
 
 Key key_of(int i) {
   std::uint8_t b[16] = {};

@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -33,7 +34,22 @@ int main(int argc, char** argv) {
   app.add_flag("--check-invariants", c.check_invariants,
                "check the cache against the worker's successful stores after every step, and "
                "drain at the end");
+  std::string disk_capacity = "64MiB";
+  app.add_option("--disk", c.disk_dir,
+                 "directory of a disk tier below the host cache (kept across runs: a second "
+                 "run with the same seed finds the blocks again)");
+  app.add_option("--disk-capacity", disk_capacity, "disk tier capacity, e.g. 64MiB or 2GiB")
+      ->capture_default_str();
+  app.add_option("--disk-threshold", c.disk_store_threshold,
+                 "disk admission: write a block once it was looked up N times (0: always)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  try {
+    c.disk_capacity = kvoffload::parse_bytes(disk_capacity, "--disk-capacity");
+  } catch (const std::exception& e) {
+    std::cerr << "kvoffload-demo: " << e.what() << "\n";
+    return 2;
+  }
   c.verify = !no_verify;
   c.faulty = c.faults.fail > 0 || c.faults.delay > 0 || c.faults.reorder;
   c.faults.seed = c.seed;
@@ -61,6 +77,17 @@ int main(int argc, char** argv) {
     std::printf(
         "stored %s, loaded %s; %lld preemptions\n", kvoffload::format_bytes(r.bytes_stored).c_str(),
         kvoffload::format_bytes(r.bytes_loaded).c_str(), static_cast<long long>(r.preemptions));
+    if (!c.disk_dir.empty()) {
+      std::printf(
+          "disk tier: %lld slots, %lld blocks found at start, %llu written (%llu failed), %llu "
+          "promoted into host memory (%llu failed), %llu evicted\n",
+          static_cast<long long>(r.disk_slots), static_cast<long long>(r.disk_restored),
+          static_cast<unsigned long long>(r.disk_blocks_written),
+          static_cast<unsigned long long>(r.disk_failed_writes),
+          static_cast<unsigned long long>(r.disk_promotions),
+          static_cast<unsigned long long>(r.disk_failed_promotions),
+          static_cast<unsigned long long>(r.disk_evictions));
+    }
     if (c.faulty || c.check_invariants) {
       std::printf(
           "faults: %llu transfers failed, %llu completions delayed; %lld failed loads reported, "

@@ -99,7 +99,6 @@ struct SyntheticEngine::Impl {
     // Events accumulate until take_events(); only the invariant checks and the observer read
     // them.
     sc.manager.enable_events = c.check_invariants || static_cast<bool>(c.observer);
-    scheduler = std::make_unique<Scheduler>(sc);
     const auto G = c.groups.size();
     // Per group, per layer, K and V: separate tensors in "GPU" memory (host RAM here).
     WorkerConfig wc;
@@ -123,7 +122,32 @@ struct SyntheticEngine::Impl {
       faulty = faulty_backend.get();
       backend = std::move(faulty_backend);
     }
+    if (!c.disk_dir.empty()) {
+      DiskTierConfig dc;
+      dc.path = c.disk_dir;
+      dc.capacity_bytes = c.disk_capacity;
+      dc.model = "kvoffload-demo synthetic";
+      dc.dtype = "uint8";
+      wc.disk_tiers.push_back(dc);
+    }
     engine = std::make_unique<Worker>(wc, std::move(backend));
+    if (!c.disk_dir.empty()) {
+      TierConfig tier;
+      tier.medium = Medium::disk;
+      tier.blocks = engine->tier(0).num_slots();
+      tier.store_threshold = c.disk_store_threshold;
+      sc.tiers.push_back(tier);
+    }
+    scheduler = std::make_unique<Scheduler>(sc);
+    if (!c.disk_dir.empty()) {
+      report.disk_slots = engine->tier(0).num_slots();
+      report.disk_restored = scheduler->restore_tier(0, engine->tier(0).scanned());
+      if (c.check_invariants) {
+        for (const auto& k : engine->tier(0).scanned()) {
+          if (k) disk_ok.insert(*k);
+        }
+      }
+    }
     for (GpuBlockId id = static_cast<GpuBlockId>(c.gpu_blocks - 1); id >= 1; --id) {
       free_ids.push_back(id);
     }
@@ -151,6 +175,24 @@ struct SyntheticEngine::Impl {
       out.push_back(BlockHash::from_bytes(bytes));
     }
     return out;
+  }
+
+  /// Chains block hashes as engines do (each one covers its predecessors), so a key names
+  /// the whole prefix before it: the same key means the same content, also across runs whose
+  /// random draws diverged (a disk tier keeps blocks from an earlier run).
+  static void chain(std::vector<BlockHash>& hashes) {
+    std::uint64_t a = 0, b = 0;
+    for (BlockHash& h : hashes) {
+      std::uint64_t ra = 0, rb = 0;
+      std::memcpy(&ra, h.data(), 8);
+      std::memcpy(&rb, h.data() + 8, 8);
+      a = mix(a ^ ra);
+      b = mix(b ^ rb ^ a);
+      std::uint8_t bytes[16];
+      std::memcpy(bytes, &a, 8);
+      std::memcpy(bytes + 8, &b, 8);
+      h = BlockHash::from_bytes(bytes);
+    }
   }
 
   /// The content seed of tensor k of group g's GPU block `k_block` of request r once complete:
@@ -197,6 +239,7 @@ struct SyntheticEngine::Impl {
     r.hashes.assign(family.begin(), family.begin() + static_cast<std::ptrdiff_t>(shared));
     const auto own = random_hashes(n - shared);
     r.hashes.insert(r.hashes.end(), own.begin(), own.end());
+    chain(r.hashes);
     r.table.resize(config.groups.size());
     r.sent.assign(config.groups.size(), 0);
     waiting.push_back(r.id);
@@ -357,8 +400,12 @@ struct SyntheticEngine::Impl {
     }
     for (const ManagerEvent& e : events) {
       if (!e.removed) continue;  // "stored" comes from the scheduler: the truth is the worker's
+      auto& shadow = e.medium == Medium::host ? stored_ok : disk_ok;
       for (const Key& k : e.keys) {
-        if (stored_ok.erase(k) == 0) violation("evicted " + to_string(k) + ", which was not ready");
+        if (shadow.erase(k) == 0) {
+          violation("evicted " + to_string(k) + " from " + std::string(to_string(e.medium)) +
+                    ", which was not ready there");
+        }
       }
     }
   }
@@ -366,6 +413,19 @@ struct SyntheticEngine::Impl {
   /// The worker's view: a successful store puts its keys in the shadow cache; a failed load
   /// must come back from the scheduler as failed.
   void transfer_finished(const FinishedTransfer& t) {
+    if (t.tier) {
+      auto it = tier_keys.find(t.job);
+      if (it == tier_keys.end()) {
+        return violation("tier job " + std::to_string(t.job) + " finished twice");
+      }
+      // A promotion puts its keys in host memory; a write puts them on disk.
+      if (t.ok) {
+        auto& shadow = t.tier_kind == TierJobKind::promote ? stored_ok : disk_ok;
+        shadow.insert(it->second.begin(), it->second.end());
+      }
+      tier_keys.erase(it);
+      return;
+    }
     if (t.kind == JobKind::store) {
       auto it = store_keys.find(t.job);
       if (it == store_keys.end())
@@ -391,9 +451,31 @@ struct SyntheticEngine::Impl {
     if (!c.ok) ++report.failed_loads_reported;
   }
 
+  void submit_tier_jobs(const StepResult& out) {
+    for (const TierJob& job : out.tier_jobs) {
+      // Which sub-blocks hold written data travels with the bytes (record_written).
+      for (std::size_t i = 0; i < job.keys.size(); ++i) {
+        if (job.kind == TierJobKind::write) {
+          auto it = host_written.find(job.host_block_ids[i]);
+          if (it != host_written.end()) disk_written[job.keys[i]] = it->second;
+        } else if (auto it = disk_written.find(job.keys[i]); it != disk_written.end()) {
+          host_written[job.host_block_ids[i]] = it->second;
+        } else {
+          host_written.erase(job.host_block_ids[i]);  // from an earlier run: all written
+        }
+      }
+      engine->submit_tier(job);
+      submitted.insert(job.id);
+      if (config.check_invariants) tier_keys.emplace(job.id, job.keys);
+    }
+  }
+
   /// The host cache's ready keys are exactly the shadow cache.
   void check_cache() {
     ++report.invariant_checks;
+    // Write-through evicts from the tier when reports complete stores, after this step's
+    // events were taken: account for those evictions before comparing.
+    if (!config.disk_dir.empty()) after_build(StepResult{}, take_events());
     const HostBlockManager& m = scheduler->manager();
     std::size_t ready = 0;
     for (HostBlockId id = 0; id < m.capacity(); ++id) {
@@ -409,6 +491,27 @@ struct SyntheticEngine::Impl {
       violation(std::to_string(stored_ok.size()) +
                 " keys were stored successfully and not evicted, " + "but the cache has " +
                 std::to_string(ready) + " ready blocks");
+    }
+    if (!config.disk_dir.empty()) {
+      // The disk tier's ready slots are exactly the keys written (or found at start) and not
+      // evicted or dropped since.
+      const HostBlockManager& d = scheduler->tier_index(0);
+      std::size_t on_disk = 0;
+      for (HostBlockId id = 0; id < d.capacity(); ++id) {
+        const Key* k = d.key_of(id);
+        if (k == nullptr || d.peek(*k) != LookupResult::hit) continue;
+        ++on_disk;
+        if (disk_ok.count(*k) == 0) {
+          violation("disk slot " + std::to_string(id) + " serves " + to_string(*k) +
+                    " as a hit, but no successful write of it is known");
+        }
+      }
+      if (on_disk != disk_ok.size()) {
+        violation(std::to_string(disk_ok.size()) +
+                  " keys are on disk by the worker's account, "
+                  "but the tier index has " +
+                  std::to_string(on_disk) + " ready slots");
+      }
     }
     report.stores_without_room = scheduler->cache_stats().stores_without_room;
     if (faulty != nullptr) {
@@ -451,6 +554,14 @@ struct SyntheticEngine::Impl {
       it = o.count == 0 ? owed.erase(it) : std::next(it);
     }
     std::vector<CompletedJob> done = scheduler->on_completed(reports);
+    if (!config.disk_dir.empty()) {
+      const TierStats ts = scheduler->tier_stats(0);
+      report.disk_promotions = ts.promotions;
+      report.disk_failed_promotions = ts.failed_promotions;
+      report.disk_blocks_written = ts.blocks_written;
+      report.disk_failed_writes = ts.failed_writes;
+      report.disk_evictions = ts.evictions;
+    }
     for (const CompletedJob& c : done) {
       if (auto it = jobs_of.find(c.request_id); it != jobs_of.end() && --it->second == 0) {
         jobs_of.erase(it);
@@ -473,6 +584,7 @@ struct SyntheticEngine::Impl {
         submitted.insert(job.id);
         load_jobs.emplace(job.id, job);
       }
+      submit_tier_jobs(out);
       engine->start_step();
       engine->wait(std::vector<JobId>(submitted.begin(), submitted.end()));
       (void)report_finished(/*all_owed=*/true);
@@ -578,6 +690,7 @@ struct SyntheticEngine::Impl {
       if (config.check_invariants) after_build(StepResult{}, events_before);
       scheduler->reset_cache();
       stored_ok.clear();
+      disk_ok.clear();
       jobs_of.clear();  // every job is stale now
       ++report.resets;
     }
@@ -626,6 +739,7 @@ struct SyntheticEngine::Impl {
       ++jobs_of[job.request_id];
       ++report.load_jobs;
     }
+    submit_tier_jobs(out);
     // The forward pass writes the scheduled tokens' blocks.
     for (const ScheduledRequest& e : entries) {
       Request& r = requests.at(e.request_id);
@@ -717,6 +831,11 @@ struct SyntheticEngine::Impl {
   std::unordered_map<JobId, std::vector<Key>> store_keys;
   std::unordered_set<JobId> failed_loads;
   std::unordered_set<JobId> submitted;  // jobs given to the engine and not yet finished
+  // check_invariants with a disk tier: the keys on disk by the worker's account, and each
+  // tier job's keys.
+  std::unordered_set<Key, KeyHash> disk_ok;
+  std::unordered_map<Key, std::vector<bool>, KeyHash> disk_written;  // per key on disk
+  std::unordered_map<JobId, std::vector<Key>> tier_keys;
   // Store jobs whose copy may still run (not flushed, not reported finished): their sources.
   std::unordered_map<JobId, std::vector<GpuBlockId>> stores_running;
   std::map<JobId, OwedReports> owed;  // reports not yet given to the scheduler

@@ -78,6 +78,12 @@ struct SimConfig {
   /// evicted since; every load job loads only such keys; every failed load is reported to
   /// the engine as failed; when all jobs are done no block is writing or being read.
   bool check_invariants = false;
+  /// A disk tier below the host cache (off when empty): its directory and capacity. Blocks
+  /// the host cache evicts are promoted back from it and verified like any other load; the
+  /// same directory in a later run (same seed) is found again after the restart.
+  std::string disk_dir;
+  std::uint64_t disk_capacity = 64ull << 20;
+  std::int64_t disk_store_threshold = 0;
 };
 
 struct SimReport {
@@ -109,6 +115,14 @@ struct SimReport {
   /// else a mismatch.
   std::int64_t unwritten_reads = 0;
   std::string first_violation;
+  // The disk tier (disk_dir set).
+  std::int64_t disk_slots = 0;
+  std::int64_t disk_restored = 0;     ///< keys found by the scan at start
+  std::uint64_t disk_promotions = 0;  ///< blocks promoted into host memory
+  std::uint64_t disk_failed_promotions = 0;
+  std::uint64_t disk_blocks_written = 0;
+  std::uint64_t disk_failed_writes = 0;
+  std::uint64_t disk_evictions = 0;
   bool drained = false;  ///< run() ended with every job finished and the checks above
 };
 
