@@ -231,12 +231,12 @@ void DiskSlots::scan() {
       direct_ ? "O_DIRECT" : "buffered");
 }
 
-bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload) {
+SlotIo DiskSlots::prepare_write(std::int64_t slot, const Key& key,
+                                std::span<const std::uint8_t> payload, std::uint8_t* h) {
   KVOFFLOAD_EXPECTS(payload.size() == config_.payload_bytes,
                     "disk tier: a payload of {} bytes, slots hold {}", payload.size(),
                     config_.payload_bytes);
   const auto [fd, at] = locate(slot);
-  std::uint8_t* h = slot_buffer(slot_bytes_);
   std::memset(h, 0, kHeaderBytes);
   std::memcpy(h, kMagic, sizeof kMagic);
   put<std::uint32_t>(h, kOffVersion, kVersion);
@@ -250,28 +250,31 @@ bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::ui
   std::memcpy(h + kHeaderBytes, payload.data(), payload.size());
   std::memset(h + kHeaderBytes + payload.size(), 0, slot_bytes_ - kHeaderBytes - payload.size());
   ++writes_;
-  if (!full_pwrite(fd, h, slot_bytes_, static_cast<off_t>(at))) {
-    ++write_errors_;
-    detail::logger().warn("disk tier: writing slot {} of {} failed: {}", slot, layout_dir_,
-                          std::strerror(errno));
-    // A partly written slot must not read back as valid: drop its header if we can.
-    std::memset(h, 0, kHeaderBytes);
-    (void)full_pwrite(fd, h, kHeaderBytes, static_cast<off_t>(at));
-    return false;
-  }
-  return true;
+  return SlotIo{fd, at, slot_bytes_};
 }
 
-bool DiskSlots::read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out) {
+void DiskSlots::write_failed(std::int64_t slot, int err) {
+  ++write_errors_;
+  detail::logger().warn("disk tier: writing slot {} of {} failed: {}", slot, layout_dir_,
+                        std::strerror(err));
+  // A partly written slot must not read back as valid: drop its header if we can.
+  (void)erase(slot);
+}
+
+SlotIo DiskSlots::prepare_read(std::int64_t slot) {
+  const auto [fd, at] = locate(slot);
+  ++reads_;
+  return SlotIo{fd, at, slot_bytes_};
+}
+
+bool DiskSlots::finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
+                            std::span<std::uint8_t> out) {
   KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
                     "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
                     config_.payload_bytes);
-  const auto [fd, at] = locate(slot);
-  ++reads_;
   Key found;
-  std::uint8_t* const buffer = slot_buffer(slot_bytes_);
   const bool ok =
-      full_pread(fd, buffer, slot_bytes_, static_cast<off_t>(at)) &&
+      read_ok &&
       decode(buffer, config_.layout_digest, config_.payload_bytes, found) == HeaderState::valid &&
       found == key &&
       XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) ==
@@ -282,6 +285,26 @@ bool DiskSlots::read(std::int64_t slot, const Key& key, std::span<std::uint8_t> 
   }
   std::memcpy(out.data(), buffer + kHeaderBytes, out.size());
   return true;
+}
+
+bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload) {
+  std::uint8_t* const buffer = slot_buffer(slot_bytes_);
+  const SlotIo io = prepare_write(slot, key, payload, buffer);
+  if (!full_pwrite(io.fd, buffer, io.bytes, static_cast<off_t>(io.offset))) {
+    write_failed(slot, errno == 0 ? EIO : errno);
+    return false;
+  }
+  return true;
+}
+
+bool DiskSlots::read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out) {
+  KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
+                    "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
+                    config_.payload_bytes);
+  const SlotIo io = prepare_read(slot);
+  std::uint8_t* const buffer = slot_buffer(slot_bytes_);
+  const bool read_ok = full_pread(io.fd, buffer, io.bytes, static_cast<off_t>(io.offset));
+  return finish_read(buffer, read_ok, key, out);
 }
 
 bool DiskSlots::erase(std::int64_t slot) {

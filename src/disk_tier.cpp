@@ -1,12 +1,15 @@
 #include "kvoffload/disk_tier.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
 #include "expects.hpp"
 #include "logging.hpp"
+#include "uring_io.hpp"
 
 namespace kvoffload {
 
@@ -60,12 +63,35 @@ DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
                    std::uint64_t payload_bytes,
                    std::function<std::span<std::byte>(HostBlockId)> host_block)
     : slots_(slots_config(config, layout, payload_bytes)), host_block_(std::move(host_block)) {
-  detail::logger().info("disk tier: {} slots of {} bytes in {}, {} I/O thread(s), {} I/O",
-                        slots_.num_slots(), slots_.slot_bytes(), slots_.layout_directory(),
-                        config.io_threads,
-                        slots_.direct() ? "O_DIRECT pread/pwrite" : "buffered pread/pwrite");
-  threads_.reserve(static_cast<std::size_t>(config.io_threads));
-  for (int i = 0; i < config.io_threads; ++i) threads_.emplace_back([this] { run(); });
+  KVOFFLOAD_EXPECTS(config.io_depth >= 1 && config.io_depth <= 4096,
+                    "disk tier: io_depth must be 1 to 4096, got {}", config.io_depth);
+  std::string why;
+  if (config.io != DiskIo::threads) {
+    uring_ =
+        detail::UringIo::create(static_cast<unsigned>(config.io_depth), slots_.slot_bytes(), why);
+    if (uring_ == nullptr && config.io == DiskIo::io_uring) {
+      throw unsupported("disk tier: io = io_uring, but io_uring is not available here: " + why);
+    }
+  }
+  const std::string mode = slots_.direct() ? "O_DIRECT" : "buffered";
+  if (uring_ != nullptr) {
+    io_ = DiskIo::io_uring;
+    detail::logger().info(
+        "disk tier: {} slots of {} bytes in {}; io_uring, depth {}, {} "
+        "buffers, {} I/O",
+        slots_.num_slots(), slots_.slot_bytes(), slots_.layout_directory(), config.io_depth,
+        uring_->registered() ? "registered" : "plain", mode);
+    threads_.emplace_back([this] { run_uring(); });
+  } else {
+    io_ = DiskIo::threads;
+    detail::logger().info(
+        "disk tier: {} slots of {} bytes in {}; {} pread/pwrite thread(s){}, "
+        "{} I/O",
+        slots_.num_slots(), slots_.slot_bytes(), slots_.layout_directory(), config.io_threads,
+        why.empty() ? "" : " (no io_uring: " + why + ")", mode);
+    threads_.reserve(static_cast<std::size_t>(config.io_threads));
+    for (int i = 0; i < config.io_threads; ++i) threads_.emplace_back([this] { run_threads(); });
+  }
 }
 
 DiskTier::~DiskTier() {
@@ -105,44 +131,120 @@ void DiskTier::submit(const TierJob& job) {
   work_ready_.notify_all();
 }
 
-void DiskTier::run() {
+bool DiskTier::take(std::vector<Task>& out, std::size_t max, bool busy) {
+  std::unique_lock lock(mutex_);
+  if (!busy) work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+  while (out.size() < max && !queue_.empty()) {
+    out.push_back(queue_.front());
+    queue_.pop_front();
+  }
+  // Stopping ends the loop only once every submitted block is done.
+  return !(stopping_ && queue_.empty() && out.empty() && !busy);
+}
+
+std::span<std::uint8_t> DiskTier::host_bytes(const Job& j, std::size_t i) const {
+  const std::span<std::byte> host = host_block_(j.job.host_block_ids[i]);
+  return {reinterpret_cast<std::uint8_t*>(host.data()), host.size()};
+}
+
+void DiskTier::block_done(Job& j, bool ok) {
+  std::lock_guard lock(mutex_);
+  if (!ok) ++j.failed;
+  if (--j.remaining > 0) return;
+  finished_.push_back(FinishedTierJob{j.job.id, j.job.kind, j.failed == 0, j.failed});
+  if (j.failed > 0) {
+    detail::logger().warn("tier job {} ({}): {} of {} block(s) failed", j.job.id,
+                          to_string(j.job.kind), j.failed, j.job.keys.size());
+  }
+  jobs_.erase(j.job.id);  // destroys j
+  job_done_.notify_all();
+}
+
+void DiskTier::run_threads() {
+  std::vector<Task> tasks;
   for (;;) {
-    std::pair<Job*, std::size_t> task;
-    {
-      std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and every submitted block is done
-      task = queue_.front();
-      queue_.pop_front();
-    }
-    Job& j = *task.first;
-    const std::size_t i = task.second;
+    tasks.clear();
+    if (!take(tasks, 1, false)) return;
+    if (tasks.empty()) continue;
+    Job& j = *tasks[0].first;
+    const std::size_t i = tasks[0].second;
     const std::int64_t slot = j.job.tier_block_ids[i];
     bool ok = false;
     try {
-      const std::span<std::byte> host = host_block_(j.job.host_block_ids[i]);
-      const std::span<std::uint8_t> bytes(reinterpret_cast<std::uint8_t*>(host.data()),
-                                          host.size());
       if (j.job.kind == TierJobKind::write) {
-        ok = slots_.write(slot, j.job.keys[i], bytes);
+        ok = slots_.write(slot, j.job.keys[i], host_bytes(j, i));
       } else {
-        ok = slots_.read(slot, j.job.keys[i], bytes);
+        ok = slots_.read(slot, j.job.keys[i], host_bytes(j, i));
         // Bad bytes stay bad: the slot is emptied so a restart does not find it again.
         if (!ok) (void)slots_.erase(slot);
       }
     } catch (const std::exception& e) {
       detail::logger().error("tier job {}: slot {}: {}", j.job.id, slot, e.what());
     }
-    std::lock_guard lock(mutex_);
-    if (!ok) ++j.failed;
-    if (--j.remaining == 0) {
-      finished_.push_back(FinishedTierJob{j.job.id, j.job.kind, j.failed == 0, j.failed});
-      if (j.failed > 0) {
-        detail::logger().warn("tier job {} ({}): {} of {} block(s) failed", j.job.id,
-                              to_string(j.job.kind), j.failed, j.job.keys.size());
+    block_done(j, ok);
+  }
+}
+
+void DiskTier::run_uring() {
+  detail::UringIo& ring = *uring_;
+  std::vector<unsigned> free_buffers;
+  for (unsigned b = ring.depth(); b-- > 0;) free_buffers.push_back(b);
+  std::vector<Task> in_flight(ring.depth());  // per buffer
+  std::vector<Task> tasks;
+  std::vector<std::pair<unsigned, std::int64_t>> done;
+  std::size_t busy = 0;
+  for (;;) {
+    tasks.clear();
+    if (!take(tasks, free_buffers.size(), busy > 0)) return;
+    std::size_t queued = 0;
+    for (const Task& t : tasks) {
+      Job& j = *t.first;
+      const std::size_t i = t.second;
+      const unsigned b = free_buffers.back();
+      try {
+        const bool write = j.job.kind == TierJobKind::write;
+        const SlotIo io = write ? slots_.prepare_write(j.job.tier_block_ids[i], j.job.keys[i],
+                                                       host_bytes(j, i), ring.buffer(b))
+                                : slots_.prepare_read(j.job.tier_block_ids[i]);
+        ring.queue(b, write, io);
+      } catch (const std::exception& e) {
+        detail::logger().error("tier job {}: slot {}: {}", j.job.id, j.job.tier_block_ids[i],
+                               e.what());
+        block_done(j, false);
+        continue;
       }
-      jobs_.erase(j.job.id);
-      job_done_.notify_all();
+      free_buffers.pop_back();
+      in_flight[b] = t;
+      ++busy;
+      ++queued;
+    }
+    int err = 0;
+    if (queued > 0 && !ring.submit(err)) {
+      detail::logger().error("disk tier: io_uring_submit failed: {}", std::strerror(err));
+    }
+    if (busy == 0) continue;
+    done.clear();
+    ring.wait(done);
+    for (const auto& [b, res] : done) {
+      Job& j = *in_flight[b].first;
+      const std::size_t i = in_flight[b].second;
+      const std::int64_t slot = j.job.tier_block_ids[i];
+      const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
+      bool ok = false;
+      if (j.job.kind == TierJobKind::write) {
+        if (!complete) slots_.write_failed(slot, res < 0 ? static_cast<int>(-res) : EIO);
+        ok = complete;
+      } else {
+        try {
+          ok = slots_.finish_read(ring.buffer(b), complete, j.job.keys[i], host_bytes(j, i));
+        } catch (const std::exception& e) {
+          detail::logger().error("tier job {}: slot {}: {}", j.job.id, slot, e.what());
+        }
+        if (!ok) (void)slots_.erase(slot);
+      }
+      free_buffers.push_back(b);
+      --busy;
+      block_done(j, ok);
     }
   }
 }

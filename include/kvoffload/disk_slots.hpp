@@ -43,6 +43,14 @@ struct DiskSlotsConfig {
   bool direct_io = false;
 };
 
+/// Where one slot operation goes: the file, the offset and the byte count (a whole slot for
+/// reads and writes), for an I/O engine that submits it itself (io_uring).
+struct SlotIo {
+  int fd = -1;
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
 /// What the scan at open found.
 struct DiskScanReport {
   std::int64_t valid = 0;    ///< slots with a good header (and payload, when verified)
@@ -82,6 +90,21 @@ class KVOFFLOAD_EXPORT DiskSlots {
   bool read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out);
   /// Marks `slot` empty (its header zeroed), e.g. when the tier evicts it.
   bool erase(std::int64_t slot);
+
+  // write() and read() in parts, for an engine that does the I/O itself. `buffer` holds a
+  // slot (slot_bytes()), 4 KiB-aligned.
+  /// Encodes header and payload into `buffer`; the caller writes it to the returned place.
+  SlotIo prepare_write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload,
+                       std::uint8_t* buffer);
+  /// A write that failed with `err` (an errno): counted, logged, the slot's header dropped.
+  void write_failed(std::int64_t slot, int err);
+  /// Where to read `slot` from (a whole slot, into a buffer).
+  SlotIo prepare_read(std::int64_t slot);
+  /// Checks a slot read into `buffer` (header valid, holds `key`, payload checksum) and copies
+  /// the payload to `out`; false (a miss, counted) otherwise. `read_ok` false: the read
+  /// itself failed.
+  bool finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
+                   std::span<std::uint8_t> out);
 
   /// The key the scan at open found in each slot (nullopt: empty or invalid).
   [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept { return scanned_; }

@@ -19,10 +19,15 @@
 #include <vector>
 
 #include "kvoffload/disk_slots.hpp"
+#include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
 
 namespace kvoffload {
+
+namespace detail {
+class UringIo;
+}
 
 /// A disk tier as the engine configures it.
 struct DiskTierConfig {
@@ -34,7 +39,9 @@ struct DiskTierConfig {
   std::string dtype;
   int tp_rank = 0;
   int tp_size = 1;
-  int io_threads = 4;  ///< parallel slot reads/writes (queue depth)
+  DiskIo io = DiskIo::automatic;
+  int io_depth = 32;   ///< io_uring: slot reads/writes in flight at once
+  int io_threads = 4;  ///< threads: parallel pread/pwrite calls
   bool direct_io = true;
   bool verify_payloads_on_scan = false;
 };
@@ -85,6 +92,8 @@ class KVOFFLOAD_EXPORT DiskTier {
     return slots_.scanned();
   }
   [[nodiscard]] const DiskSlots& slots() const noexcept { return slots_; }
+  /// The engine in use: DiskIo::io_uring or DiskIo::threads.
+  [[nodiscard]] DiskIo io() const noexcept { return io_; }
 
  private:
   struct Job {
@@ -92,9 +101,18 @@ class KVOFFLOAD_EXPORT DiskTier {
     std::int64_t remaining = 0;
     std::int64_t failed = 0;
   };
-  void run();
+  using Task = std::pair<Job*, std::size_t>;  // a job and one of its blocks
+  void run_threads();
+  void run_uring();
+  /// Takes up to `max` tasks, waiting for one unless `busy`; false when stopping and idle.
+  bool take(std::vector<Task>& out, std::size_t max, bool busy);
+  /// Counts one block of a job done (ok or not), finishing the job after its last.
+  void block_done(Job& j, bool ok);
+  [[nodiscard]] std::span<std::uint8_t> host_bytes(const Job& j, std::size_t i) const;
 
   DiskSlots slots_;
+  DiskIo io_ = DiskIo::threads;
+  std::unique_ptr<detail::UringIo> uring_;
   std::function<std::span<std::byte>(HostBlockId)> host_block_;
   mutable std::mutex mutex_;
   std::condition_variable work_ready_;

@@ -24,6 +24,13 @@ enum class Medium : std::uint8_t { host, disk };
 /// A tier job's direction: promote (tier to host memory) or write (host memory to the tier).
 enum class TierJobKind : std::uint8_t { promote, write };
 
+/// How a disk tier does its I/O.
+enum class DiskIo : std::uint8_t {
+  automatic,  ///< io_uring where the kernel allows it, else threads (logged)
+  io_uring,   ///< io_uring or an error
+  threads,    ///< a pool of threads doing pread/pwrite
+};
+
 /// The worker's copy backend.
 enum class BackendKind : std::uint8_t {
   host,  ///< HostBackend: memcpy threads; the KV tensors are in host memory
@@ -67,6 +74,8 @@ KVOFFLOAD_EXPORT std::string_view to_string(JobKind v) noexcept;
 KVOFFLOAD_EXPORT std::string_view to_string(BackendKind v) noexcept;
 /// "host", "disk".
 KVOFFLOAD_EXPORT std::string_view to_string(Medium v) noexcept;
+/// "auto", "io_uring", "threads".
+KVOFFLOAD_EXPORT std::string_view to_string(DiskIo v) noexcept;
 /// "promote", "write".
 KVOFFLOAD_EXPORT std::string_view to_string(TierJobKind v) noexcept;
 /// "lru", "arc".
@@ -84,6 +93,7 @@ KVOFFLOAD_EXPORT GroupKind parse_group_kind(std::string_view name, std::string_v
 KVOFFLOAD_EXPORT JobKind parse_job_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT BackendKind parse_backend_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT Medium parse_medium(std::string_view name, std::string_view field);
+KVOFFLOAD_EXPORT DiskIo parse_disk_io(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT TierJobKind parse_tier_job_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT EvictionPolicyKind parse_eviction_policy(std::string_view name,
                                                           std::string_view field);

@@ -4,6 +4,7 @@
 // the synthetic engine with a disk tier verifies every loaded byte, also after a restart.
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -56,8 +57,10 @@ Key key_of(int i) {
   return Key{BlockHash::from_bytes(b), static_cast<std::uint32_t>(i % 2)};
 }
 
-DiskTierConfig config_in(const TempDir& dir, std::uint64_t slots = 64, int threads = 4) {
+DiskTierConfig config_in(const TempDir& dir, std::uint64_t slots = 64, int threads = 4,
+                         DiskIo io = DiskIo::automatic) {
   DiskTierConfig c;
+  c.io = io;
   c.path = dir.path.string();
   c.capacity_bytes = slots * (4096 + kBlockBytes);
   c.model = "test-model";
@@ -88,12 +91,18 @@ std::vector<FinishedTierJob> finish(DiskTier& tier, std::span<const JobId> ids) 
 
 TEST_CASE("Tier jobs write host blocks to slots and promote them back byte for byte",
           "[disk][tier]") {
+  // Both engines: io_uring where this kernel allows it (auto), and the thread pool.
+  const DiskIo io = GENERATE(DiskIo::automatic, DiskIo::threads);
   TempDir dir;
   Pool pool(80);
   for (int i = 0; i < 40; ++i) pool.fill(i, 1000 + static_cast<std::uint64_t>(i));
-  DiskTier tier(config_in(dir), "layout-a", kBlockBytes,
+  DiskTier tier(config_in(dir, 64, 4, io), "layout-a", kBlockBytes,
                 [&](HostBlockId id) { return pool.block(id); });
   REQUIRE(tier.num_slots() == 64);
+  std::printf("disk tier round trip: %s engine, %s I/O\n",
+              std::string(to_string(tier.io())).c_str(),
+              tier.slots().direct() ? "O_DIRECT" : "buffered");
+  if (io == DiskIo::threads) CHECK(tier.io() == DiskIo::threads);
   const TierJob w1 = job_of(1, TierJobKind::write, 0, 25, 0, 10);
   const TierJob w2 = job_of(2, TierJobKind::write, 25, 15, 25, 40);
   tier.submit(w1);
@@ -126,12 +135,13 @@ TEST_CASE("Tier jobs write host blocks to slots and promote them back byte for b
 
 TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does not find it",
           "[disk][tier]") {
+  const DiskIo io = GENERATE(DiskIo::automatic, DiskIo::threads);
   TempDir dir;
   Pool pool(8);
   for (int i = 0; i < 4; ++i) pool.fill(i, 7 + static_cast<std::uint64_t>(i));
   std::string layout_dir;
   {
-    DiskTier tier(config_in(dir, 8), "layout-a", kBlockBytes,
+    DiskTier tier(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
                   [&](HostBlockId id) { return pool.block(id); });
     tier.submit(job_of(1, TierJobKind::write, 0, 4, 0, 0));
     const std::vector<JobId> ids{1};
@@ -149,7 +159,7 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
     f.seekp(at);
     f.write(&c, 1);
   }
-  DiskTier tier(config_in(dir, 8), "layout-a", kBlockBytes,
+  DiskTier tier(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
                 [&](HostBlockId id) { return pool.block(id); });
   const auto& scanned = tier.scanned();
   for (int i = 0; i < 4; ++i) {
@@ -167,7 +177,7 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
   CHECK(pool.holds(4, 7));  // the good slots still arrived
   CHECK(pool.holds(7, 10));
 
-  DiskTier again(config_in(dir, 8), "layout-a", kBlockBytes,
+  DiskTier again(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
                  [&](HostBlockId id) { return pool.block(id); });
   CHECK_FALSE(again.scanned()[2].has_value());
   CHECK(again.scanned()[3].has_value());
@@ -224,6 +234,7 @@ TEST_CASE("Bad tier jobs are refused before any I/O", "[disk][tier]") {
 TEST_CASE("A full disk fails the writes that do not fit and nothing else", "[disk][tier]") {
   // The child limits its file size (RLIMIT_FSIZE: writes past it fail with EFBIG, as ENOSPC
   // would) and reports through its exit status.
+  const DiskIo io = GENERATE(DiskIo::automatic, DiskIo::threads);
   TempDir dir;
   const pid_t child = ::fork();
   REQUIRE(child >= 0);
@@ -235,7 +246,7 @@ TEST_CASE("A full disk fails the writes that do not fit and nothing else", "[dis
     try {
       Pool pool(16);
       for (int i = 0; i < 16; ++i) pool.fill(i, 50 + static_cast<std::uint64_t>(i));
-      DiskTierConfig c = config_in(dir, 16, 2);
+      DiskTierConfig c = config_in(dir, 16, 2, io);
       DiskTier tier(c, "l", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
       // The slab file is sparse and 16 slots long: slots 0..5 fit under the limit.
       tier.submit(job_of(1, TierJobKind::write, 0, 4, 0, 0));
@@ -296,4 +307,16 @@ TEST_CASE("The synthetic engine with a disk tier verifies every byte, also after
   CHECK(second.mismatches == 0);
   CHECK(second.invariant_violations == 0);
   CHECK(second.disk_promotions > 0);
+}
+
+TEST_CASE("Asking for io_uring gets it or a clear error, never another engine", "[disk][tier]") {
+  TempDir dir;
+  Pool pool(4);
+  try {
+    DiskTier tier(config_in(dir, 4, 1, DiskIo::io_uring), "l", kBlockBytes,
+                  [&](HostBlockId id) { return pool.block(id); });
+    CHECK(tier.io() == DiskIo::io_uring);
+  } catch (const unsupported& e) {
+    CHECK(std::string(e.what()).find("io_uring is not available") != std::string::npos);
+  }
 }

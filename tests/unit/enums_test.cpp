@@ -41,6 +41,8 @@ TEST_CASE("Every public enum has names that parse back, and bad names are refuse
   check_names<BackendKind>({BackendKind::host, BackendKind::cuda}, {"host", "cuda"},
                            parse_backend_kind, "host or cuda");
   check_names<Medium>({Medium::host, Medium::disk}, {"host", "disk"}, parse_medium, "host or disk");
+  check_names<DiskIo>({DiskIo::automatic, DiskIo::io_uring, DiskIo::threads},
+                      {"auto", "io_uring", "threads"}, parse_disk_io, "auto, io_uring or threads");
   check_names<TierJobKind>({TierJobKind::promote, TierJobKind::write}, {"promote", "write"},
                            parse_tier_job_kind, "promote or write");
   check_names<EvictionPolicyKind>({EvictionPolicyKind::lru, EvictionPolicyKind::arc},
