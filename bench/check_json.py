@@ -14,6 +14,7 @@ REQUIRED = {
     "compact": [],
     "pool": ["results", "speedup_all_threads_vs_one"],
     "e2e": ["steps_per_second"],
+    "disk": ["throughput", "lookup_to_loaded"],
 }
 REFERENCE = ["decode_step_median_us", "decode_step_min_us", "prefill_step_ms",
              "allocations_per_decode_step"]

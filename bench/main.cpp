@@ -46,10 +46,17 @@ int main(int argc, char** argv) {
   soak->add_option("--steps", soak_steps, "engine steps")->capture_default_str();
   soak->add_option("--samples", soak_samples, "memory samples along the run")
       ->capture_default_str();
+  std::string disk_dir = ".", disk_size = "1GiB";
+  auto* disk = app.add_subcommand(
+      "disk", "disk tier throughput vs fio (block sizes x queue depths), disk vs host hit");
+  disk->add_option("--dir", disk_dir, "a directory on the file system to measure")
+      ->capture_default_str();
+  disk->add_option("--size", disk_size, "bytes per measurement (default 1GiB, quick 32MiB)");
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
   if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
+  if (opt.quick && disk_size == "1GiB") disk_size = "32MiB";
   try {
     if (!copy_total.empty()) opt.copy_total = kvoffload::parse_bytes(copy_total, "--total");
     if (!copy_piece_max.empty()) {
@@ -76,6 +83,7 @@ int main(int argc, char** argv) {
     if (compact->parsed() || every) doc["compact"] = kvbench::run_compact(opt);
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
+    if (disk->parsed() || every) doc["disk"] = kvbench::run_disk(opt, disk_dir, disk_size);
     if (soak->parsed()) doc["soak"] = kvbench::run_soak(opt, soak_steps, soak_samples);
   } catch (const std::exception& e) {
     std::cerr << "kvoffload-bench: " << e.what() << "\n";

@@ -1,0 +1,319 @@
+// kvoffload-bench disk: the disk tier's write and read throughput over block sizes and queue
+// depths, side by side with fio doing sequential O_DIRECT I/O of the same block size on the
+// same file system in the same run (a ratio); and the time from lookup to a loaded block for a
+// disk hit against a host hit.
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "kvoffload/byte_size.hpp"
+#include "kvoffload/disk_tier.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/scheduler.hpp"
+#include "kvoffload/worker.hpp"
+#include "scenarios.hpp"
+
+namespace kvbench {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace kvoffload;
+
+/// Runs a shell command and returns its standard output (nullopt if it failed).
+std::optional<std::string> capture(const std::string& command) {
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  return ::pclose(p) == 0 ? std::optional(out) : std::nullopt;
+}
+
+/// fio's sequential throughput in bytes per second (nullopt: fio missing or failed).
+std::optional<double> fio_bandwidth(const fs::path& file, bool write, std::uint64_t bs,
+                                    unsigned depth, std::uint64_t total, bool direct) {
+  const std::string cmd = "fio --name=kvoffload --filename=" + file.string() +
+                          " --rw=" + (write ? "write" : "read") + " --bs=" + std::to_string(bs) +
+                          " --size=" + std::to_string(total) + " --direct=" + (direct ? "1" : "0") +
+                          " --ioengine=io_uring --iodepth=" + std::to_string(depth) +
+                          " --output-format=json 2>/dev/null";
+  const auto out = capture(cmd);
+  if (!out) return std::nullopt;
+  const auto doc = nlohmann::json::parse(*out, nullptr, false);
+  if (doc.is_discarded() || !doc.contains("jobs") || doc["jobs"].empty()) return std::nullopt;
+  const auto& side = doc["jobs"][0][write ? "write" : "read"];
+  if (!side.contains("bw_bytes")) return std::nullopt;
+  return side["bw_bytes"].get<double>();
+}
+
+/// A host pool of `blocks` blocks in ordinary memory, filled with random bytes.
+struct HostPool {
+  HostPool(std::int64_t blocks, std::uint64_t bytes_per_block)
+      : block_bytes(bytes_per_block), bytes(static_cast<std::size_t>(blocks) * bytes_per_block) {
+    std::mt19937_64 rng(7);
+    for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+  }
+  std::span<std::byte> block(HostBlockId id) {
+    return {bytes.data() + static_cast<std::size_t>(id) * block_bytes, block_bytes};
+  }
+  std::uint64_t block_bytes;
+  std::vector<std::byte> bytes;
+};
+
+Key key_of(std::int64_t i) {
+  std::uint8_t b[16] = {};
+  std::memcpy(b, &i, sizeof i);
+  b[15] = 0x5a;
+  return Key{BlockHash::from_bytes(b), 0};
+}
+
+/// One timed tier job of `n` blocks (host blocks cycled over the pool).
+double time_job(DiskTier& tier, JobId id, TierJobKind kind, std::int64_t n,
+                std::int64_t pool_blocks) {
+  TierJob job;
+  job.id = id;
+  job.kind = kind;
+  for (std::int64_t i = 0; i < n; ++i) {
+    job.keys.push_back(key_of(i));
+    job.host_block_ids.push_back(static_cast<HostBlockId>(i % pool_blocks));
+    job.tier_block_ids.push_back(i);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  tier.submit(job);
+  const std::vector<JobId> ids{id};
+  tier.wait(ids);
+  const double s = seconds_since(start);
+  for (const FinishedTierJob& f : tier.get_finished()) {
+    if (!f.ok) throw error("disk bench: a tier job failed (see the log)");
+  }
+  return s;
+}
+
+nlohmann::json throughput(const Options& opt, const fs::path& dir, std::uint64_t total) {
+  const std::vector<std::uint64_t> sizes =
+      opt.quick ? std::vector<std::uint64_t>{64 << 10, 1 << 20}
+                : std::vector<std::uint64_t>{64 << 10, 256 << 10, 1 << 20, 4 << 20};
+  const std::vector<unsigned> depths =
+      opt.quick ? std::vector<unsigned>{1, 16} : std::vector<unsigned>{1, 4, 16, 64};
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 1 : 3);
+  const bool have_fio = capture("command -v fio >/dev/null && echo yes").has_value();
+  nlohmann::json rows = nlohmann::json::array();
+  Progress progress("disk throughput", sizes.size() * depths.size() * runs);
+  std::string engine;
+  bool direct = true;
+  for (const std::uint64_t bs : sizes) {
+    for (const unsigned qd : depths) {
+      const auto n = static_cast<std::int64_t>(std::max<std::uint64_t>(total / bs, 4));
+      const std::int64_t pool_blocks = std::min<std::int64_t>(n, 64);
+      HostPool pool(pool_blocks, bs);
+      std::vector<double> kw, kr, fw, fr;
+      for (std::size_t r = 0; r < runs; ++r) {
+        const fs::path tier_dir = dir / "tier";
+        fs::remove_all(tier_dir);
+        DiskTierConfig c;
+        c.path = tier_dir.string();
+        c.capacity_bytes = static_cast<std::uint64_t>(n) * (bs + 4096);
+        c.io_depth = static_cast<int>(qd);
+        c.io_threads = static_cast<int>(qd);
+        c.model = "bench";
+        {
+          DiskTier tier(c, "bench", bs, [&](HostBlockId id) { return pool.block(id); });
+          engine = std::string(to_string(tier.io()));
+          direct = tier.slots().direct();
+          kw.push_back(static_cast<double>(n) * static_cast<double>(bs) /
+                       time_job(tier, 1, TierJobKind::write, n, pool_blocks));
+          kr.push_back(static_cast<double>(n) * static_cast<double>(bs) /
+                       time_job(tier, 2, TierJobKind::promote, n, pool_blocks));
+        }
+        fs::remove_all(tier_dir);
+        if (have_fio) {
+          const fs::path file = dir / "fio.dat";
+          const std::uint64_t bytes = static_cast<std::uint64_t>(n) * bs;
+          if (auto w = fio_bandwidth(file, true, bs, qd, bytes, direct)) fw.push_back(*w);
+          if (auto rd = fio_bandwidth(file, false, bs, qd, bytes, direct)) fr.push_back(*rd);
+          fs::remove(file);
+        }
+        progress.step(format_bytes(bs) + " qd" + std::to_string(qd));
+      }
+      nlohmann::json row;
+      row["block_bytes"] = bs;
+      row["queue_depth"] = qd;
+      row["blocks"] = n;
+      const Summary sw = summarize(kw), sr = summarize(kr);
+      row["kvoffload_write"] = to_json(sw, "B/s");
+      row["kvoffload_read"] = to_json(sr, "B/s");
+      if (!fw.empty() && !fr.empty()) {
+        const Summary s_fw = summarize(fw), s_fr = summarize(fr);
+        row["fio_write"] = to_json(s_fw, "B/s");
+        row["fio_read"] = to_json(s_fr, "B/s");
+        row["write_ratio"] = sw.median / s_fw.median;
+        row["read_ratio"] = sr.median / s_fr.median;
+      }
+      rows.push_back(row);
+    }
+  }
+  progress.done();
+  return {{"engine", engine},
+          {"direct_io", direct},
+          {"fio", have_fio},
+          {"note",
+           "payload bytes per second; the tier also writes a 4 KiB header per slot. fio: "
+           "sequential, same block size, queue depth, O_DIRECT setting and file system"},
+          {"results", rows}};
+}
+
+/// One engine: a scheduler with a disk tier and a worker (host backend) whose "GPU" cache is
+/// ordinary memory; one full-attention group, factor 1.
+struct Rig {
+  static constexpr std::int64_t kBlocks = 16;
+  Rig(const fs::path& dir, std::uint64_t page_bytes)
+      : gpu(static_cast<std::size_t>(64 * page_bytes)) {
+    WorkerConfig wc;
+    wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 64,
+                          static_cast<std::int64_t>(page_bytes),
+                          static_cast<std::int64_t>(page_bytes)});
+    wc.groups = {{{0, static_cast<std::int64_t>(page_bytes)}}};
+    wc.host_blocks = 2 * kBlocks;
+    wc.threads = 2;
+    DiskTierConfig dc;
+    dc.path = dir.string();
+    dc.capacity_bytes = 4 * kBlocks * (page_bytes + 8192);
+    dc.model = "bench-latency";
+    wc.disk_tiers.push_back(dc);
+    worker = std::make_unique<Worker>(wc);
+    SchedulerConfig sc;
+    sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
+    sc.manager.host_blocks = wc.host_blocks;
+    sc.manager.enable_events = false;
+    TierConfig tc;
+    tc.blocks = worker->tier(0).num_slots();
+    sc.tiers.push_back(tc);
+    scheduler = std::make_unique<Scheduler>(sc);
+    (void)scheduler->restore_tier(0, worker->tier(0).scanned());
+    for (std::int64_t i = 0; i < kBlocks; ++i) hashes.push_back(key_of(i + 1000).hash);
+  }
+
+  /// Runs the step's jobs on the worker and reports them; returns the step's jobs count.
+  std::size_t run(const StepResult& out) {
+    std::vector<JobId> ids;
+    for (const TransferJob& j : out.load_jobs) {
+      worker->submit(j);
+      ids.push_back(j.id);
+    }
+    for (const TransferJob& j : out.store_jobs) {
+      worker->submit(j);
+      ids.push_back(j.id);
+    }
+    for (const TierJob& j : out.tier_jobs) {
+      worker->submit_tier(j);
+      ids.push_back(j.id);
+    }
+    worker->start_step();
+    worker->wait(ids);
+    std::vector<JobReport> reports;
+    for (const FinishedTransfer& f : worker->get_finished()) reports.push_back({f.job, 1, f.ok});
+    (void)scheduler->on_completed(reports);
+    return ids.size();
+  }
+
+  std::vector<AllocatedGroup> alloc(GpuBlockId first) const {
+    std::vector<GpuBlockId> ids;
+    for (std::int64_t i = 0; i <= kBlocks; ++i) ids.push_back(first + static_cast<GpuBlockId>(i));
+    return {AllocatedGroup{ids, 0}};
+  }
+
+  /// A request for the prefix: lookup (promoting from disk while it says retry later), then
+  /// allocation and the load. Returns the tokens loaded.
+  std::int64_t load(const std::string& req) {
+    const std::int64_t tokens = kBlocks * 16 + 1;
+    scheduler->update_request(req, tokens, hashes);
+    std::optional<std::int64_t> hit;
+    for (int tries = 0; tries < 100 && !(hit = scheduler->lookup(req, 0)); ++tries) {
+      (void)run(scheduler->build_step({}));
+    }
+    if (!hit || *hit == 0) throw error("disk bench: the prefix was not found");
+    scheduler->on_allocated(req, alloc(20), *hit);
+    (void)run(scheduler->build_step({}));
+    return *hit;
+  }
+
+  std::vector<std::byte> gpu;
+  std::unique_ptr<Worker> worker;
+  std::unique_ptr<Scheduler> scheduler;
+  std::vector<BlockHash> hashes;
+};
+
+nlohmann::json latency(const Options& opt, const fs::path& dir) {
+  const std::uint64_t page = 256 << 10;
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 9);
+  const fs::path tier_dir = dir / "latency";
+  fs::remove_all(tier_dir);
+  {
+    // Fill the tier: store the prefix, write it through, drain.
+    Rig rig(tier_dir, page);
+    const std::int64_t tokens = Rig::kBlocks * 16 + 1;
+    rig.scheduler->update_request("fill", tokens, rig.hashes);
+    (void)rig.scheduler->lookup("fill", 0);
+    rig.scheduler->on_allocated("fill", rig.alloc(1), 0);
+    const ScheduledRequest e{"fill", 0, tokens, {rig.alloc(1)[0].block_ids}, false};
+    (void)rig.run(rig.scheduler->build_step(std::span(&e, 1)));
+    for (int i = 0; i < 10 && rig.scheduler->num_jobs_in_flight() > 0; ++i) {
+      (void)rig.run(rig.scheduler->build_step({}));
+    }
+    if (rig.scheduler->tier_stats(0).blocks_written != Rig::kBlocks) {
+      throw error("disk bench: the tier was not filled");
+    }
+  }
+  std::vector<double> disk, host;
+  Progress progress("disk vs host hit", runs);
+  for (std::size_t r = 0; r < runs; ++r) {
+    Rig rig(tier_dir, page);  // a restart: the host cache is empty, the tier full
+    auto start = std::chrono::steady_clock::now();
+    (void)rig.load("disk-hit");
+    disk.push_back(seconds_since(start));
+    start = std::chrono::steady_clock::now();
+    (void)rig.load("host-hit");  // now in host memory
+    host.push_back(seconds_since(start));
+    progress.step();
+  }
+  progress.done();
+  fs::remove_all(tier_dir);
+  const Summary d = summarize(disk), h = summarize(host);
+  return {{"blocks", Rig::kBlocks},
+          {"block_bytes", page},
+          {"disk_hit", to_json(d, "s")},
+          {"host_hit", to_json(h, "s")},
+          {"disk_over_host", d.median / h.median}};
+}
+
+}  // namespace
+
+nlohmann::json run_disk(const Options& opt, const std::string& directory, const std::string& size) {
+  const std::uint64_t total = parse_bytes(size, "--size");
+  const fs::path dir =
+      fs::absolute(directory) / ("kvoffload-bench-disk-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  nlohmann::json out;
+  try {
+    out["directory"] = dir.parent_path().string();
+    out["bytes_per_measurement"] = total;
+    out["throughput"] = throughput(opt, dir, total);
+    out["lookup_to_loaded"] = latency(opt, dir);
+  } catch (...) {
+    fs::remove_all(dir);
+    throw;
+  }
+  fs::remove_all(dir);
+  return out;
+}
+
+}  // namespace kvbench
