@@ -67,8 +67,9 @@ DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
                     "disk tier: io_depth must be 1 to 4096, got {}", config.io_depth);
   std::string why;
   if (config.io != DiskIo::threads) {
-    uring_ =
-        detail::UringIo::create(static_cast<unsigned>(config.io_depth), slots_.slot_bytes(), why);
+    // Twice the depth in buffers: operations are prepared ahead while others are in flight.
+    uring_ = detail::UringIo::create(2 * static_cast<unsigned>(config.io_depth),
+                                     slots_.slot_bytes(), why);
     if (uring_ == nullptr && config.io == DiskIo::io_uring) {
       throw unsupported("disk tier: io = io_uring, but io_uring is not available here: " + why);
     }
@@ -186,17 +187,43 @@ void DiskTier::run_threads() {
 }
 
 void DiskTier::run_uring() {
+  // Up to io_depth operations in flight, and as many prepared ahead in spare buffers, so the
+  // CPU work (a write's checksum and copy, a read's check and copy) overlaps the I/O even at
+  // depth 1: a completion is replaced by a prepared operation before it is processed.
   detail::UringIo& ring = *uring_;
+  const unsigned depth = ring.depth() / 2;
+  struct Prepared {
+    unsigned buffer = 0;
+    bool write = false;
+    SlotIo io;
+  };
   std::vector<unsigned> free_buffers;
   for (unsigned b = ring.depth(); b-- > 0;) free_buffers.push_back(b);
-  std::vector<Task> in_flight(ring.depth());  // per buffer
+  std::vector<Task> owner(ring.depth());  // per buffer
+  std::deque<Prepared> ready;
   std::vector<Task> tasks;
   std::vector<std::pair<unsigned, std::int64_t>> done;
-  std::size_t busy = 0;
-  for (;;) {
+  unsigned busy = 0;
+  const auto submit_ready = [&] {
+    unsigned queued = 0;
+    for (; busy < depth && !ready.empty(); ready.pop_front()) {
+      ring.queue(ready.front().buffer, ready.front().write, ready.front().io);
+      ++busy;
+      ++queued;
+    }
+    int err = 0;
+    if (queued > 0 && !ring.submit(err)) {
+      detail::logger().error("disk tier: io_uring_submit failed: {}", std::strerror(err));
+    }
+  };
+  // Prepares queued blocks into free buffers, up to `depth` ahead; waits for work only when
+  // nothing is in flight or prepared. False: stopping and everything is done.
+  const auto fill = [&]() -> bool {
+    const bool idle = busy == 0 && ready.empty();
+    const std::size_t room = std::min<std::size_t>(free_buffers.size(), depth - ready.size());
     tasks.clear();
-    if (!take(tasks, free_buffers.size(), busy > 0)) return;
-    std::size_t queued = 0;
+    if (room == 0 && !idle) return true;
+    if (!take(tasks, room, !idle)) return false;
     for (const Task& t : tasks) {
       Job& j = *t.first;
       const std::size_t i = t.second;
@@ -206,7 +233,7 @@ void DiskTier::run_uring() {
         const SlotIo io = write ? slots_.prepare_write(j.job.tier_block_ids[i], j.job.keys[i],
                                                        host_bytes(j, i), ring.buffer(b))
                                 : slots_.prepare_read(j.job.tier_block_ids[i]);
-        ring.queue(b, write, io);
+        ready.push_back(Prepared{b, write, io});
       } catch (const std::exception& e) {
         detail::logger().error("tier job {}: slot {}: {}", j.job.id, j.job.tier_block_ids[i],
                                e.what());
@@ -214,20 +241,22 @@ void DiskTier::run_uring() {
         continue;
       }
       free_buffers.pop_back();
-      in_flight[b] = t;
-      ++busy;
-      ++queued;
+      owner[b] = t;
     }
-    int err = 0;
-    if (queued > 0 && !ring.submit(err)) {
-      detail::logger().error("disk tier: io_uring_submit failed: {}", std::strerror(err));
-    }
+    return true;
+  };
+  for (;;) {
+    if (!fill()) return;
+    submit_ready();
+    if (!fill()) return;  // the next blocks get ready while these are in flight
     if (busy == 0) continue;
     done.clear();
     ring.wait(done);
+    busy -= static_cast<unsigned>(done.size());
+    submit_ready();
     for (const auto& [b, res] : done) {
-      Job& j = *in_flight[b].first;
-      const std::size_t i = in_flight[b].second;
+      Job& j = *owner[b].first;
+      const std::size_t i = owner[b].second;
       const std::int64_t slot = j.job.tier_block_ids[i];
       const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
       bool ok = false;
@@ -243,7 +272,6 @@ void DiskTier::run_uring() {
         if (!ok) (void)slots_.erase(slot);
       }
       free_buffers.push_back(b);
-      --busy;
       block_done(j, ok);
     }
   }

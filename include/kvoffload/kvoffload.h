@@ -83,7 +83,10 @@ typedef enum kvoffload_group_kind {
 
 typedef enum kvoffload_job_kind {
   KVOFFLOAD_JOB_LOAD = 0,
-  KVOFFLOAD_JOB_STORE = 1
+  KVOFFLOAD_JOB_STORE = 1,
+  /* Only in kvoffload_finished_transfer_t: tier jobs (kvoffload_worker_submit_tier). */
+  KVOFFLOAD_JOB_TIER_PROMOTE = 2,
+  KVOFFLOAD_JOB_TIER_WRITE = 3
 } kvoffload_job_kind_t;
 
 /* ---- scheduler --------------------------------------------------------------------------- */
@@ -97,6 +100,26 @@ typedef struct kvoffload_group_config {
 } kvoffload_group_config_t;
 #define KVOFFLOAD_GROUP_CONFIG_INIT \
   { KVOFFLOAD_FULL_ATTENTION, 16, 0 }
+
+/* A tier below the host cache (docs/semantics.md section 11): the scheduler keeps its index. */
+typedef struct kvoffload_tier_config {
+  size_t struct_size;
+  const char* medium;         /* "disk"; NULL: "disk" */
+  int64_t blocks;             /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
+  const char* policy;         /* "lru" or "arc"; NULL: "lru" */
+  int64_t store_threshold;    /* 0 or N >= 2 lookups before a key is written to the tier */
+  int64_t write_queue_blocks; /* blocks queued for tier writes at most (0: 1024) */
+} kvoffload_tier_config_t;
+/* kvoffload::TierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+#define KVOFFLOAD_TIER_CONFIG_INIT                                    \
+  {                                                                   \
+    sizeof(kvoffload_tier_config_t), /* struct_size */                \
+        "disk",                      /* medium */                     \
+        0,                           /* blocks: the caller sets it */ \
+        NULL,                        /* policy: "lru" */              \
+        0,                           /* store_threshold: off */       \
+        0                            /* write_queue_blocks: 1024 */   \
+  }
 
 typedef struct kvoffload_scheduler_config {
   size_t struct_size;
@@ -113,8 +136,10 @@ typedef struct kvoffload_scheduler_config {
   int64_t block_bytes;       /* bytes of a host block, for statistics (0: unknown) */
   int enable_events;         /* 1: record stored/removed events */
   /* Read only when struct_size covers it: structs compiled before it existed get 0. */
-  int64_t threshold_tracker_keys; /* keys the store-threshold tracker remembers (0: 4 x
-                                     host_blocks, at least 1024) */
+  int64_t threshold_tracker_keys;       /* keys the store-threshold tracker remembers (0: 4 x
+                                           host_blocks, at least 1024) */
+  const kvoffload_tier_config_t* tiers; /* tiers below the host cache, nearest first */
+  size_t num_tiers;
 } kvoffload_scheduler_config_t;
 /* kvoffload::SchedulerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SCHEDULER_CONFIG_INIT                                            \
@@ -132,7 +157,9 @@ typedef struct kvoffload_scheduler_config {
         0,                                /* store_threshold: off */               \
         0,                                /* block_bytes: unknown */               \
         1,                                /* enable_events */                      \
-        0                                 /* threshold_tracker_keys: automatic */  \
+        0,                                /* threshold_tracker_keys: automatic */  \
+        NULL,                             /* tiers: none */                        \
+        0                                 /* num_tiers */                          \
   }
 
 /* lookup's answer when keys are being stored or loaded right now: ask again later. */
@@ -169,6 +196,33 @@ typedef struct kvoffload_job {
   const int64_t* block_indices; /* num_groups entries */
   size_t num_groups;
 } kvoffload_job_t;
+
+typedef enum kvoffload_tier_job_kind {
+  KVOFFLOAD_TIER_PROMOTE = 0, /* slots into host blocks */
+  KVOFFLOAD_TIER_WRITE = 1    /* host blocks into slots */
+} kvoffload_tier_job_kind_t;
+
+/* A tier job as the scheduler emitted it: a view into a step (valid until it is destroyed). */
+typedef struct kvoffload_tier_job {
+  kvoffload_job_id_t id;
+  kvoffload_tier_job_kind_t kind;
+  uint32_t tier;          /* index into the scheduler's tiers */
+  const char* request_id; /* promotions: the request whose lookup started it; writes: "" */
+  const kvoffload_key_t* keys;
+  const int32_t* host_block_ids;
+  const int64_t* slots;
+  size_t num_blocks;
+} kvoffload_tier_job_t;
+
+typedef struct kvoffload_tier_stats {
+  size_t struct_size;
+  int64_t blocks_total, blocks_used, blocks_writing, blocks_being_read;
+  uint64_t hits, misses, promotions, failed_promotions, promotions_without_room;
+  uint64_t blocks_written, failed_writes, writes_skipped, writes_queue_full, writes_without_room;
+  uint64_t evictions, promote_jobs, write_jobs;
+} kvoffload_tier_stats_t;
+#define KVOFFLOAD_TIER_STATS_INIT \
+  { sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* The result of one build_step; free it with kvoffload_step_destroy. */
 typedef struct kvoffload_step_s* kvoffload_step_t;
@@ -260,6 +314,19 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_get_flush(kvoffload_step_t ste
                                                             const kvoffload_job_id_t** jobs,
                                                             size_t* num_jobs);
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_destroy(kvoffload_step_t step);
+/* The step's tier jobs (promotions and writes); run them with kvoffload_worker_submit_tier. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_num_tier_jobs(kvoffload_step_t step,
+                                                                size_t* num_jobs);
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_get_tier_job(kvoffload_step_t step, size_t index,
+                                                               kvoffload_tier_job_t* job);
+/* After a restart: rebuilds tier `tier`'s index from the workers' scan (slot i holds keys[i]
+ * where present[i] is 1; see kvoffload_worker_tier_scan). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_restore_tier(
+    kvoffload_scheduler_t scheduler, size_t tier, const kvoffload_key_t* keys,
+    const uint8_t* present, size_t num_slots, int64_t* restored);
+/* stats->struct_size must be set (KVOFFLOAD_TIER_STATS_INIT). */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_get_tier_stats(
+    kvoffload_scheduler_t scheduler, size_t tier, kvoffload_tier_stats_t* stats);
 
 /* ---- worker ------------------------------------------------------------------------------ */
 
@@ -289,6 +356,36 @@ typedef enum kvoffload_backend_kind {
   KVOFFLOAD_BACKEND_CUDA = 1  /* CUDA copies; the KV tensors are device memory */
 } kvoffload_backend_kind_t;
 
+/* A disk tier of a worker: its own rows, in files of its own rank. */
+typedef struct kvoffload_disk_tier_config {
+  size_t struct_size;
+  const char* path;        /* root directory */
+  uint64_t capacity_bytes; /* bound on this worker's files */
+  const char* model;       /* with dtype and the rank, names the layout's directory */
+  const char* dtype;
+  int tp_rank;
+  int tp_size;
+  const char* io; /* "auto" (io_uring, else threads), "io_uring" or "threads"; NULL: "auto" */
+  int io_depth;   /* io_uring: operations in flight */
+  int io_threads; /* threads: pread/pwrite threads */
+  int direct_io;  /* 1: O_DIRECT where the file system allows it */
+} kvoffload_disk_tier_config_t;
+/* kvoffload::DiskTierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+#define KVOFFLOAD_DISK_TIER_CONFIG_INIT                                            \
+  {                                                                                \
+    sizeof(kvoffload_disk_tier_config_t), /* struct_size */                        \
+        NULL,                             /* path: the caller sets it */           \
+        0,                                /* capacity_bytes: the caller sets it */ \
+        "",                               /* model */                              \
+        "",                               /* dtype */                              \
+        0,                                /* tp_rank */                            \
+        1,                                /* tp_size */                            \
+        NULL,                             /* io: "auto" */                         \
+        32,                               /* io_depth */                           \
+        4,                                /* io_threads */                         \
+        1                                 /* direct_io */                          \
+  }
+
 typedef struct kvoffload_worker_config {
   size_t struct_size;
   const kvoffload_kv_tensor_t* tensors;
@@ -309,6 +406,9 @@ typedef struct kvoffload_worker_config {
   int has_compute_stream;
   uintptr_t compute_stream;
   int loads_wait_for_compute; /* default 1 */
+  /* Read only when struct_size covers them. */
+  const kvoffload_disk_tier_config_t* disk_tiers; /* in the order of the scheduler's tiers */
+  size_t num_disk_tiers;
 } kvoffload_worker_config_t;
 /* kvoffload::WorkerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_WORKER_CONFIG_INIT                                         \
@@ -326,12 +426,14 @@ typedef struct kvoffload_worker_config {
         0,                             /* defer_stores */                    \
         0,                             /* has_compute_stream */              \
         0,                             /* compute_stream */                  \
-        1                              /* loads_wait_for_compute */          \
+        1,                             /* loads_wait_for_compute */          \
+        NULL,                          /* disk_tiers: none */                \
+        0                              /* num_disk_tiers */                  \
   }
 
 typedef struct kvoffload_finished_transfer {
   kvoffload_job_id_t job;
-  kvoffload_job_kind_t kind;
+  kvoffload_job_kind_t kind; /* tier jobs: KVOFFLOAD_JOB_TIER_PROMOTE or _TIER_WRITE */
   int ok;
   const char* error; /* "" when ok; valid until the next get_finished call */
   uint64_t bytes;
@@ -362,6 +464,17 @@ kvoffload_worker_get_finished(kvoffload_worker_t worker, kvoffload_finished_tran
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_wait(kvoffload_worker_t worker,
                                                          const kvoffload_job_id_t* jobs,
                                                          size_t num_jobs);
+/* Starts a tier job of a step (kvoffload_step_get_tier_job); it finishes through
+ * kvoffload_worker_get_finished with kind KVOFFLOAD_JOB_TIER_PROMOTE or _TIER_WRITE. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t worker,
+                                                                const kvoffload_tier_job_t* job);
+/* What the worker's tier `tier` found when it opened: per slot, present[i] = 1 and keys[i], or
+ * 0. Valid until the next call on this worker. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t worker,
+                                                              size_t tier,
+                                                              const kvoffload_key_t** keys,
+                                                              const uint8_t** present,
+                                                              size_t* num_slots);
 /* The host pool: the address of host block `block` and the bytes of each block. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t worker,
                                                                int32_t block, void** data,

@@ -20,7 +20,7 @@ struct kvoffload_scheduler_s {
 
 struct kvoffload_step_s {
   kvoffload::StepResult result;
-  std::vector<std::vector<kvoffload_key_t>> load_keys, store_keys;
+  std::vector<std::vector<kvoffload_key_t>> load_keys, store_keys, tier_keys;
 };
 
 namespace kvoffload::capi {
@@ -54,7 +54,9 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
   // Structs from before threshold_tracker_keys are accepted; the field then defaults.
   constexpr std::size_t v1_size = offsetof(kvoffload_scheduler_config_t, threshold_tracker_keys);
   require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_SCHEDULER_CONFIG_INIT");
-  const bool has_v2 = c.struct_size >= sizeof(kvoffload_scheduler_config_t);
+  const bool has_v2 = c.struct_size > v1_size;
+  // Structs from before the tier fields get no tiers.
+  const bool has_v3 = c.struct_size >= sizeof(kvoffload_scheduler_config_t);
   require_array(c.groups, c.num_groups, fn, "config->groups");
   SchedulerConfig s;
   for (std::size_t g = 0; g < c.num_groups; ++g) {
@@ -73,6 +75,23 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
   s.manager.block_bytes = c.block_bytes;
   s.manager.enable_events = c.enable_events != 0;
   if (has_v2) s.manager.threshold_tracker_keys = c.threshold_tracker_keys;
+  if (has_v3) {
+    require_array(c.tiers, c.num_tiers, fn, "config->tiers");
+    for (std::size_t t = 0; t < c.num_tiers; ++t) {
+      const kvoffload_tier_config_t& tc = c.tiers[t];
+      const std::string what = fmt::format("config->tiers[{}]", t);
+      require_struct_size(tc.struct_size, sizeof(kvoffload_tier_config_t), fn, what,
+                          "KVOFFLOAD_TIER_CONFIG_INIT");
+      TierConfig tier;
+      tier.medium = tc.medium != nullptr ? parse_medium(tc.medium, what + ".medium") : Medium::disk;
+      tier.blocks = tc.blocks;
+      tier.policy = tc.policy != nullptr ? parse_eviction_policy(tc.policy, what + ".policy")
+                                         : EvictionPolicyKind::lru;
+      tier.store_threshold = tc.store_threshold;
+      tier.write_queue_blocks = tc.write_queue_blocks;
+      s.tiers.push_back(tier);
+    }
+  }
   s.validate();
   return s;
 }
@@ -227,6 +246,12 @@ kvoffload_status_t kvoffload_scheduler_build_step(kvoffload_scheduler_t s,
     out->result = s->scheduler.build_step(entries, gone);
     for (const TransferJob& j : out->result.load_jobs) out->load_keys.push_back(keys_of(j));
     for (const TransferJob& j : out->result.store_jobs) out->store_keys.push_back(keys_of(j));
+    for (const TierJob& j : out->result.tier_jobs) {
+      std::vector<kvoffload_key_t> keys;
+      keys.reserve(j.keys.size());
+      for (const Key& k : j.keys) keys.push_back(to_c(k));
+      out->tier_keys.push_back(std::move(keys));
+    }
     *step = out.release();
   });
 }
@@ -377,3 +402,67 @@ kvoffload_status_t kvoffload_step_destroy(kvoffload_step_t step) {
 }
 
 }  // extern "C"
+
+kvoffload_status_t kvoffload_step_num_tier_jobs(kvoffload_step_t step, size_t* num_jobs) {
+  return guard([&] {
+    require(num_jobs, "kvoffload_step_num_tier_jobs", "num_jobs");
+    require(step, "kvoffload_step_num_tier_jobs", "step");
+    *num_jobs = step->result.tier_jobs.size();
+  });
+}
+
+kvoffload_status_t kvoffload_step_get_tier_job(kvoffload_step_t step, size_t index,
+                                               kvoffload_tier_job_t* job) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_step_get_tier_job";
+    require(step, fn, "step");
+    require(job, fn, "job");
+    const auto& jobs = step->result.tier_jobs;
+    if (index >= jobs.size()) {
+      throw invalid_argument(fmt::format("{}: index {} is out of range (the step has {} tier jobs)",
+                                         fn, index, jobs.size()));
+    }
+    const TierJob& j = jobs[index];
+    job->id = j.id;
+    job->kind = j.kind == TierJobKind::promote ? KVOFFLOAD_TIER_PROMOTE : KVOFFLOAD_TIER_WRITE;
+    job->tier = j.tier;
+    job->request_id = j.request_id.c_str();
+    job->keys = step->tier_keys[index].data();
+    job->host_block_ids = j.host_block_ids.data();
+    job->slots = j.tier_block_ids.data();
+    job->num_blocks = j.keys.size();
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_restore_tier(kvoffload_scheduler_t s, size_t tier,
+                                                    const kvoffload_key_t* keys,
+                                                    const uint8_t* present, size_t num_slots,
+                                                    int64_t* restored) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_restore_tier";
+    require(s, fn, "scheduler");
+    require_array(keys, num_slots, fn, "keys");
+    require_array(present, num_slots, fn, "present");
+    std::vector<std::optional<Key>> slots(num_slots);
+    for (std::size_t i = 0; i < num_slots; ++i) {
+      if (present[i] != 0) slots[i] = from_c(keys[i], fn, i);
+    }
+    const std::int64_t n = s->scheduler.restore_tier(tier, slots);
+    if (restored != nullptr) *restored = n;
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_get_tier_stats(kvoffload_scheduler_t s, size_t tier,
+                                                      kvoffload_tier_stats_t* stats) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_get_tier_stats";
+    require(s, fn, "scheduler");
+    require(stats, fn, "stats");
+    require_struct_size(stats->struct_size, sizeof(kvoffload_tier_stats_t), fn, "stats",
+                        "KVOFFLOAD_TIER_STATS_INIT");
+    const TierStats t = s->scheduler.tier_stats(tier);
+#define KVOFFLOAD_C_FIELD(name) stats->name = t.name;
+    KVOFFLOAD_TIER_STATS_FIELDS(KVOFFLOAD_C_FIELD)
+#undef KVOFFLOAD_C_FIELD
+  });
+}

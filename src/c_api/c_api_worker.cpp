@@ -16,6 +16,8 @@ struct kvoffload_worker_s {
   std::mutex mutex;  // guards the two queues below (the worker locks itself)
   std::deque<kvoffload::FinishedTransfer> pending;  // finished, not yet handed out
   std::vector<kvoffload::FinishedTransfer> handed;  // the last call's, owning the messages
+  std::vector<kvoffload_key_t> scan_keys;           // the last tier_scan's
+  std::vector<std::uint8_t> scan_present;
 };
 
 namespace kvoffload::capi {
@@ -64,7 +66,8 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     // Structs from before the compute-stream fields are accepted; those fields then default.
     constexpr std::size_t v1_size = offsetof(kvoffload_worker_config_t, has_compute_stream);
     require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_WORKER_CONFIG_INIT");
-    const bool has_v2 = c.struct_size >= sizeof(kvoffload_worker_config_t);
+    const bool has_v2 = c.struct_size >= offsetof(kvoffload_worker_config_t, disk_tiers);
+    const bool has_v3 = c.struct_size >= sizeof(kvoffload_worker_config_t);
     require_array(c.tensors, c.num_tensors, fn, "config->tensors");
     require_array(c.groups, c.num_groups, fn, "config->groups");
     WorkerConfig wc;
@@ -88,6 +91,28 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     if (has_v2) {
       if (c.has_compute_stream != 0) wc.compute_stream = c.compute_stream;
       wc.loads_wait_for_compute = c.loads_wait_for_compute != 0;
+    }
+    if (has_v3) {
+      require_array(c.disk_tiers, c.num_disk_tiers, fn, "config->disk_tiers");
+      for (std::size_t t = 0; t < c.num_disk_tiers; ++t) {
+        const kvoffload_disk_tier_config_t& d = c.disk_tiers[t];
+        const std::string what = fmt::format("config->disk_tiers[{}]", t);
+        require_struct_size(d.struct_size, sizeof(kvoffload_disk_tier_config_t), fn, what,
+                            "KVOFFLOAD_DISK_TIER_CONFIG_INIT");
+        require(d.path, fn, what + ".path");
+        DiskTierConfig dc;
+        dc.path = d.path;
+        dc.capacity_bytes = d.capacity_bytes;
+        dc.model = d.model != nullptr ? d.model : "";
+        dc.dtype = d.dtype != nullptr ? d.dtype : "";
+        dc.tp_rank = d.tp_rank;
+        dc.tp_size = d.tp_size;
+        dc.io = d.io != nullptr ? parse_disk_io(d.io, what + ".io") : DiskIo::automatic;
+        dc.io_depth = d.io_depth;
+        dc.io_threads = d.io_threads;
+        dc.direct_io = d.direct_io != 0;
+        wc.disk_tiers.push_back(dc);
+      }
     }
     switch (raw_enum(c.backend)) {
       case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
@@ -147,9 +172,14 @@ kvoffload_status_t kvoffload_worker_get_finished(kvoffload_worker_t w,
     }
     for (std::size_t i = 0; i < w->handed.size(); ++i) {
       const FinishedTransfer& f = w->handed[i];
-      finished[i] = kvoffload_finished_transfer_t{
-          f.job, f.kind == JobKind::load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE, f.ok ? 1 : 0,
-          f.error.c_str(), f.bytes};
+      kvoffload_job_kind_t kind =
+          f.kind == JobKind::load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE;
+      if (f.tier) {
+        kind = f.tier_kind == TierJobKind::promote ? KVOFFLOAD_JOB_TIER_PROMOTE
+                                                   : KVOFFLOAD_JOB_TIER_WRITE;
+      }
+      finished[i] =
+          kvoffload_finished_transfer_t{f.job, kind, f.ok ? 1 : 0, f.error.c_str(), f.bytes};
     }
     *num_finished = w->handed.size();
   });
@@ -178,3 +208,61 @@ kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t w, int32_t blo
 }
 
 }  // extern "C"
+
+kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t w,
+                                                const kvoffload_tier_job_t* job) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_submit_tier";
+    require(w, fn, "worker");
+    require(job, fn, "job");
+    TierJob t;
+    t.id = job->id;
+    switch (raw_enum(job->kind)) {
+      case KVOFFLOAD_TIER_PROMOTE: t.kind = TierJobKind::promote; break;
+      case KVOFFLOAD_TIER_WRITE: t.kind = TierJobKind::write; break;
+      default:
+        throw invalid_argument(fmt::format("{}: job {}: kind is {} (0 promote, 1 write)", fn,
+                                           job->id, raw_enum(job->kind)));
+    }
+    t.tier = job->tier;
+    if (job->request_id != nullptr) t.request_id = job->request_id;
+    require_array(job->keys, job->num_blocks, fn, "job->keys");
+    require_array(job->host_block_ids, job->num_blocks, fn, "job->host_block_ids");
+    require_array(job->slots, job->num_blocks, fn, "job->slots");
+    for (std::size_t i = 0; i < job->num_blocks; ++i) {
+      t.keys.push_back(from_c(job->keys[i], fn, i));
+      t.host_block_ids.push_back(job->host_block_ids[i]);
+      t.tier_block_ids.push_back(job->slots[i]);
+    }
+    w->worker.submit_tier(t);
+  });
+}
+
+kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
+                                              const kvoffload_key_t** keys, const uint8_t** present,
+                                              size_t* num_slots) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_tier_scan";
+    require(w, fn, "worker");
+    require(keys, fn, "keys");
+    require(present, fn, "present");
+    require(num_slots, fn, "num_slots");
+    if (tier >= w->worker.num_tiers()) {
+      throw invalid_argument(fmt::format("{}: tier {} is not configured ({} disk tiers)", fn, tier,
+                                         w->worker.num_tiers()));
+    }
+    const auto& scanned = w->worker.tier(tier).scanned();
+    std::lock_guard lock(w->mutex);
+    w->scan_keys.assign(scanned.size(), kvoffload_key_t{});
+    w->scan_present.assign(scanned.size(), 0);
+    for (std::size_t i = 0; i < scanned.size(); ++i) {
+      if (scanned[i]) {
+        w->scan_keys[i] = to_c(*scanned[i]);
+        w->scan_present[i] = 1;
+      }
+    }
+    *keys = w->scan_keys.data();
+    *present = w->scan_present.data();
+    *num_slots = scanned.size();
+  });
+}

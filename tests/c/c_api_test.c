@@ -1,6 +1,7 @@
 /* The C API from C99: one full lifecycle (store a prompt, load it back into other blocks and
  * compare the bytes) and every status a caller can provoke without a GPU. Exits non-zero with
  * the failing line on the first failed check. */
+#define _POSIX_C_SOURCE 200809L /* mkdtemp */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,9 @@ static void one_tensor_worker(kvoffload_worker_config_t* wc, kvoffload_kv_tensor
   wc->num_groups = 1;
 }
 
-static void make(kvoffload_scheduler_t* s, kvoffload_worker_t* w) {
+/* With `disk_dir`, the worker gets a disk tier there and the scheduler a tier of its slots,
+ * restored from the worker's scan. */
+static void make_tiered(kvoffload_scheduler_t* s, kvoffload_worker_t* w, const char* disk_dir) {
   kvoffload_group_config_t group = KVOFFLOAD_GROUP_CONFIG_INIT;
   kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   kvoffload_kv_tensor_t tensor;
@@ -82,18 +85,47 @@ static void make(kvoffload_scheduler_t* s, kvoffload_worker_t* w) {
   kvoffload_group_tensors_t gts;
   kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
 
-  group.gpu_block_size = BLOCK_TOKENS;
-  sc.groups = &group;
-  sc.num_groups = 1;
-  sc.block_size_factor = F;
-  sc.host_blocks = 8;
-  OK(kvoffload_scheduler_create(&sc, s));
+  kvoffload_disk_tier_config_t disk = KVOFFLOAD_DISK_TIER_CONFIG_INIT;
+  kvoffload_tier_config_t tier = KVOFFLOAD_TIER_CONFIG_INIT;
+  const kvoffload_key_t* keys = NULL;
+  const uint8_t* present = NULL;
+  size_t num_slots = 0;
+  int64_t restored = -1;
 
   one_tensor_worker(&wc, &tensor, &gt, &gts);
   wc.block_size_factor = F;
   wc.host_blocks = 8;
   wc.threads = 1;
+  if (disk_dir != NULL) {
+    disk.path = disk_dir;
+    disk.capacity_bytes = 16 * (4096 + 4096);
+    disk.model = "c-api-test";
+    wc.disk_tiers = &disk;
+    wc.num_disk_tiers = 1;
+  }
   OK(kvoffload_worker_create(&wc, w));
+
+  group.gpu_block_size = BLOCK_TOKENS;
+  sc.groups = &group;
+  sc.num_groups = 1;
+  sc.block_size_factor = F;
+  sc.host_blocks = 8;
+  if (disk_dir != NULL) {
+    OK(kvoffload_worker_tier_scan(*w, 0, &keys, &present, &num_slots));
+    CHECK(num_slots == 16);
+    tier.blocks = (int64_t)num_slots;
+    sc.tiers = &tier;
+    sc.num_tiers = 1;
+  }
+  OK(kvoffload_scheduler_create(&sc, s));
+  if (disk_dir != NULL) {
+    OK(kvoffload_scheduler_restore_tier(*s, 0, keys, present, num_slots, &restored));
+    CHECK(restored >= 0);
+  }
+}
+
+static void make(kvoffload_scheduler_t* s, kvoffload_worker_t* w) {
+  make_tiered(s, w, NULL);
 }
 
 /* Runs every job of the step on the worker, waits, and reports them to the scheduler. */
@@ -103,7 +135,7 @@ static void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_st
   kvoffload_completed_job_t done[16];
   kvoffload_job_id_t ids[16];
   kvoffload_finished_transfer_t fin[16];
-  size_t n_reports = 0, n_done = 0, n_fin = 0, got = 0, i, k;
+  size_t n_reports = 0, n_done = 0, n_fin = 0, got = 0, n_tier = 0, i, k;
   int kind;
   for (kind = 0; kind < 2; ++kind) {
     size_t n = 0;
@@ -124,6 +156,21 @@ static void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_st
       n_reports++;
     }
   }
+  {
+    size_t n = 0;
+    OK(kvoffload_step_num_tier_jobs(step, &n));
+    for (i = 0; i < n; ++i) {
+      kvoffload_tier_job_t job;
+      OK(kvoffload_step_get_tier_job(step, i, &job));
+      OK(kvoffload_worker_submit_tier(w, &job));
+      ids[n_reports] = job.id;
+      reports[n_reports].job = job.id;
+      reports[n_reports].count = 1;
+      reports[n_reports].ok = 1;
+      n_reports++;
+      n_tier++;
+    }
+  }
   OK(kvoffload_worker_wait(w, ids, n_reports));
   while (got < n_reports) {
     /* capacity 1: the rest must wait for the next call, none lost */
@@ -134,7 +181,7 @@ static void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_st
     if (n_fin == 0) OK(kvoffload_worker_wait(w, ids, n_reports));
   }
   OK(kvoffload_scheduler_on_completed(s, reports, n_reports, done, 16, &n_done));
-  CHECK(n_done == n_reports);
+  CHECK(n_done == n_reports - n_tier); /* tier jobs complete no request */
 }
 
 static void lifecycle(void) {
@@ -209,6 +256,93 @@ static void lifecycle(void) {
   CHECK(stats.blocks_used == 0);
   OK(kvoffload_worker_destroy(w));
   OK(kvoffload_scheduler_destroy(s));
+}
+
+/* A disk tier through the C API: a store is written through; after a "restart" (new worker
+ * and scheduler on the same directory) the scan finds it, a lookup promotes it and the load
+ * brings the same bytes into other GPU blocks. */
+static void disk_tier(void) {
+  char dir[] = "/tmp/kvoffload-c-api-XXXXXX";
+  char cleanup[64];
+  kvoffload_scheduler_t s = NULL;
+  kvoffload_worker_t w = NULL;
+  kvoffload_block_hash_t hashes[TOKENS / BLOCK_TOKENS];
+  kvoffload_block_id_t first[4] = {21, 22, 23, 24}, second[4] = {31, 32, 33, 34};
+  const kvoffload_block_id_t* lists[1];
+  size_t counts[1] = {4};
+  kvoffload_scheduled_request_t req;
+  kvoffload_allocated_group_t alloc;
+  kvoffload_step_t step = NULL;
+  kvoffload_tier_stats_t ts = KVOFFLOAD_TIER_STATS_INIT;
+  size_t loads = 0, stores = 0, n_tier = 0;
+  int64_t hit = -7;
+  int i;
+
+  CHECK(mkdtemp(dir) != NULL);
+  make_tiered(&s, &w, dir);
+  for (i = 0; i < TOKENS / BLOCK_TOKENS; ++i) hashes[i] = hash_of(40 + i);
+  for (i = 0; i < 4; ++i) fill_page(first[i], 60 + i);
+  OK(kvoffload_scheduler_update_request(s, "a", TOKENS, hashes, 4, 0));
+  OK(kvoffload_scheduler_lookup(s, "a", 0, &hit));
+  CHECK(hit == 0);
+  alloc.block_ids = first;
+  alloc.num_block_ids = 4;
+  alloc.num_computed_blocks = 0;
+  OK(kvoffload_scheduler_on_allocated(s, "a", &alloc, 1, 0));
+  lists[0] = first;
+  memset(&req, 0, sizeof(req));
+  req.request_id = "a";
+  req.num_scheduled_tokens = TOKENS;
+  req.new_block_ids = lists;
+  req.num_new_block_ids = counts;
+  req.num_groups = 1;
+  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
+  run_step(s, w, step, &loads, &stores);
+  CHECK(stores == 1);
+  OK(kvoffload_step_destroy(step));
+  /* The next step writes the stored blocks to the disk. */
+  OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
+  OK(kvoffload_step_num_tier_jobs(step, &n_tier));
+  CHECK(n_tier == 1);
+  run_step(s, w, step, &loads, &stores);
+  OK(kvoffload_step_destroy(step));
+  OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
+  CHECK(ts.blocks_written == 2 && ts.blocks_used == 2 && ts.write_jobs == 1);
+  OK(kvoffload_worker_destroy(w));
+  OK(kvoffload_scheduler_destroy(s));
+
+  /* Restart: the host cache is empty, the disk has both blocks. */
+  make_tiered(&s, &w, dir);
+  for (i = 0; i < 4; ++i) fill_page(second[i], 0);
+  OK(kvoffload_scheduler_update_request(s, "b", TOKENS, hashes, 4, 0));
+  OK(kvoffload_scheduler_lookup(s, "b", 0, &hit));
+  CHECK(hit == KVOFFLOAD_RETRY_LATER);
+  OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
+  OK(kvoffload_step_num_tier_jobs(step, &n_tier));
+  CHECK(n_tier == 1);
+  run_step(s, w, step, &loads, &stores);
+  OK(kvoffload_step_destroy(step));
+  OK(kvoffload_scheduler_lookup(s, "b", 0, &hit));
+  CHECK(hit == TOKENS);
+  alloc.block_ids = second;
+  OK(kvoffload_scheduler_on_allocated(s, "b", &alloc, 1, hit));
+  lists[0] = second;
+  req.request_id = "b";
+  req.num_computed_tokens = hit;
+  req.num_scheduled_tokens = 0;
+  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
+  run_step(s, w, step, &loads, &stores);
+  CHECK(loads == 1);
+  OK(kvoffload_step_destroy(step));
+  for (i = 0; i < 4; ++i) CHECK(page_has(second[i], 60 + i));
+  OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
+  CHECK(ts.promotions == 2 && ts.hits == 2);
+  FAILS_WITH(kvoffload_scheduler_get_tier_stats(s, 1, &ts), KVOFFLOAD_INVALID_ARGUMENT,
+             "tier 1 is not configured");
+  OK(kvoffload_worker_destroy(w));
+  OK(kvoffload_scheduler_destroy(s));
+  snprintf(cleanup, sizeof(cleanup), "rm -rf %s", dir);
+  CHECK(system(cleanup) == 0);
 }
 
 static void errors(void) {
@@ -388,6 +522,7 @@ static void errors(void) {
 
 int main(void) {
   lifecycle();
+  disk_tier();
   errors();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);

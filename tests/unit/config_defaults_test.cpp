@@ -4,6 +4,7 @@
 #include <catch2/catch_test_macros.hpp>
 
 #include <cstring>
+#include <string>
 
 #include "kvoffload/kvoffload.h"
 #include "kvoffload/scheduler.hpp"
@@ -45,6 +46,40 @@ TEST_CASE("KVOFFLOAD_WORKER_CONFIG_INIT has WorkerConfig's defaults", "[config][
   CHECK((c.defer_stores != 0) == cpp.defer_stores);
   CHECK((c.has_compute_stream != 0) == cpp.compute_stream.has_value());
   CHECK((c.loads_wait_for_compute != 0) == cpp.loads_wait_for_compute);
+}
+
+TEST_CASE("The tier INIT macros have TierConfig's and DiskTierConfig's defaults",
+          "[config][c_api]") {
+  const kvoffload_tier_config_t t = KVOFFLOAD_TIER_CONFIG_INIT;
+  const TierConfig tc;
+  CHECK(t.struct_size == sizeof(kvoffload_tier_config_t));
+  CHECK(parse_medium(t.medium, "medium") == tc.medium);
+  CHECK(t.blocks == tc.blocks);
+  CHECK(t.policy == nullptr);
+  CHECK(tc.policy == EvictionPolicyKind::lru);
+  CHECK(t.store_threshold == tc.store_threshold);
+  CHECK(t.write_queue_blocks == tc.write_queue_blocks);
+  const kvoffload_disk_tier_config_t d = KVOFFLOAD_DISK_TIER_CONFIG_INIT;
+  const DiskTierConfig dc;
+  CHECK(d.struct_size == sizeof(kvoffload_disk_tier_config_t));
+  CHECK(d.path == nullptr);
+  CHECK(dc.path.empty());
+  CHECK(d.capacity_bytes == dc.capacity_bytes);
+  CHECK(std::string(d.model) == dc.model);
+  CHECK(std::string(d.dtype) == dc.dtype);
+  CHECK(d.tp_rank == dc.tp_rank);
+  CHECK(d.tp_size == dc.tp_size);
+  CHECK(d.io == nullptr);
+  CHECK(dc.io == DiskIo::automatic);
+  CHECK(d.io_depth == dc.io_depth);
+  CHECK(d.io_threads == dc.io_threads);
+  CHECK((d.direct_io != 0) == dc.direct_io);
+  const kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
+  CHECK(sc.tiers == nullptr);
+  CHECK(sc.num_tiers == SchedulerConfig{}.tiers.size());
+  const kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
+  CHECK(wc.disk_tiers == nullptr);
+  CHECK(wc.num_disk_tiers == WorkerConfig{}.disk_tiers.size());
 }
 
 TEST_CASE("threshold_tracker_keys reaches the scheduler from the C API", "[config][c_api]") {

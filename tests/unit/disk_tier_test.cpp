@@ -320,3 +320,35 @@ TEST_CASE("Asking for io_uring gets it or a clear error, never another engine", 
     CHECK(std::string(e.what()).find("io_uring is not available") != std::string::npos);
   }
 }
+
+TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
+  const int depth = GENERATE(1, 2, 3, 8);
+  INFO("io_depth " << depth);
+  TempDir dir;
+  Pool pool(16);
+  for (int i = 0; i < 8; ++i) pool.fill(i, 300 + static_cast<std::uint64_t>(i));
+  DiskTierConfig c = config_in(dir, 200, 1);
+  c.io_depth = depth;
+  DiskTier tier(c, "l", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
+  TierJob w = job_of(1, TierJobKind::write, 0, 0, 0, 0);
+  for (int i = 0; i < 200; ++i) {
+    w.keys.push_back(key_of(i));
+    w.host_block_ids.push_back(i % 8);
+    w.tier_block_ids.push_back(i);
+  }
+  tier.submit(w);
+  const std::vector<JobId> ids{1};
+  const auto done = finish(tier, ids);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].ok);
+  TierJob p = w;
+  p.id = 2;
+  p.kind = TierJobKind::promote;
+  for (auto& h : p.host_block_ids) h = 8 + h;
+  tier.submit(p);
+  const std::vector<JobId> pid{2};
+  const auto got = finish(tier, pid);
+  REQUIRE(got.size() == 1);
+  CHECK(got[0].ok);
+  for (int i = 0; i < 8; ++i) CHECK(pool.holds(8 + i, 300 + static_cast<std::uint64_t>(i)));
+}
