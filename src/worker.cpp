@@ -107,6 +107,12 @@ std::string Worker::layout_description() const {
   return d;
 }
 
+const DiskTier& Worker::tier(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not configured ({} disk tiers)", t,
+                    tiers_.size());
+  return *tiers_[t];
+}
+
 void Worker::submit_tier(const TierJob& job) {
   KVOFFLOAD_EXPECTS(job.tier < tiers_.size(), "tier job {}: tier {} is not configured ({} tiers)",
                     job.id, job.tier, tiers_.size());

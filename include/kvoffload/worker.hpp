@@ -74,7 +74,8 @@ class KVOFFLOAD_EXPORT Worker {
   void submit_tier(const TierJob& job);
   [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
   /// Tier `t` of this worker (its scan, for Scheduler::restore_tier, and its counters).
-  [[nodiscard]] const DiskTier& tier(std::size_t t) const { return *tiers_.at(t); }
+  /// Throws invalid_argument for a tier that is not configured.
+  [[nodiscard]] const DiskTier& tier(std::size_t t) const;
   /// The description of the host block layout that disk_layout_digest hashes.
   [[nodiscard]] std::string layout_description() const;
   /// Changes the compute stream for jobs submitted from now on (WorkerConfig::compute_stream);

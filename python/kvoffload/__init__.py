@@ -24,17 +24,20 @@ from ._kvoffload import (  # noqa: F401  (re-exported)
     InvalidArgument,
     Job,
     OutOfMemory,
+    TierJob,
     Unsupported,
     _Scheduler,
     _Worker,
     built_with_cuda,
     cuda_device_count,
 )
+from ._kvoffload import _parse_bytes
 
 __all__ = [
     "AllocatedGroup",
     "CompletedJob",
     "CudaError",
+    "DiskTierConfig",
     "Error",
     "InternalError",
     "Event",
@@ -50,6 +53,8 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "Step",
+    "TierConfig",
+    "TierJob",
     "Worker",
     "WorkerConfig",
     "built_with_cuda",
@@ -73,6 +78,18 @@ class GroupConfig:
 
 
 @dataclass
+class TierConfig:
+    """A tier below the host cache (docs/semantics.md section 11), as the scheduler sees it:
+    ``blocks`` is its capacity in slots (``Worker.tier_slots(t)``)."""
+
+    blocks: int
+    medium: str = "disk"
+    policy: str = "lru"
+    store_threshold: int = 0  # 0 or N >= 2: written once looked up N times
+    write_queue_blocks: int = 0  # 0: 1024
+
+
+@dataclass
 class SchedulerConfig:
     """kvoffload::SchedulerConfig (with its ManagerConfig's fields): the same defaults, which
     tests/test_config_defaults.py checks against the library. ``groups`` (the model) and
@@ -90,6 +107,7 @@ class SchedulerConfig:
     threshold_tracker_keys: int = 0  # 0: 4 x host_blocks, at least 1024
     block_bytes: int = 0
     enable_events: bool = True
+    tiers: List[TierConfig] = field(default_factory=list)  # below the host cache, nearest first
 
 
 @dataclass
@@ -138,6 +156,7 @@ class Step:
     load_jobs: List[Job]
     store_jobs: List[Job]
     flush: List[int]
+    tier_jobs: List[TierJob] = field(default_factory=list)  # promotions and tier writes
 
 
 class Scheduler:
@@ -161,6 +180,8 @@ class Scheduler:
             threshold_tracker_keys=c.threshold_tracker_keys,
             block_bytes=c.block_bytes,
             enable_events=c.enable_events,
+            tiers=[(t.medium, t.blocks, t.policy, t.store_threshold, t.write_queue_blocks)
+                   for t in c.tiers],
         )
 
     def update_request(self, request_id: str, num_tokens: int, block_hashes: Sequence[bytes],
@@ -187,8 +208,8 @@ class Scheduler:
                    preempted: Sequence[str] = ()) -> Step:
         entries = [(e.request_id, e.num_computed_tokens, e.num_scheduled_tokens,
                     [list(ids) for ids in e.new_block_ids], e.resumed) for e in scheduled]
-        loads, stores, flush = self._s.build_step(entries, list(preempted))
-        return Step(loads, stores, list(flush))
+        loads, stores, flush, tier_jobs = self._s.build_step(entries, list(preempted))
+        return Step(loads, stores, list(flush), tier_jobs)
 
     def on_completed(self, reports: Iterable[JobReport]) -> List[CompletedJob]:
         done = self._s.on_completed([(r.job, r.count, r.ok) for r in reports])
@@ -206,6 +227,15 @@ class Scheduler:
     def stats(self) -> dict:
         """Cache occupancy and counters (hits, misses, evictions, jobs, bytes)."""
         return self._s.stats()
+
+    def tier_stats(self, tier: int = 0) -> dict:
+        """Tier ``tier``'s occupancy and counters (promotions, writes, skips, evictions)."""
+        return self._s.tier_stats(tier)
+
+    def restore_tier(self, tier: int, slots: Sequence[Optional[Key]]) -> int:
+        """After a restart: the tier's index from the workers' scan (``Worker.tier_scan``;
+        with several ranks, a key only where every rank has it). Returns the keys restored."""
+        return self._s.restore_tier(tier, list(slots))
 
     @property
     def num_requests(self) -> int:
@@ -244,6 +274,34 @@ def tensor_of(t) -> KvTensor:
 
 
 @dataclass
+class DiskTierConfig:
+    """A worker's disk tier: ``capacity`` in bytes (an int or a string such as "500GiB");
+    ``model`` and ``dtype`` (with the rank) name the layout's directory under ``path``, so
+    incompatible bytes are never read back. ``io``: "auto" (io_uring where allowed, else
+    threads), "io_uring" or "threads"."""
+
+    path: str
+    capacity: object
+    model: str = ""
+    dtype: str = ""
+    tp_rank: int = 0
+    tp_size: int = 1
+    io: str = "auto"
+    io_depth: int = 32
+    io_threads: int = 4
+    direct_io: bool = True
+
+    def capacity_bytes(self) -> int:
+        if isinstance(self.capacity, bool):
+            raise InvalidArgument("DiskTierConfig.capacity: expected bytes, got a bool")
+        if isinstance(self.capacity, int):
+            if self.capacity <= 0:
+                raise InvalidArgument(f"DiskTierConfig.capacity: {self.capacity} is not positive")
+            return self.capacity
+        return _parse_bytes(str(self.capacity), "DiskTierConfig.capacity")
+
+
+@dataclass
 class WorkerConfig:
     tensors: List[KvTensor]
     groups: List[List[Tuple[int, int]]]  # per group: (tensor index, page bytes used)
@@ -260,6 +318,7 @@ class WorkerConfig:
     # submitted. None: nothing is waited for. cudaStreamPerThread (2) is refused.
     compute_stream: Optional[object] = None
     loads_wait_for_compute: bool = True
+    disk_tiers: List[DiskTierConfig] = field(default_factory=list)  # the scheduler's tiers' order
 
 
 @dataclass(frozen=True)
@@ -308,6 +367,8 @@ class Worker:
             defer_stores=config.defer_stores,
             compute_stream=stream_handle(config.compute_stream),
             loads_wait_for_compute=config.loads_wait_for_compute,
+            disk_tiers=[(d.path, d.capacity_bytes(), d.model, d.dtype, d.tp_rank, d.tp_size, d.io,
+                         d.io_depth, d.io_threads, d.direct_io) for d in config.disk_tiers],
         )
 
     def set_compute_stream(self, stream) -> None:
@@ -319,14 +380,32 @@ class Worker:
         """Starts a load or a store; a job outside the layout raises InvalidArgument."""
         self._w.submit(job)
 
+    def submit_tier(self, job: TierJob) -> None:
+        """Starts a promotion or a tier write (finished as kind "tier_promote"/"tier_write")."""
+        self._w.submit_tier(job)
+
+    def tier_scan(self, tier: int = 0) -> List[Optional[Key]]:
+        """What tier ``tier`` found when the worker opened it: a key or None per slot."""
+        return self._w.tier_scan(tier)
+
+    def tier_slots(self, tier: int = 0) -> int:
+        """Tier ``tier``'s capacity in slots (the scheduler's TierConfig.blocks)."""
+        return self._w.tier_slots(tier)
+
+    def tier_io(self, tier: int = 0) -> str:
+        """The I/O engine tier ``tier`` runs on: "io_uring" or "threads"."""
+        return self._w.tier_io(tier)
+
     def submit_step(self, step: Step) -> None:
-        """Waits for the step's flush set, then submits its loads and stores."""
+        """Waits for the step's flush set, then submits its loads, stores and tier jobs."""
         if step.flush:
             self.wait(step.flush)
         for job in step.load_jobs:
             self.submit(job)
         for job in step.store_jobs:
             self.submit(job)
+        for job in step.tier_jobs:
+            self.submit_tier(job)
 
     def start_step(self) -> None:
         self._w.start_step()

@@ -7,11 +7,13 @@
 #include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
+#include "kvoffload/byte_size.hpp"
 #include "kvoffload/device.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/version.h"
 
 namespace nb = nanobind;
+using namespace nb::literals;
 
 namespace kvoffload::python {
 namespace {
@@ -69,6 +71,12 @@ NB_MODULE(_kvoffload, m) {
   kvoffload::python::bind_scheduler(m);
   kvoffload::python::bind_worker(m);
   m.attr("__version__") = KVOFFLOAD_VERSION_STRING;
+  m.def(
+      "_parse_bytes",
+      [](const std::string& text, const std::string& field) {
+        return kvoffload::parse_bytes(text, field);
+      },
+      "text"_a, "field"_a, "A byte size such as \"500GiB\" (the library's parser).");
   m.def("built_with_cuda", &kvoffload::built_with_cuda,
         "Whether this build of the library contains the CUDA backend.");
   m.def("cuda_device_count", &kvoffload::cuda_device_count,

@@ -71,6 +71,14 @@ GroupKind group_kind(const std::string& name, std::size_t g) {
   return parse_group_kind(name, "groups[" + std::to_string(g) + "].kind");
 }
 
+nb::dict to_dict(const TierStats& t) {
+  nb::dict d;
+#define KVOFFLOAD_DICT_FIELD(name) d[#name] = t.name;
+  KVOFFLOAD_TIER_STATS_FIELDS(KVOFFLOAD_DICT_FIELD)
+#undef KVOFFLOAD_DICT_FIELD
+  return d;
+}
+
 nb::dict to_dict(const CacheStats& c) {
   nb::dict d;
 #define KVOFFLOAD_DICT_FIELD(name) d[#name] = c.name;
@@ -79,9 +87,73 @@ nb::dict to_dict(const CacheStats& c) {
   return d;
 }
 
+nb::object key_or_none(const std::optional<Key>& k) {
+  if (!k) return nb::none();
+  return nb::make_tuple(to_bytes(k->hash), k->group);
+}
+
+}  // namespace
+
+nb::list scan_to_list(const std::vector<std::optional<Key>>& scan) {
+  nb::list out;
+  for (const auto& k : scan) out.append(key_or_none(k));
+  return out;
+}
+
+namespace {
+
+void bind_tier_job(nb::module_& m) {
+  using TierState = std::tuple<JobId, std::string, std::uint32_t, std::string, std::string,
+                               std::vector<std::pair<nb::bytes, std::uint32_t>>,
+                               std::vector<HostBlockId>, std::vector<std::int64_t>>;
+  nb::class_<TierJob>(m, "TierJob",
+                      "A promotion (tier to host memory) or a write (host memory to a tier).")
+      .def_ro("id", &TierJob::id)
+      .def_prop_ro("kind", [](const TierJob& j) { return std::string(to_string(j.kind)); })
+      .def_ro("tier", &TierJob::tier)
+      .def_prop_ro("medium", [](const TierJob& j) { return std::string(to_string(j.medium)); })
+      .def_ro("request_id", &TierJob::request_id)
+      .def_prop_ro("keys", [](const TierJob& j) { return keys_to_list(j.keys); })
+      .def_prop_ro(
+          "host_block_ids", [](const TierJob& j) { return view(j.host_block_ids); },
+          nb::rv_policy::reference_internal)
+      .def_prop_ro(
+          "slots", [](const TierJob& j) { return view(j.tier_block_ids); },
+          nb::rv_policy::reference_internal)
+      .def("__repr__",
+           [](const TierJob& j) {
+             return "TierJob(id=" + std::to_string(j.id) + ", kind='" +
+                    std::string(to_string(j.kind)) + "', tier=" + std::to_string(j.tier) +
+                    ", blocks=" + std::to_string(j.keys.size()) + ")";
+           })
+      .def("__getstate__",
+           [](const TierJob& j) {
+             std::vector<std::pair<nb::bytes, std::uint32_t>> keys;
+             for (const Key& k : j.keys) keys.emplace_back(to_bytes(k.hash), k.group);
+             return TierState(j.id, std::string(to_string(j.kind)), j.tier,
+                              std::string(to_string(j.medium)), j.request_id, std::move(keys),
+                              j.host_block_ids, j.tier_block_ids);
+           })
+      .def("__setstate__", [](TierJob& j, const TierState& state) {
+        new (&j) TierJob();
+        const auto& [id, kind, tier, medium, request, keys, hosts, slots] = state;
+        j.id = id;
+        j.kind = parse_tier_job_kind(kind, "TierJob: kind");
+        j.tier = tier;
+        j.medium = parse_medium(medium, "TierJob: medium");
+        j.request_id = request;
+        for (std::size_t i = 0; i < keys.size(); ++i) {
+          j.keys.push_back(Key{to_hash(keys[i].first, "TierJob", i), keys[i].second});
+        }
+        j.host_block_ids = hosts;
+        j.tier_block_ids = slots;
+      });
+}
+
 }  // namespace
 
 void bind_scheduler(nb::module_& m) {
+  bind_tier_job(m);
   nb::class_<TransferJob>(m, "Job", "A load or store job, as the scheduler emitted it.")
       .def_ro("id", &TransferJob::id)
       .def_prop_ro("kind", [](const TransferJob& j) { return kind_name(j.kind); })
@@ -155,6 +227,7 @@ void bind_scheduler(nb::module_& m) {
         d["threshold_tracker_keys"] = c.manager.threshold_tracker_keys;
         d["block_bytes"] = c.manager.block_bytes;
         d["enable_events"] = c.manager.enable_events;
+        d["tiers"] = nb::list();
         if (!c.groups.empty()) d["groups"] = nb::none();  // a default model: not expected
         return d;
       },
@@ -168,8 +241,17 @@ void bind_scheduler(nb::module_& m) {
              std::int64_t block_size_factor, std::int64_t hash_block_size, std::int64_t num_workers,
              bool prefix_caching, std::int64_t gpu_blocks, std::int64_t host_blocks,
              const std::string& policy, std::int64_t store_threshold,
-             std::int64_t threshold_tracker_keys, std::int64_t block_bytes, bool enable_events) {
+             std::int64_t threshold_tracker_keys, std::int64_t block_bytes, bool enable_events,
+             const std::vector<std::tuple<std::string, std::int64_t, std::string, std::int64_t,
+                                          std::int64_t>>& tiers) {
             SchedulerConfig c;
+            for (std::size_t t = 0; t < tiers.size(); ++t) {
+              const auto& [medium, blocks, policy, threshold, queue] = tiers[t];
+              const std::string what = "tiers[" + std::to_string(t) + "]";
+              c.tiers.push_back(TierConfig{parse_medium(medium, what + ".medium"), blocks,
+                                           parse_eviction_policy(policy, what + ".policy"),
+                                           threshold, queue});
+            }
             for (std::size_t g = 0; g < groups.size(); ++g) {
               c.groups.push_back({group_kind(std::get<0>(groups[g]), g), std::get<1>(groups[g]),
                                   std::get<2>(groups[g])});
@@ -189,7 +271,9 @@ void bind_scheduler(nb::module_& m) {
           },
           "groups"_a, "block_size_factor"_a, "hash_block_size"_a, "num_workers"_a,
           "prefix_caching"_a, "gpu_blocks"_a, "host_blocks"_a, "policy"_a, "store_threshold"_a,
-          "threshold_tracker_keys"_a, "block_bytes"_a, "enable_events"_a)
+          "threshold_tracker_keys"_a, "block_bytes"_a, "enable_events"_a,
+          "tiers"_a = std::vector<
+              std::tuple<std::string, std::int64_t, std::string, std::int64_t, std::int64_t>>{})
       .def(
           "update_request",
           [](Scheduler& s, std::string_view id, std::int64_t num_tokens,
@@ -228,10 +312,11 @@ void bind_scheduler(nb::module_& m) {
               entries.push_back({id, computed, count, ids, resumed});
             }
             StepResult r = s.build_step(entries, preempted);
-            nb::list loads, stores;
+            nb::list loads, stores, tier_jobs;
             for (TransferJob& j : r.load_jobs) loads.append(nb::cast(std::move(j)));
             for (TransferJob& j : r.store_jobs) stores.append(nb::cast(std::move(j)));
-            return nb::make_tuple(loads, stores, r.flush);
+            for (TierJob& j : r.tier_jobs) tier_jobs.append(nb::cast(std::move(j)));
+            return nb::make_tuple(loads, stores, r.flush, tier_jobs);
           },
           "scheduled"_a, "preempted"_a)
       .def(
@@ -258,6 +343,21 @@ void bind_scheduler(nb::module_& m) {
              return out;
            })
       .def("stats", [](const Scheduler& s) { return to_dict(s.cache_stats()); })
+      .def(
+          "tier_stats", [](const Scheduler& s, std::size_t t) { return to_dict(s.tier_stats(t)); },
+          "tier"_a)
+      .def(
+          "restore_tier",
+          [](Scheduler& s, std::size_t t, const nb::list& slots) {
+            std::vector<std::optional<Key>> keys(slots.size());
+            for (std::size_t i = 0; i < slots.size(); ++i) {
+              if (slots[i].is_none()) continue;
+              const auto pair = nb::cast<std::pair<nb::bytes, std::uint32_t>>(slots[i]);
+              keys[i] = Key{to_hash(pair.first, "restore_tier", i), pair.second};
+            }
+            return s.restore_tier(t, keys);
+          },
+          "tier"_a, "slots"_a)
       .def_prop_ro("num_requests", &Scheduler::num_requests)
       .def_prop_ro("num_jobs_in_flight", &Scheduler::num_jobs_in_flight);
 }

@@ -35,6 +35,7 @@ void bind_worker(nb::module_& m) {
         d["defer_stores"] = c.defer_stores;
         d["compute_stream"] = c.compute_stream ? nb::cast(*c.compute_stream) : nb::none();
         d["loads_wait_for_compute"] = c.loads_wait_for_compute;
+        d["disk_tiers"] = nb::list();
         return d;
       },
       "kvoffload::WorkerConfig's defaults, for the test that keeps WorkerConfig equal.");
@@ -48,8 +49,25 @@ void bind_worker(nb::module_& m) {
              const std::vector<std::vector<std::pair<std::int32_t, std::int64_t>>>& groups,
              std::int64_t block_size_factor, std::int64_t host_blocks, const std::string& backend,
              int threads, int cuda_device, bool defer_stores,
-             std::optional<std::uintptr_t> compute_stream, bool loads_wait_for_compute) {
+             std::optional<std::uintptr_t> compute_stream, bool loads_wait_for_compute,
+             const std::vector<nb::tuple>& disk_tiers) {
             WorkerConfig c;
+            for (std::size_t t = 0; t < disk_tiers.size(); ++t) {
+              const nb::tuple& d = disk_tiers[t];
+              DiskTierConfig dc;
+              dc.path = nb::cast<std::string>(d[0]);
+              dc.capacity_bytes = nb::cast<std::uint64_t>(d[1]);
+              dc.model = nb::cast<std::string>(d[2]);
+              dc.dtype = nb::cast<std::string>(d[3]);
+              dc.tp_rank = nb::cast<int>(d[4]);
+              dc.tp_size = nb::cast<int>(d[5]);
+              dc.io = parse_disk_io(nb::cast<std::string>(d[6]),
+                                    "disk_tiers[" + std::to_string(t) + "].io");
+              dc.io_depth = nb::cast<int>(d[7]);
+              dc.io_threads = nb::cast<int>(d[8]);
+              dc.direct_io = nb::cast<bool>(d[9]);
+              c.disk_tiers.push_back(dc);
+            }
             for (const auto& [base, blocks, page, stride] : tensors) {
               c.tensors.push_back({base, blocks, page, stride});
             }
@@ -69,16 +87,31 @@ void bind_worker(nb::module_& m) {
             new (self) Worker(c);
           },
           "tensors"_a, "groups"_a, "block_size_factor"_a, "host_blocks"_a, "backend"_a, "threads"_a,
-          "cuda_device"_a, "defer_stores"_a, "compute_stream"_a.none(), "loads_wait_for_compute"_a)
+          "cuda_device"_a, "defer_stores"_a, "compute_stream"_a.none(), "loads_wait_for_compute"_a,
+          "disk_tiers"_a = std::vector<nb::tuple>{})
       .def("set_compute_stream", &Worker::set_compute_stream, "stream"_a.none())
       .def("submit", &Worker::submit, "job"_a)
+      .def("submit_tier", &Worker::submit_tier, "job"_a)
+      .def_prop_ro("num_tiers", &Worker::num_tiers)
+      .def(
+          "tier_scan",
+          [](const Worker& w, std::size_t t) { return scan_to_list(w.tier(t).scanned()); },
+          "tier"_a)
+      .def(
+          "tier_slots", [](const Worker& w, std::size_t t) { return w.tier(t).num_slots(); },
+          "tier"_a)
+      .def(
+          "tier_io",
+          [](const Worker& w, std::size_t t) { return std::string(to_string(w.tier(t).io())); },
+          "tier"_a)
       .def("start_step", &Worker::start_step)
       .def("get_finished",
            [](Worker& w) {
              nb::list out;
              for (const FinishedTransfer& f : w.get_finished()) {
-               out.append(
-                   nb::make_tuple(f.job, std::string(to_string(f.kind)), f.ok, f.error, f.bytes));
+               const std::string kind = f.tier ? "tier_" + std::string(to_string(f.tier_kind))
+                                               : std::string(to_string(f.kind));
+               out.append(nb::make_tuple(f.job, kind, f.ok, f.error, f.bytes));
              }
              return out;
            })

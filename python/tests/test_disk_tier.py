@@ -1,0 +1,102 @@
+"""The disk tier from Python: kv.DiskTierConfig(path=..., capacity=...), write-through,
+a restart that finds the blocks, promotion on a hit and byte-exact loads."""
+
+import pickle
+
+import numpy as np
+import pytest
+
+import kvoffload as kv
+from conftest import block_hashes
+
+F, PAGE = 2, 4096
+
+
+def engine(tmp_path, gpu):
+    w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=8,
+                                  block_size_factor=F, threads=1,
+                                  disk_tiers=[kv.DiskTierConfig(path=str(tmp_path),
+                                                                capacity="1MiB",
+                                                                model="pytest-model",
+                                                                dtype="uint8")]))
+    s = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
+                     block_size_factor=F, tiers=[kv.TierConfig(blocks=w.tier_slots())])
+    restored = s.restore_tier(0, w.tier_scan())
+    return s, w, restored
+
+
+def run(s, w, step):
+    """Runs a step's jobs and reports them; returns the completed load/store jobs."""
+    w.submit_step(step)
+    ids = [j.id for j in step.load_jobs + step.store_jobs + step.tier_jobs]
+    w.wait(ids)
+    finished = w.get_finished()
+    assert sorted(f.job for f in finished) == sorted(ids)
+    assert all(f.ok for f in finished)
+    return s.on_completed([kv.JobReport(f.job, ok=f.ok) for f in finished])
+
+
+def test_written_through_then_promoted_after_a_restart(tmp_path):
+    gpu = np.zeros((32, PAGE), dtype=np.uint8)
+    rng = np.random.default_rng(3)
+    first = [1, 2, 3, 4]
+    gpu[first] = rng.integers(0, 256, size=(4, PAGE), dtype=np.uint8)
+    original = gpu[first].copy()
+    h = block_hashes("disk", 4)
+
+    s, w, restored = engine(tmp_path, gpu)
+    assert restored == 0
+    assert w.tier_io() in ("io_uring", "threads")
+    s.update_request("a", 64, h)
+    assert s.lookup("a") == 0
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    run(s, w, s.build_step([kv.ScheduledRequest("a", 0, 64, [first])]))
+    step = s.build_step([])
+    assert [(j.kind, j.medium, len(j.keys)) for j in step.tier_jobs] == [("write", "disk", 2)]
+    finished_kinds = []
+    w.submit_step(step)
+    w.wait([j.id for j in step.tier_jobs])
+    for f in w.get_finished():
+        finished_kinds.append(f.kind)
+        s.on_completed([kv.JobReport(f.job, ok=f.ok)])
+    assert finished_kinds == ["tier_write"]
+    assert s.tier_stats(0)["blocks_written"] == 2
+    del s, w
+
+    # Restart: a new worker and scheduler on the same directory.
+    gpu[:] = 0
+    s, w, restored = engine(tmp_path, gpu)
+    assert restored == 2
+    assert sum(k is not None for k in w.tier_scan()) == 2
+    s.update_request("b", 64, h)
+    assert s.lookup("b") is None  # being promoted
+    step = s.build_step([])
+    assert [j.kind for j in step.tier_jobs] == ["promote"]
+    job = pickle.loads(pickle.dumps(step.tier_jobs[0]))  # travels to workers like a Job
+    assert (job.id, job.kind, list(job.slots)) == (step.tier_jobs[0].id, "promote",
+                                                   list(step.tier_jobs[0].slots))
+    run(s, w, step)
+    hit = s.lookup("b")
+    assert hit == 64
+    second = [9, 10, 11, 12]
+    s.on_allocated("b", [kv.AllocatedGroup(second)], hit)
+    done = run(s, w, s.build_step([kv.ScheduledRequest("b", hit, 0, [[]])]))
+    assert [d.kind for d in done] == ["load"] and done[0].ok
+    assert np.array_equal(gpu[second], original)
+    stats = s.tier_stats(0)
+    assert stats["promotions"] == 2 and stats["hits"] == 2
+
+
+def test_bad_disk_tier_configs_name_the_field(tmp_path):
+    gpu = np.zeros((4, PAGE), dtype=np.uint8)
+    with pytest.raises(kv.InvalidArgument, match="capacity"):
+        kv.DiskTierConfig(path=str(tmp_path), capacity="lots").capacity_bytes()
+    with pytest.raises(kv.InvalidArgument, match="io"):
+        kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
+                                  disk_tiers=[kv.DiskTierConfig(str(tmp_path), 1 << 20,
+                                                                io="mmap")]))
+    with pytest.raises(kv.InvalidArgument, match="tiers\\[0\\].blocks"):
+        kv.Scheduler(groups=[kv.GroupConfig()], host_blocks=2, tiers=[kv.TierConfig(blocks=0)])
+    w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2))
+    with pytest.raises(kv.InvalidArgument, match="tier 0 is not configured"):
+        w.tier_scan(0)
