@@ -392,6 +392,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   }
   out.load_jobs.swap(s.pending_loads);
   out.tier_jobs.swap(s.pending_tier_jobs);
+  if (!s.planned_promotions.empty()) s.start_promotions(out);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (plan.idle[i] != 0) continue;  // most requests of a decode step
     s.build_store(*plan.requests[i], scheduled[i], plan.blocks_of(i), out);
@@ -456,6 +457,8 @@ void Scheduler::reset_cache() {
   // weights, say), wherever it is. Tier jobs not yet emitted never run.
   s.tier_jobs.clear();
   s.pending_tier_jobs.clear();
+  s.planned_promotions.clear();
+  s.promoting.clear();
   for (auto& tier : s.tiers) {
     tier->index.reset();
     tier->queued = 0;

@@ -36,6 +36,7 @@ struct RequestState {
   bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up
   bool finished = false;
   bool load_in_flight = false;
+  bool skip_tiers = false;       // its promotion found no host room: the next lookup is host-only
   std::uint64_t step_stamp = 0;  // the last build_step that validated this request
   std::size_t slot = 0;          // RequestTable's bookkeeping
   std::int64_t num_local_tokens = 0;
@@ -90,6 +91,17 @@ struct TierJobState {
   std::vector<std::int64_t> tier_ids;
   std::int64_t remaining = 0;
   bool ok = true;
+};
+
+/// A promotion a lookup planned: the tier's slots are reserved (readers) at once, the host
+/// blocks are taken in the next build_step, where evictions happen (a lookup never evicts, so
+/// a hit another lookup promised stays loadable until its on_allocated).
+struct PlannedPromotion {
+  std::string request_id;
+  std::vector<Key> protect;  // host hits the answer uses: not evicted for the promoted keys
+  std::vector<Key> keys;     // to promote, group-major
+  std::vector<std::uint32_t> tier;
+  std::vector<HostBlockId> slots;
 };
 
 /// A key the lookup's scan missed in host memory and found in a tier.
@@ -159,10 +171,11 @@ struct Scheduler::Impl {
   LookupResult probe(const RequestState& r, std::size_t g, std::int64_t i);
 
   // scheduler_tiers.cpp
-  /// After a lookup found `hit` tokens: promotes the keys it uses that are only in a tier.
-  /// Returns true if a promotion started (the lookup answers retry later), false if there
-  /// was none to start; sets `no_room` if one was needed and the host cache had no room.
-  bool start_promotions(const RequestState& r, std::int64_t nct, std::int64_t hit, bool& no_room);
+  /// After a lookup found `hit` tokens: plans the promotion of the keys it uses that are only
+  /// in a tier. Returns true if one was planned (the lookup answers retry later).
+  bool plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit);
+  /// build_step: takes host blocks for the planned promotions and emits their jobs.
+  void start_promotions(StepResult& out);
   /// Write-through: queues tier writes of these ready host blocks, subject to each tier's
   /// admission and write queue.
   void queue_tier_writes(std::span<const HostBlockId> host_ids);
@@ -247,12 +260,14 @@ struct Scheduler::Impl {
   std::vector<std::unique_ptr<TierState>> tiers;
   std::unordered_map<JobId, TierJobState> tier_jobs;
   std::vector<TierJob> pending_tier_jobs;
-  bool probe_tiers = false;   // scan(): look keys missed in host memory up in the tiers
-  bool count_lookups = true;  // scan(): count in the statistics (false on a second pass)
+  std::vector<PlannedPromotion> planned_promotions;
+  detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting;  // keys of planned promotions
+  bool probe_tiers = false;  // scan(): look keys missed in host memory up in the tiers
   std::vector<TierFind> tier_found;
   std::vector<HostBlockId> catch_up_writes;  // host hits that just reached a tier's admission
   std::vector<Key> promote_keys;             // scratch
   PreparedStore promote_prepared;            // scratch
+  std::vector<Key> promote_release;          // scratch
 
   // Reused across calls so steps do not allocate per key or per request.
   StepPlan step_plan;

@@ -57,10 +57,9 @@ ScanResult suffix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g,
 
 LookupResult Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i) {
   const Key k = key(r, g, i);
-  const LookupResult host = count_lookups ? manager.lookup(k) : manager.peek(k);
+  const LookupResult host = manager.lookup(k);
   if (tiers.empty()) return host;
   if (host != LookupResult::miss) {
-    if (!count_lookups) return host;
     // Admission counts every lookup of the key, also while the host cache has it; a host hit
     // that brings a key to a tier's threshold is written through now (it was stored earlier).
     for (const auto& tier : tiers) {
@@ -75,9 +74,10 @@ LookupResult Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::i
     return host;
   }
   if (!probe_tiers) return host;
+  if (promoting.contains(k)) return LookupResult::pending;  // its promotion starts next step
   for (std::size_t t = 0; t < tiers.size(); ++t) {
     HostBlockManager& index = tiers[t]->index;
-    if ((count_lookups ? index.lookup(k) : index.peek(k)) == LookupResult::hit) {
+    if (index.lookup(k) == LookupResult::hit) {
       tier_found.push_back(
           TierFind{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(t), i});
       return LookupResult::hit;
@@ -181,25 +181,18 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
   if (tiers.empty()) return scan(r, nct, hit) ? finish(hit) : defer();
 
   // With tiers, keys found only in a tier count as hits; the keys the answer uses are then
-  // promoted and the lookup retried later. Without room for them in host memory, the answer
-  // is the host cache's alone.
+  // promoted and the lookup retried later. After a promotion found no host room, one lookup
+  // of the request answers from the host cache alone.
   tier_found.clear();
   catch_up_writes.clear();
-  probe_tiers = true;
+  probe_tiers = !r.skip_tiers;
+  r.skip_tiers = false;
   const bool answered = scan(r, nct, hit);
   probe_tiers = false;
+  const bool promote = answered && hit > 0 && !tier_found.empty() && plan_promotion(r, nct, hit);
+  // After the plan: its slots are reserved, so these writes cannot evict them from the tier.
   if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
-  if (!answered) return defer();
-  bool no_room = false;
-  if (!tier_found.empty() && hit > 0) {
-    if (start_promotions(r, nct, hit, no_room)) return defer();
-    if (no_room) {
-      count_lookups = false;
-      const bool host_answered = scan(r, nct, hit);
-      count_lookups = true;
-      if (!host_answered) return defer();
-    }
-  }
+  if (!answered || promote) return defer();
   return finish(hit);
 }
 

@@ -42,26 +42,17 @@ TierJob& Scheduler::Impl::new_tier_job(TierJobKind kind, std::uint32_t tier,
   return job;
 }
 
-bool Scheduler::Impl::start_promotions(const RequestState& r, std::int64_t nct, std::int64_t hit,
-                                       bool& no_room) {
-  // The keys the answer uses (a prefix; for windowed groups only the window's blocks), host
-  // hits included: prepare_store then keeps them from being evicted for the promoted ones.
-  promote_keys.clear();
-  for (std::size_t g = 0; g < layouts.size(); ++g) {
-    const std::int64_t obs = layouts[g].offloaded_block_size;
-    const std::int64_t start = nct / obs;
-    const std::int64_t stop = detail::cdiv(nct + hit, obs);
-    const std::int64_t first =
-        layouts[g].windowed() ? std::max(start, stop - layouts[g].window_blocks) : start;
-    for (std::int64_t i = first; i < stop; ++i) promote_keys.push_back(key(r, g, i));
-  }
-  // Keep the finds inside those ranges; they are what gets promoted.
-  std::erase_if(tier_found, [&](const TierFind& found) {
-    const GroupLayout& layout = layouts[found.group];
+bool Scheduler::Impl::plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit) {
+  // The keys the answer uses: a prefix; for windowed groups only the window's blocks.
+  const auto used = [&](std::size_t g, std::int64_t& first, std::int64_t& stop) {
+    const GroupLayout& layout = layouts[g];
     const std::int64_t obs = layout.offloaded_block_size;
-    const std::int64_t stop = detail::cdiv(nct + hit, obs);
-    const std::int64_t first =
-        layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
+    stop = detail::cdiv(nct + hit, obs);
+    first = layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
+  };
+  std::erase_if(tier_found, [&](const TierFind& found) {
+    std::int64_t first = 0, stop = 0;
+    used(found.group, first, stop);
     return found.index < first || found.index >= stop;
   });
   if (tier_found.empty()) return false;
@@ -74,39 +65,94 @@ bool Scheduler::Impl::start_promotions(const RequestState& r, std::int64_t nct, 
                                  return x.group == y.group && x.index == y.index;
                                }),
                    tier_found.end());
-
-  if (!manager.prepare_store(promote_keys, promote_prepared, /*admit_all=*/true)) {
-    for (const TierFind& found : tier_found) ++tiers[found.tier]->stats.promotions_without_room;
-    no_room = true;
-    return false;
-  }
-  // One job per tier, keys in group-major order.
-  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
-    TierJob* job = nullptr;
-    for (const TierFind& found : tier_found) {
-      if (found.tier != t) continue;
-      if (job == nullptr) job = &new_tier_job(TierJobKind::promote, t, r.id);
-      const Key k = key(r, found.group, found.index);
-      const HostBlockId host = manager.block_of(k);
-      KVOFFLOAD_ASSERT(host >= 0, "promotion of {}: no host block was prepared", to_string(k));
-      job->keys.push_back(k);
-      job->host_block_ids.push_back(host);
+  PlannedPromotion& p = planned_promotions.emplace_back();
+  p.request_id = r.id;
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    std::int64_t first = 0, stop = 0;
+    used(g, first, stop);
+    for (std::int64_t i = first; i < stop; ++i) {
+      const Key k = key(r, g, i);
+      if (manager.peek(k) == LookupResult::hit) p.protect.push_back(k);
     }
-    if (job == nullptr) continue;
-    std::vector<HostBlockId> slots;
-    tiers[t]->index.prepare_load(job->keys, slots);
-    job->tier_block_ids.assign(slots.begin(), slots.end());
-    TierJobState& state = tier_jobs[job->id];
-    state.id = job->id;
-    state.kind = TierJobKind::promote;
-    state.tier = t;
-    state.keys = job->keys;
-    state.host_ids = job->host_block_ids;
-    state.tier_ids = job->tier_block_ids;
-    state.remaining = config.num_workers;
-    ++tiers[t]->stats.promote_jobs;
+  }
+  std::vector<HostBlockId> slot;
+  for (const TierFind& found : tier_found) {
+    const Key k = key(r, found.group, found.index);
+    slot.clear();
+    // A reader on the slot: the tier cannot evict it before the promotion has run.
+    tiers[found.tier]->index.prepare_load(std::span(&k, 1), slot);
+    p.keys.push_back(k);
+    p.tier.push_back(found.tier);
+    p.slots.push_back(slot[0]);
+    ++*promoting.insert(k, 0).first;
   }
   return true;
+}
+
+void Scheduler::Impl::start_promotions(StepResult& out) {
+  for (PlannedPromotion& p : planned_promotions) {
+    // What the step before it changed: keys stored meanwhile need no promotion, protected
+    // keys evicted meanwhile are not stored here (no job would fill them).
+    promote_keys.clear();
+    promote_release.clear();
+    for (const Key& k : p.protect) {
+      if (manager.peek(k) != LookupResult::miss) promote_keys.push_back(k);
+    }
+    std::vector<std::size_t> wanted;
+    for (std::size_t i = 0; i < p.keys.size(); ++i) {
+      if (manager.peek(p.keys[i]) == LookupResult::miss) {
+        promote_keys.push_back(p.keys[i]);
+        wanted.push_back(i);
+      }
+    }
+    for (const Key& k : p.keys) {
+      std::int32_t* count = promoting.find(k);
+      if (count != nullptr && --*count == 0) promoting.erase(k);
+    }
+    const bool ok =
+        wanted.empty() || manager.prepare_store(promote_keys, promote_prepared, /*admit_all=*/true);
+    if (!ok) {
+      for (const std::size_t i : wanted) ++tiers[p.tier[i]]->stats.promotions_without_room;
+      if (RequestState* r = requests.find(p.request_id)) r->skip_tiers = true;
+    }
+    // One job per tier, keys in group-major order; slots not promoted lose their reader.
+    for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+      TierJob* job = nullptr;
+      std::size_t w = 0;
+      promote_release.clear();
+      for (std::size_t i = 0; i < p.keys.size(); ++i) {
+        const bool take = ok && w < wanted.size() && wanted[w] == i;
+        if (w < wanted.size() && wanted[w] == i) ++w;
+        if (p.tier[i] != t) continue;
+        if (!take) {
+          promote_release.push_back(p.keys[i]);
+          continue;
+        }
+        if (job == nullptr) job = &new_tier_job(TierJobKind::promote, t, p.request_id);
+        const HostBlockId host = manager.block_of(p.keys[i]);
+        KVOFFLOAD_ASSERT(host >= 0, "promotion of {}: no host block was prepared",
+                         to_string(p.keys[i]));
+        job->keys.push_back(p.keys[i]);
+        job->host_block_ids.push_back(host);
+        job->tier_block_ids.push_back(p.slots[i]);
+      }
+      tiers[t]->index.complete_load(promote_release);
+      if (job == nullptr) continue;
+      TierJobState& state = tier_jobs[job->id];
+      state.id = job->id;
+      state.kind = TierJobKind::promote;
+      state.tier = t;
+      state.keys = job->keys;
+      state.host_ids = job->host_block_ids;
+      state.tier_ids = job->tier_block_ids;
+      state.remaining = config.num_workers;
+      ++tiers[t]->stats.promote_jobs;
+    }
+  }
+  planned_promotions.clear();
+  // The promotions' jobs follow the writes queued before this step.
+  for (TierJob& job : pending_tier_jobs) out.tier_jobs.push_back(std::move(job));
+  pending_tier_jobs.clear();
 }
 
 void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids) {

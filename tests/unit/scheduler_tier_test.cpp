@@ -123,10 +123,14 @@ TEST_CASE("A key only in the tier is promoted before the lookup answers", "[sche
   t.complete(t.tier_jobs().at(0));
   for (const BlockHash& hash : a) REQUIRE(t.in_host(hash) == LookupResult::miss);
 
-  // c shares a's blocks: retry later, and the next step promotes all four.
+  // c shares a's blocks: retry later, and the next step promotes all four. The lookup only
+  // reserves the slots; host blocks are taken in the step (a lookup never evicts).
   CHECK_FALSE(t.h.lookup("c", a, 65, 0).has_value());
-  for (const BlockHash& hash : a) CHECK(t.in_host(hash) == LookupResult::pending);
+  for (const BlockHash& hash : a) CHECK(t.in_host(hash) == LookupResult::miss);
+  CHECK(t.h.s.tier_index(0).num_being_read() == 4);
+  CHECK_FALSE(t.h.s.lookup("c", 0).has_value());  // planned: still retry later
   const auto jobs = t.tier_jobs();
+  for (const BlockHash& hash : a) CHECK(t.in_host(hash) == LookupResult::pending);
   REQUIRE(jobs.size() == 1);
   const TierJob& p = jobs[0];
   CHECK(p.kind == TierJobKind::promote);
@@ -222,9 +226,31 @@ TEST_CASE("Without host room for a promotion the answer is the host cache's", "[
   // A load of b keeps every host block read: nothing can be evicted.
   REQUIRE(t.h.lookup("r", b, 65, 0) == 64);
   t.h.s.on_allocated("r", std::vector<AllocatedGroup>{{ids(500, 5), 0}}, 64);
-  CHECK(t.h.lookup("c", a, 65, 0) == 0);
+  CHECK_FALSE(t.h.lookup("c", a, 65, 0).has_value());  // planned
+  CHECK(t.h.s.build_step({}).tier_jobs.empty());       // no room: nothing promoted
   CHECK(t.h.s.tier_stats(0).promotions_without_room == 4);
-  CHECK(t.h.s.build_step({}).tier_jobs.empty());
+  CHECK(t.h.s.tier_index(0).num_being_read() == 0);  // the slots were released
+  CHECK(t.h.s.lookup("c", 0) == 0);                  // one host-only answer
+}
+
+TEST_CASE("A lookup never evicts: a hit another lookup promised stays loadable",
+          "[scheduler][tier]") {
+  // Two requests are looked up before either is allocated (an engine may batch lookups).
+  Tiered t(tiered({full()}, 4, 16));
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  const auto b = chain_hashes("b", 4);
+  t.store("b", b);  // the host cache holds b, the tier a and b
+  t.complete(t.tier_jobs().at(0));
+  REQUIRE(t.h.lookup("rb", b, 65, 0) == 64);            // b: a host hit, promised
+  CHECK_FALSE(t.h.lookup("ra", a, 65, 0).has_value());  // a: a promotion, planned
+  // rb's allocation still finds every key it was promised.
+  t.h.s.on_allocated("rb", std::vector<AllocatedGroup>{{ids(500, 5), 0}}, 64);
+  // The step: b's blocks are being read by the load, so a's promotion finds no room.
+  const StepResult st = t.h.s.build_step({});
+  CHECK(st.load_jobs.size() == 1);
+  CHECK(st.tier_jobs.empty());
 }
 
 TEST_CASE("Tier admission: a key is written once it was looked up store_threshold times",
