@@ -49,6 +49,10 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
     KVOFFLOAD_EXPECTS(tier.write_queue_blocks >= 0,
                       "tiers[{}].write_queue_blocks must not be negative, got {}", t,
                       tier.write_queue_blocks);
+    KVOFFLOAD_EXPECTS(tier.write_back_free_blocks >= 0 &&
+                          tier.write_back_free_blocks <= config.manager.host_blocks,
+                      "tiers[{}].write_back_free_blocks must be 0 to host_blocks ({}), got {}", t,
+                      config.manager.host_blocks, tier.write_back_free_blocks);
     KVOFFLOAD_EXPECTS(
         tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc,
         "tiers[{}].policy: unknown eviction policy {}", t, static_cast<int>(tier.policy));

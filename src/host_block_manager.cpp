@@ -290,6 +290,35 @@ std::int64_t HostBlockManager::erase(std::span<const Key> keys) {
   return n;
 }
 
+void HostBlockManager::eviction_candidates(std::size_t n, std::vector<HostBlockId>& out) {
+  const auto can_evict = [this](HostBlockId id) {
+    const Block& b = blocks_[static_cast<std::size_t>(id)];
+    return b.state == State::ready && b.readers == 0;
+  };
+  // select_victims is all or nothing: ask for fewer until it can answer.
+  for (std::size_t want = std::min<std::size_t>(n, index_.size()); want > 0; want /= 2) {
+    if (policy_->select_victims(want, can_evict, out)) return;
+  }
+}
+
+std::int64_t HostBlockManager::evict_blocks(std::span<const HostBlockId> ids) {
+  ManagerEvent removed{true, {}, medium_};
+  std::int64_t n = 0;
+  for (const HostBlockId id : ids) {
+    if (id < 0 || id >= capacity_) continue;
+    const Block& block = blocks_[static_cast<std::size_t>(id)];
+    if (block.state != State::ready || block.readers != 0) continue;
+    const Key key = keys_[static_cast<std::size_t>(id)];
+    policy_->evict(id, key);
+    free_id(id);
+    if (enable_events_) removed.keys.push_back(key);
+    ++n;
+  }
+  stats_.evictions += static_cast<std::uint64_t>(n);
+  if (enable_events_ && !removed.keys.empty()) events_.push_back(std::move(removed));
+  return n;
+}
+
 void HostBlockManager::touch_blocks(std::span<const HostBlockId> ids) {
   if (ids.empty()) return;
   for (const HostBlockId id : ids) {

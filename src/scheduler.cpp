@@ -41,7 +41,10 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
   fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
   store_scratch.first_candidate.resize(layouts.size());
   for (const TierConfig& tier : cfg.tiers) {
-    tiers.push_back(std::make_unique<TierState>(tier, cfg.manager.enable_events));
+    auto& t = tiers.emplace_back(std::make_unique<TierState>(tier, cfg.manager.enable_events));
+    t->free_target = tier.write_back_free_blocks > 0
+                         ? tier.write_back_free_blocks
+                         : std::max<std::int64_t>(1, cfg.manager.host_blocks / 16);
   }
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
@@ -392,7 +395,10 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   }
   out.load_jobs.swap(s.pending_loads);
   out.tier_jobs.swap(s.pending_tier_jobs);
-  if (!s.planned_promotions.empty()) s.start_promotions(out);
+  if (!s.tiers.empty()) {
+    s.write_back();
+    s.start_promotions(out);
+  }
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (plan.idle[i] != 0) continue;  // most requests of a decode step
     s.build_store(*plan.requests[i], scheduled[i], plan.blocks_of(i), out);

@@ -79,7 +79,8 @@ struct TierState {
   HostBlockManager index;
   TierStats stats;
   std::int64_t queue_limit = 0;
-  std::int64_t queued = 0;  // blocks in write jobs not yet completed
+  std::int64_t queued = 0;       // blocks in write jobs not yet completed
+  std::int64_t free_target = 0;  // write-back: host blocks kept free
 };
 
 struct TierJobState {
@@ -91,6 +92,7 @@ struct TierJobState {
   std::vector<std::int64_t> tier_ids;
   std::int64_t remaining = 0;
   bool ok = true;
+  bool write_back = false;  // evict the host blocks once written
 };
 
 /// A promotion a lookup planned: the tier's slots are reserved (readers) at once, the host
@@ -179,7 +181,14 @@ struct Scheduler::Impl {
   /// Write-through: queues tier writes of these ready host blocks, subject to each tier's
   /// admission and write queue.
   void queue_tier_writes(std::span<const HostBlockId> host_ids);
+  /// One write job of `keys` (from host blocks `sources`) to tier t; false if the tier had no
+  /// room or nothing to write.
+  bool issue_write(std::uint32_t t, std::span<const Key> keys, std::span<const HostBlockId> sources,
+                   bool write_back);
   void complete_tier_job(TierJobState& job);
+  /// build_step, write-back tiers: writes the blocks the host policy would evict next, so
+  /// free_target host blocks stay free.
+  void write_back();
   TierJob& new_tier_job(TierJobKind kind, std::uint32_t tier, std::string request_id);
 
   // scheduler.cpp

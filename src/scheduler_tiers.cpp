@@ -155,52 +155,99 @@ void Scheduler::Impl::start_promotions(StepResult& out) {
   pending_tier_jobs.clear();
 }
 
+namespace {
+
+/// Why a block is not written to a tier now: it is there (or being written), not admitted,
+/// or the write queue is full (counted in the tier's stats). nullopt: write it.
+bool skip_write(TierState& tier, const Key& k, std::size_t batched) {
+  if (tier.index.peek(k) != LookupResult::miss) return true;  // there, or being written
+  if (tier.config.store_threshold > 0 &&
+      tier.index.lookup_count(k) < static_cast<std::uint32_t>(tier.config.store_threshold)) {
+    ++tier.stats.writes_skipped;
+    return true;
+  }
+  if (tier.queued + static_cast<std::int64_t>(batched) >= tier.queue_limit) {
+    ++tier.stats.writes_queue_full;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Scheduler::Impl::issue_write(std::uint32_t t, std::span<const Key> keys,
+                                  std::span<const HostBlockId> sources, bool write_back) {
+  TierState& tier = *tiers[t];
+  PreparedStore prepared;
+  if (!tier.index.prepare_store(keys, prepared, /*admit_all=*/true)) {
+    tier.stats.writes_without_room += keys.size();
+    return false;
+  }
+  if (prepared.keys_to_store.empty()) return false;
+  TierJob& job = new_tier_job(TierJobKind::write, t, {});
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (prepared.key_stored[i] == 0) continue;  // a host block given twice
+    job.keys.push_back(keys[i]);
+    job.host_block_ids.push_back(sources[i]);
+    job.tier_block_ids.push_back(prepared.key_blocks[i]);
+  }
+  manager.pin_blocks(job.host_block_ids);
+  tier.queued += static_cast<std::int64_t>(job.keys.size());
+  TierJobState& state = tier_jobs[job.id];
+  state.id = job.id;
+  state.kind = TierJobKind::write;
+  state.tier = t;
+  state.keys = job.keys;
+  state.host_ids = job.host_block_ids;
+  state.tier_ids = job.tier_block_ids;
+  state.remaining = config.num_workers;
+  state.write_back = write_back;
+  ++tier.stats.write_jobs;
+  return true;
+}
+
 void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids) {
   for (std::uint32_t t = 0; t < tiers.size(); ++t) {
     TierState& tier = *tiers[t];
+    if (tier.config.write_back) continue;  // written when evicted instead
     std::vector<Key> keys;
     std::vector<HostBlockId> sources;
     for (const HostBlockId id : host_ids) {
       const Key* k = manager.key_of(id);
       if (k == nullptr || manager.peek(*k) != LookupResult::hit) continue;
-      if (tier.index.peek(*k) != LookupResult::miss) continue;  // there, or being written
-      if (tier.config.store_threshold > 0 &&
-          tier.index.lookup_count(*k) < static_cast<std::uint32_t>(tier.config.store_threshold)) {
-        ++tier.stats.writes_skipped;
-        continue;
-      }
-      if (tier.queued + static_cast<std::int64_t>(keys.size()) >= tier.queue_limit) {
-        ++tier.stats.writes_queue_full;
-        continue;
-      }
+      if (skip_write(tier, *k, keys.size())) continue;
       keys.push_back(*k);
       sources.push_back(id);
     }
-    if (keys.empty()) continue;
-    PreparedStore prepared;
-    if (!tier.index.prepare_store(keys, prepared, /*admit_all=*/true)) {
-      tier.stats.writes_without_room += keys.size();
-      continue;
+    if (!keys.empty()) (void)issue_write(t, keys, sources, false);
+  }
+}
+
+void Scheduler::Impl::write_back() {
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    if (!tier.config.write_back) continue;
+    const std::int64_t free_blocks = manager.capacity() - manager.num_used();
+    const std::int64_t want = tier.free_target - free_blocks - tier.queued;
+    if (want <= 0) continue;
+    std::vector<HostBlockId> candidates, evict_now, sources;
+    std::vector<Key> keys;
+    manager.eviction_candidates(static_cast<std::size_t>(want), candidates);
+    for (const HostBlockId id : candidates) {
+      const Key k = *manager.key_of(id);
+      // Already in the tier, or not admitted or no queue room: evicted at once (a full cache
+      // would evict it at the next store anyway).
+      if (skip_write(tier, k, keys.size())) {
+        evict_now.push_back(id);
+        continue;
+      }
+      keys.push_back(k);
+      sources.push_back(id);
     }
-    if (prepared.keys_to_store.empty()) continue;
-    TierJob& job = new_tier_job(TierJobKind::write, t, {});
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      if (prepared.key_stored[i] == 0) continue;  // a host block given twice
-      job.keys.push_back(keys[i]);
-      job.host_block_ids.push_back(sources[i]);
-      job.tier_block_ids.push_back(prepared.key_blocks[i]);
+    if (!keys.empty() && !issue_write(t, keys, sources, true)) {
+      evict_now.insert(evict_now.end(), sources.begin(), sources.end());
     }
-    manager.pin_blocks(job.host_block_ids);
-    tier.queued += static_cast<std::int64_t>(job.keys.size());
-    TierJobState& state = tier_jobs[job.id];
-    state.id = job.id;
-    state.kind = TierJobKind::write;
-    state.tier = t;
-    state.keys = job.keys;
-    state.host_ids = job.host_block_ids;
-    state.tier_ids = job.tier_block_ids;
-    state.remaining = config.num_workers;
-    ++tier.stats.write_jobs;
+    (void)manager.evict_blocks(evict_now);
   }
 }
 
@@ -227,6 +274,9 @@ void Scheduler::Impl::complete_tier_job(TierJobState& job) {
     tier.index.complete_store_blocks(slots, job.ok);
     manager.unpin_blocks(job.host_ids);
     tier.queued -= static_cast<std::int64_t>(n);
+    // Write-back: written, so evicted now (unless a load reads it meanwhile: then a later
+    // eviction loses nothing). A failed write leaves the block in host memory.
+    if (job.ok && job.write_back) (void)manager.evict_blocks(job.host_ids);
     if (job.ok) {
       tier.stats.blocks_written += n;
     } else {

@@ -47,6 +47,12 @@ struct TierConfig {
   /// Blocks that may wait for or be in a tier write at once (0: 1024). A write that does not
   /// fit is skipped and counted; a step never waits for the tier.
   std::int64_t write_queue_blocks = 0;
+  /// Write-back instead of write-through: blocks are written to the tier when the host cache
+  /// evicts them. The scheduler keeps `write_back_free_blocks` host blocks free (0: 1/16 of
+  /// host_blocks, at least 1) by writing the blocks its policy would evict next and evicting
+  /// them once written; a block whose key the tier has, or does not admit, is evicted at once.
+  bool write_back = false;
+  std::int64_t write_back_free_blocks = 0;
 };
 
 /// Everything the scheduler needs to know about the model and the cache.

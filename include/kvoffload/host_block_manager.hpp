@@ -96,6 +96,12 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// Removes the ready, unread keys among `keys` (one "removed" event); others are ignored.
   /// Returns the number removed.
   std::int64_t erase(std::span<const Key> keys);
+  /// Appends up to `n` ready, unread blocks in the order the policy would evict them, least
+  /// valuable first. Changes nothing.
+  void eviction_candidates(std::size_t n, std::vector<HostBlockId>& out);
+  /// Evicts the ready, unread blocks among `ids` (counted as evictions, one "removed" event);
+  /// others are left. Returns the number evicted.
+  std::int64_t evict_blocks(std::span<const HostBlockId> ids);
   /// Counts a lookup of `key` towards its admission (store threshold) only.
   void note_lookup(const Key& key) {
     if (store_threshold_ > 0) count_lookup(key);

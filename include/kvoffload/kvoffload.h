@@ -104,21 +104,25 @@ typedef struct kvoffload_group_config {
 /* A tier below the host cache (docs/semantics.md section 11): the scheduler keeps its index. */
 typedef struct kvoffload_tier_config {
   size_t struct_size;
-  const char* medium;         /* "disk"; NULL: "disk" */
-  int64_t blocks;             /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
-  const char* policy;         /* "lru" or "arc"; NULL: "lru" */
-  int64_t store_threshold;    /* 0 or N >= 2 lookups before a key is written to the tier */
-  int64_t write_queue_blocks; /* blocks queued for tier writes at most (0: 1024) */
+  const char* medium;             /* "disk"; NULL: "disk" */
+  int64_t blocks;                 /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
+  const char* policy;             /* "lru" or "arc"; NULL: "lru" */
+  int64_t store_threshold;        /* 0 or N >= 2 lookups before a key is written to the tier */
+  int64_t write_queue_blocks;     /* blocks queued for tier writes at most (0: 1024) */
+  int write_back;                 /* 1: write blocks when evicted instead of after each store */
+  int64_t write_back_free_blocks; /* write-back keeps this many host blocks free (0: 1/16) */
 } kvoffload_tier_config_t;
 /* kvoffload::TierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
-#define KVOFFLOAD_TIER_CONFIG_INIT                                    \
-  {                                                                   \
-    sizeof(kvoffload_tier_config_t), /* struct_size */                \
-        "disk",                      /* medium */                     \
-        0,                           /* blocks: the caller sets it */ \
-        NULL,                        /* policy: "lru" */              \
-        0,                           /* store_threshold: off */       \
-        0                            /* write_queue_blocks: 1024 */   \
+#define KVOFFLOAD_TIER_CONFIG_INIT                                      \
+  {                                                                     \
+    sizeof(kvoffload_tier_config_t), /* struct_size */                  \
+        "disk",                      /* medium */                       \
+        0,                           /* blocks: the caller sets it */   \
+        NULL,                        /* policy: "lru" */                \
+        0,                           /* store_threshold: off */         \
+        0,                           /* write_queue_blocks: 1024 */     \
+        0,                           /* write_back: off */              \
+        0                            /* write_back_free_blocks: 1/16 */ \
   }
 
 typedef struct kvoffload_scheduler_config {

@@ -87,6 +87,8 @@ class TierConfig:
     policy: str = "lru"
     store_threshold: int = 0  # 0 or N >= 2: written once looked up N times
     write_queue_blocks: int = 0  # 0: 1024
+    write_back: bool = False  # write blocks when the host evicts them, not after each store
+    write_back_free_blocks: int = 0  # write-back keeps this many host blocks free (0: 1/16)
 
 
 @dataclass
@@ -180,8 +182,8 @@ class Scheduler:
             threshold_tracker_keys=c.threshold_tracker_keys,
             block_bytes=c.block_bytes,
             enable_events=c.enable_events,
-            tiers=[(t.medium, t.blocks, t.policy, t.store_threshold, t.write_queue_blocks)
-                   for t in c.tiers],
+            tiers=[(t.medium, t.blocks, t.policy, t.store_threshold, t.write_queue_blocks,
+                    t.write_back, t.write_back_free_blocks) for t in c.tiers],
         )
 
     def update_request(self, request_id: str, num_tokens: int, block_hashes: Sequence[bytes],

@@ -243,14 +243,14 @@ void bind_scheduler(nb::module_& m) {
              const std::string& policy, std::int64_t store_threshold,
              std::int64_t threshold_tracker_keys, std::int64_t block_bytes, bool enable_events,
              const std::vector<std::tuple<std::string, std::int64_t, std::string, std::int64_t,
-                                          std::int64_t>>& tiers) {
+                                          std::int64_t, bool, std::int64_t>>& tiers) {
             SchedulerConfig c;
             for (std::size_t t = 0; t < tiers.size(); ++t) {
-              const auto& [medium, blocks, policy, threshold, queue] = tiers[t];
+              const auto& [medium, blocks, policy, threshold, queue, back, back_free] = tiers[t];
               const std::string what = "tiers[" + std::to_string(t) + "]";
               c.tiers.push_back(TierConfig{parse_medium(medium, what + ".medium"), blocks,
                                            parse_eviction_policy(policy, what + ".policy"),
-                                           threshold, queue});
+                                           threshold, queue, back, back_free});
             }
             for (std::size_t g = 0; g < groups.size(); ++g) {
               c.groups.push_back({group_kind(std::get<0>(groups[g]), g), std::get<1>(groups[g]),

@@ -89,6 +89,8 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
                                          : EvictionPolicyKind::lru;
       tier.store_threshold = tc.store_threshold;
       tier.write_queue_blocks = tc.write_queue_blocks;
+      tier.write_back = tc.write_back != 0;
+      tier.write_back_free_blocks = tc.write_back_free_blocks;
       s.tiers.push_back(tier);
     }
   }

@@ -59,6 +59,8 @@ TEST_CASE("The tier INIT macros have TierConfig's and DiskTierConfig's defaults"
   CHECK(tc.policy == EvictionPolicyKind::lru);
   CHECK(t.store_threshold == tc.store_threshold);
   CHECK(t.write_queue_blocks == tc.write_queue_blocks);
+  CHECK((t.write_back != 0) == tc.write_back);
+  CHECK(t.write_back_free_blocks == tc.write_back_free_blocks);
   const kvoffload_disk_tier_config_t d = KVOFFLOAD_DISK_TIER_CONFIG_INIT;
   const DiskTierConfig dc;
   CHECK(d.struct_size == sizeof(kvoffload_disk_tier_config_t));

@@ -334,12 +334,14 @@ TEST_CASE(
     c.disk_dir = dir.path.string();
     c.disk_capacity = static_cast<std::uint64_t>(pick(256 << 10, 2 << 20, 8 << 20));
     c.disk_store_threshold = pick(0, 2);
+    c.disk_write_back = pick(0, 1) == 1;
     c.check_invariants = true;
     const std::string what = "seed " + std::to_string(seed) + ", config " + std::to_string(config) +
                              ": host_blocks " + std::to_string(c.host_blocks) + ", factor " +
                              std::to_string(c.block_size_factor) + ", disk " +
                              std::to_string(c.disk_capacity) + " B, threshold " +
-                             std::to_string(c.disk_store_threshold);
+                             std::to_string(c.disk_store_threshold) +
+                             (c.disk_write_back ? ", write-back" : ", write-through");
     INFO(what);
     std::uint64_t written = 0, promoted = 0, failed = 0;
     for (int run = 0; run < 3; ++run) {

@@ -348,3 +348,52 @@ TEST_CASE("Tier configuration errors name the field", "[scheduler][tier]") {
   c.tiers[0].medium = Medium::host;
   CHECK_THROWS_AS(Scheduler(c), invalid_argument);
 }
+
+TEST_CASE(
+    "Write-back: no write-through; the blocks the host would evict next are written, "
+    "then evicted, and come back by promotion",
+    "[scheduler][tier]") {
+  auto c = tiered({full()}, 8, 16);
+  c.tiers[0].write_back = true;
+  c.tiers[0].write_back_free_blocks = 2;
+  Tiered t(c);
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  CHECK(t.tier_jobs().empty());  // 4 of 8 blocks free: nothing to do
+  const auto b = chain_hashes("b", 4);
+  t.store("b", b);  // the host cache is full
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  // LRU: a's blocks are older than b's, and a request's tail goes before its head.
+  CHECK(jobs[0].keys == std::vector<Key>{Key{a[3], 0}, Key{a[2], 0}});
+  CHECK(t.in_host(a[3]) == LookupResult::hit);  // still loadable while written
+  const auto evictions = t.h.s.cache_stats().evictions;
+  t.complete(jobs[0]);
+  CHECK(t.in_host(a[3]) == LookupResult::miss);  // written, then evicted
+  CHECK(t.in_host(a[2]) == LookupResult::miss);
+  CHECK(t.in_tier(a[3]) == LookupResult::hit);
+  CHECK(t.h.s.cache_stats().evictions == evictions + 2);
+  CHECK(t.h.s.cache_stats().blocks_free == 2);
+  CHECK(t.tier_jobs().empty());  // two blocks free again
+
+  // a's head is in host memory, its tail on disk: the lookup promotes the tail.
+  CHECK_FALSE(t.h.lookup("c", a, 65, 0).has_value());
+  const auto promote = t.tier_jobs();
+  REQUIRE(promote.size() == 1);
+  CHECK(promote[0].kind == TierJobKind::promote);
+  CHECK(promote[0].keys == std::vector<Key>{Key{a[2], 0}, Key{a[3], 0}});
+  t.complete(promote[0]);
+  CHECK(t.h.s.lookup("c", 0) == 64);
+}
+
+TEST_CASE("Write-back evicts at once what the tier has or does not admit", "[scheduler][tier]") {
+  auto c = tiered({full()}, 4, 16, /*threshold=*/2);
+  c.tiers[0].write_back = true;
+  c.tiers[0].write_back_free_blocks = 1;
+  Tiered t(c);
+  t.store("a", chain_hashes("a", 4));  // looked up once: below the tier's threshold
+  const StepResult st = t.h.s.build_step({});
+  CHECK(st.tier_jobs.empty());
+  CHECK(t.h.s.cache_stats().blocks_free == 1);  // evicted without a write
+  CHECK(t.h.s.tier_stats(0).writes_skipped == 1);
+}

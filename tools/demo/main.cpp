@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   app.add_option("--disk-threshold", c.disk_store_threshold,
                  "disk admission: write a block once it was looked up N times (0: always)")
       ->capture_default_str();
+  app.add_flag("--disk-write-back", c.disk_write_back,
+               "write blocks to the disk when the host cache evicts them (default: after each "
+               "store)");
   CLI11_PARSE(app, argc, argv);
   try {
     c.disk_capacity = kvoffload::parse_bytes(disk_capacity, "--disk-capacity");

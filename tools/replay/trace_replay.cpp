@@ -202,6 +202,8 @@ SchedulerConfig parse_config(const json& line) {
       }
       tier.store_threshold = get_int_or(obj, "store_threshold", 0);
       tier.write_queue_blocks = get_int_or(obj, "write_queue_blocks", 0);
+      tier.write_back = get_bool_or(obj, "write_back", false);
+      tier.write_back_free_blocks = get_int_or(obj, "write_back_free_blocks", 0);
       config.tiers.push_back(tier);
     }
   }

@@ -136,6 +136,7 @@ struct SyntheticEngine::Impl {
       tier.medium = Medium::disk;
       tier.blocks = engine->tier(0).num_slots();
       tier.store_threshold = c.disk_store_threshold;
+      tier.write_back = c.disk_write_back;
       sc.tiers.push_back(tier);
     }
     scheduler = std::make_unique<Scheduler>(sc);

@@ -84,6 +84,7 @@ struct SimConfig {
   std::string disk_dir;
   std::uint64_t disk_capacity = 64ull << 20;
   std::int64_t disk_store_threshold = 0;
+  bool disk_write_back = false;  ///< write blocks to the disk when evicted, not when stored
 };
 
 struct SimReport {
