@@ -72,7 +72,9 @@ TEST_CASE("Replay reproduces the tier traces, derived by hand from docs/semantic
           "[replay][tier]") {
   // tier-promote: write-through, host eviction, promotion, load. tier-failures: restore, a
   // failed promotion, admission, a failed write, a full write queue, an unknown tier.
-  for (const auto& [name, status] : {std::pair{"tier-promote", 0}, std::pair{"tier-failures", 1}}) {
+  // tier-eviction: the tier's LRU eviction, then a promotion that protects a host hit.
+  for (const auto& [name, status] : {std::pair{"tier-promote", 0}, std::pair{"tier-failures", 1},
+                                     std::pair{"tier-eviction", 0}}) {
     INFO(name);
     const std::string dir = std::string(KVOFFLOAD_TEST_DATA_DIR) + "/traces/";
     const Run r = replay(read_file(dir + name + ".jsonl"));
