@@ -231,6 +231,21 @@ void DiskSlots::scan() {
       direct_ ? "O_DIRECT" : "buffered");
 }
 
+void DiskSlots::clear() {
+  const auto per_file = static_cast<std::int64_t>(config_.slots_per_file);
+  for (std::size_t f = 0; f < fds_.size(); ++f) {
+    const std::int64_t slots =
+        std::min(per_file, num_slots_ - static_cast<std::int64_t>(f) * per_file);
+    const auto size = static_cast<off_t>(static_cast<std::uint64_t>(slots) * slot_bytes_);
+    if (::ftruncate(fds_[f], 0) != 0 || ::ftruncate(fds_[f], size) != 0) {
+      throw error(fmt::format("disk tier: cannot empty {}/slab-{}.kvo: {}", layout_dir_, f,
+                              std::strerror(errno)));
+    }
+  }
+  scanned_.assign(scanned_.size(), std::nullopt);
+  detail::logger().info("disk tier: {} emptied ({} slots)", layout_dir_, num_slots_);
+}
+
 SlotIo DiskSlots::prepare_write(std::int64_t slot, const Key& key,
                                 std::span<const std::uint8_t> payload, std::uint8_t* h) {
   KVOFFLOAD_EXPECTS(payload.size() == config_.payload_bytes,

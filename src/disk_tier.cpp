@@ -291,6 +291,17 @@ void DiskTier::wait(std::span<const JobId> jobs) {
   });
 }
 
+void DiskTier::clear() {
+  std::lock_guard lock(mutex_);
+  if (!jobs_.empty()) {
+    throw error(
+        fmt::format("disk tier: clear() with {} tier job(s) still running (wait for "
+                    "the step's flush set first)",
+                    jobs_.size()));
+  }
+  slots_.clear();
+}
+
 bool DiskTier::owns(JobId job) const {
   std::lock_guard lock(mutex_);
   return jobs_.contains(job);

@@ -113,6 +113,10 @@ const DiskTier& Worker::tier(std::size_t t) const {
   return *tiers_[t];
 }
 
+void Worker::clear_tiers() {
+  for (const auto& tier : tiers_) tier->clear();
+}
+
 void Worker::submit_tier(const TierJob& job) {
   KVOFFLOAD_EXPECTS(job.tier < tiers_.size(), "tier job {}: tier {} is not configured ({} tiers)",
                     job.id, job.tier, tiers_.size());

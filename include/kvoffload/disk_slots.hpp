@@ -90,6 +90,9 @@ class KVOFFLOAD_EXPORT DiskSlots {
   bool read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out);
   /// Marks `slot` empty (its header zeroed), e.g. when the tier evicts it.
   bool erase(std::int64_t slot);
+  /// Empties every slot (each file cut to nothing and grown back, sparse). No I/O may be in
+  /// flight. Throws kvoffload::error naming the file if one cannot be cut.
+  void clear();
 
   // write() and read() in parts, for an engine that does the I/O itself. `buffer` holds a
   // slot (slot_bytes()), 4 KiB-aligned.

@@ -86,6 +86,9 @@ class KVOFFLOAD_EXPORT DiskTier {
   /// Blocks until these jobs (if submitted here and not yet taken by get_finished) finished.
   void wait(std::span<const JobId> jobs);
   [[nodiscard]] bool owns(JobId job) const;
+  /// Empties the tier on disk (after Scheduler::reset_cache: blocks of the old cache must not
+  /// come back at the next start). Throws kvoffload::error if tier jobs are still running.
+  void clear();
 
   [[nodiscard]] std::int64_t num_slots() const noexcept { return slots_.num_slots(); }
   [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept {
@@ -110,7 +113,7 @@ class KVOFFLOAD_EXPORT DiskTier {
   void block_done(Job& j, bool ok);
   [[nodiscard]] std::span<std::uint8_t> host_bytes(const Job& j, std::size_t i) const;
 
-  DiskSlots slots_;
+  DiskSlots slots_;  // clear() changes it: not const after construction
   DiskIo io_ = DiskIo::threads;
   std::unique_ptr<detail::UringIo> uring_;
   std::function<std::span<std::byte>(HostBlockId)> host_block_;

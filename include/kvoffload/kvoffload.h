@@ -302,6 +302,11 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_sch
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_take_events(kvoffload_scheduler_t scheduler,
                                                                    const kvoffload_event_t** events,
                                                                    size_t* num_events);
+/* The medium of each event the last kvoffload_scheduler_take_events returned ("host", or a
+ * tier's: "disk"), in the same order; valid as long as those events. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_event_media(kvoffload_scheduler_t scheduler,
+                                                                   const char* const** media,
+                                                                   size_t* num_events);
 /* stats->struct_size must be set (KVOFFLOAD_SCHEDULER_STATS_INIT). */
 KVOFFLOAD_C_API kvoffload_status_t
 kvoffload_scheduler_get_stats(kvoffload_scheduler_t scheduler, kvoffload_scheduler_stats_t* stats);
@@ -479,6 +484,9 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t
                                                               const kvoffload_key_t** keys,
                                                               const uint8_t** present,
                                                               size_t* num_slots);
+/* Empties the worker's disk tiers: after kvoffload_scheduler_reset_cache, once the flush set
+ * has finished, so the old cache's blocks do not come back after a restart. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_clear_tiers(kvoffload_worker_t worker);
 /* The host pool: the address of host block `block` and the bytes of each block. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t worker,
                                                                int32_t block, void** data,

@@ -73,6 +73,9 @@ class KVOFFLOAD_EXPORT Worker {
   /// that is not configured or a job that does not fit it.
   void submit_tier(const TierJob& job);
   [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
+  /// Empties every disk tier: call it after Scheduler::reset_cache (once the step's flush set
+  /// has finished), so the old cache's blocks do not come back after a restart.
+  void clear_tiers();
   /// Tier `t` of this worker (its scan, for Scheduler::restore_tier, and its counters).
   /// Throws invalid_argument for a tier that is not configured.
   [[nodiscard]] const DiskTier& tier(std::size_t t) const;

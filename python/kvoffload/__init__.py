@@ -148,6 +148,7 @@ class CompletedJob:
 class Event:
     removed: bool
     keys: List[Key]
+    medium: str = "host"  # or the tier whose index changed ("disk")
 
 
 @dataclass
@@ -224,7 +225,7 @@ class Scheduler:
         self._s.reset_cache()
 
     def take_events(self) -> List[Event]:
-        return [Event(removed, keys) for removed, keys in self._s.take_events()]
+        return [Event(removed, keys, medium) for removed, keys, medium in self._s.take_events()]
 
     def stats(self) -> dict:
         """Cache occupancy and counters (hits, misses, evictions, jobs, bytes)."""
@@ -385,6 +386,11 @@ class Worker:
     def submit_tier(self, job: TierJob) -> None:
         """Starts a promotion or a tier write (finished as kind "tier_promote"/"tier_write")."""
         self._w.submit_tier(job)
+
+    def clear_tiers(self) -> None:
+        """Empties the disk tiers: after Scheduler.reset_cache (once its flush set finished),
+        so the old cache's blocks do not come back after a restart."""
+        self._w.clear_tiers()
 
     def tier_scan(self, tier: int = 0) -> List[Optional[Key]]:
         """What tier ``tier`` found when the worker opened it: a key or None per slot."""

@@ -338,7 +338,8 @@ void bind_scheduler(nb::module_& m) {
            [](Scheduler& s) {
              nb::list out;
              for (const ManagerEvent& e : s.take_events()) {
-               out.append(nb::make_tuple(e.removed, keys_to_list(e.keys)));
+               out.append(nb::make_tuple(e.removed, keys_to_list(e.keys),
+                                         std::string(to_string(e.medium))));
              }
              return out;
            })

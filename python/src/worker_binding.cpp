@@ -92,6 +92,7 @@ void bind_worker(nb::module_& m) {
       .def("set_compute_stream", &Worker::set_compute_stream, "stream"_a.none())
       .def("submit", &Worker::submit, "job"_a)
       .def("submit_tier", &Worker::submit_tier, "job"_a)
+      .def("clear_tiers", &Worker::clear_tiers)
       .def_prop_ro("num_tiers", &Worker::num_tiers)
       .def(
           "tier_scan",

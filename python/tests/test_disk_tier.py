@@ -61,6 +61,9 @@ def test_written_through_then_promoted_after_a_restart(tmp_path):
         s.on_completed([kv.JobReport(f.job, ok=f.ok)])
     assert finished_kinds == ["tier_write"]
     assert s.tier_stats(0)["blocks_written"] == 2
+    events = s.take_events()
+    assert [(e.removed, e.medium, len(e.keys)) for e in events] == [(False, "host", 2),
+                                                                   (False, "disk", 2)]
     del s, w
 
     # Restart: a new worker and scheduler on the same directory.

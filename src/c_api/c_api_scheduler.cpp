@@ -16,6 +16,7 @@ struct kvoffload_scheduler_s {
   std::vector<kvoffload::ManagerEvent> events;
   std::vector<std::vector<kvoffload_key_t>> event_keys;
   std::vector<kvoffload_event_t> c_events;
+  std::vector<const char*> event_media;
 };
 
 struct kvoffload_step_s {
@@ -466,5 +467,20 @@ kvoffload_status_t kvoffload_scheduler_get_tier_stats(kvoffload_scheduler_t s, s
 #define KVOFFLOAD_C_FIELD(name) stats->name = t.name;
     KVOFFLOAD_TIER_STATS_FIELDS(KVOFFLOAD_C_FIELD)
 #undef KVOFFLOAD_C_FIELD
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_event_media(kvoffload_scheduler_t s,
+                                                   const char* const** media, size_t* num_events) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_event_media";
+    require(s, fn, "scheduler");
+    require(media, fn, "media");
+    require(num_events, fn, "num_events");
+    s->event_media.clear();
+    // to_string returns views of static strings: stable pointers.
+    for (const ManagerEvent& e : s->events) s->event_media.push_back(to_string(e.medium).data());
+    *media = s->event_media.data();
+    *num_events = s->event_media.size();
   });
 }

@@ -266,3 +266,10 @@ kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
     *num_slots = scanned.size();
   });
 }
+
+kvoffload_status_t kvoffload_worker_clear_tiers(kvoffload_worker_t w) {
+  return guard([&] {
+    require(w, "kvoffload_worker_clear_tiers", "worker");
+    w->worker.clear_tiers();
+  });
+}

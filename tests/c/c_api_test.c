@@ -308,6 +308,15 @@ static void disk_tier(void) {
   OK(kvoffload_step_destroy(step));
   OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
   CHECK(ts.blocks_written == 2 && ts.blocks_used == 2 && ts.write_jobs == 1);
+  {
+    const kvoffload_event_t* events = NULL;
+    const char* const* media = NULL;
+    size_t n_events = 0, n_media = 0;
+    OK(kvoffload_scheduler_take_events(s, &events, &n_events));
+    OK(kvoffload_scheduler_event_media(s, &media, &n_media));
+    CHECK(n_events == 2 && n_media == 2); /* stored in host memory, then on disk */
+    CHECK(n_media == 2 && strcmp(media[0], "host") == 0 && strcmp(media[1], "disk") == 0);
+  }
   OK(kvoffload_worker_destroy(w));
   OK(kvoffload_scheduler_destroy(s));
 

@@ -184,6 +184,29 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
   CHECK(again.scanned()[3].has_value());
 }
 
+TEST_CASE("clear() empties the tier, also for the next start", "[disk][tier]") {
+  TempDir dir;
+  Pool pool(4);
+  for (int i = 0; i < 4; ++i) pool.fill(i, 90 + static_cast<std::uint64_t>(i));
+  {
+    DiskTier tier(config_in(dir, 8), "l", kBlockBytes,
+                  [&](HostBlockId id) { return pool.block(id); });
+    tier.submit(job_of(1, TierJobKind::write, 0, 4, 0, 0));
+    const std::vector<JobId> ids{1};
+    REQUIRE(finish(tier, ids).at(0).ok);
+    tier.clear();
+    for (const auto& k : tier.scanned()) CHECK_FALSE(k.has_value());
+    // A promotion of a cleared slot is a miss.
+    tier.submit(job_of(2, TierJobKind::promote, 0, 1, 3, 0));
+    const std::vector<JobId> p{2};
+    CHECK_FALSE(finish(tier, p).at(0).ok);
+  }
+  DiskTier again(config_in(dir, 8), "l", kBlockBytes,
+                 [&](HostBlockId id) { return pool.block(id); });
+  for (const auto& k : again.scanned()) CHECK_FALSE(k.has_value());
+  CHECK(again.num_slots() == 8);
+}
+
 TEST_CASE("Another model, dtype or rank is another directory", "[disk][tier]") {
   DiskTierConfig a;
   a.model = "m";
