@@ -49,6 +49,8 @@ std::unique_ptr<UringIo> UringIo::create(unsigned depth, std::uint64_t buffer_by
       why = "cannot allocate the I/O buffers";
       return nullptr;  // the destructor frees what was allocated
     }
+    // Touched now, so the first I/O through each buffer does not pay its page faults.
+    std::memset(p, 0, buffer_bytes);
     u->buffers_.push_back(static_cast<std::uint8_t*>(p));
     iov[i] = iovec{p, buffer_bytes};
   }
