@@ -238,6 +238,17 @@ struct Scheduler::Impl {
                ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
                : 0;
   }
+  /// The offloaded blocks [first, stop) of group g that an answer of `hit` tokens after `nct`
+  /// uses: the prefix for full attention, only the window's last blocks for windowed groups.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> used_blocks(std::size_t g, std::int64_t nct,
+                                                                  std::int64_t hit) const noexcept {
+    const GroupLayout& layout = layouts[g];
+    const std::int64_t obs = layout.offloaded_block_size;
+    const std::int64_t stop = (nct + hit + obs - 1) / obs;
+    const std::int64_t first =
+        layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
+    return {first, stop};
+  }
   [[nodiscard]] std::int64_t num_keys(const RequestState& r, std::size_t g) const noexcept {
     return static_cast<std::int64_t>(r.hashes.size()) / layouts[g].hash_factor;
   }

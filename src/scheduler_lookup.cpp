@@ -134,11 +134,7 @@ bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_
 
   if (config.prefix_caching && !being_loaded.empty()) {
     for (std::size_t g = 0; g < layouts.size(); ++g) {
-      const std::int64_t obs = layouts[g].offloaded_block_size;
-      const std::int64_t start = nct / obs;
-      const std::int64_t stop = cdiv(nct + hit, obs);
-      const std::int64_t first =
-          layouts[g].windowed() ? std::max(start, stop - layouts[g].window_blocks) : start;
+      const auto [first, stop] = used_blocks(g, nct, hit);
       for (std::int64_t i = first; i < stop; ++i) {
         if (being_loaded.contains(key(r, g, i))) return false;
       }

@@ -44,15 +44,8 @@ TierJob& Scheduler::Impl::new_tier_job(TierJobKind kind, std::uint32_t tier,
 
 bool Scheduler::Impl::plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit) {
   // The keys the answer uses: a prefix; for windowed groups only the window's blocks.
-  const auto used = [&](std::size_t g, std::int64_t& first, std::int64_t& stop) {
-    const GroupLayout& layout = layouts[g];
-    const std::int64_t obs = layout.offloaded_block_size;
-    stop = detail::cdiv(nct + hit, obs);
-    first = layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
-  };
   std::erase_if(tier_found, [&](const TierFind& found) {
-    std::int64_t first = 0, stop = 0;
-    used(found.group, first, stop);
+    const auto [first, stop] = used_blocks(found.group, nct, hit);
     return found.index < first || found.index >= stop;
   });
   if (tier_found.empty()) return false;
@@ -68,8 +61,7 @@ bool Scheduler::Impl::plan_promotion(const RequestState& r, std::int64_t nct, st
   PlannedPromotion& p = planned_promotions.emplace_back();
   p.request_id = r.id;
   for (std::size_t g = 0; g < layouts.size(); ++g) {
-    std::int64_t first = 0, stop = 0;
-    used(g, first, stop);
+    const auto [first, stop] = used_blocks(g, nct, hit);
     for (std::int64_t i = first; i < stop; ++i) {
       const Key k = key(r, g, i);
       if (manager.peek(k) == LookupResult::hit) p.protect.push_back(k);

@@ -51,21 +51,28 @@ const std::string config =
 
 }  // namespace
 
-TEST_CASE("Replay reproduces the shared example traces", "[replay]") {
-  for (const std::string name : {"seed-straddle", "hybrid-small"}) {
-    INFO(name);
-    const std::string dir = std::string(KVOFFLOAD_TEST_DATA_DIR) + "/traces/";
-    const Run r = replay(read_file(dir + name + ".jsonl"));
-    CHECK(r.status == 0);
-    CHECK(r.err.empty());
-    const auto got = json_lines(r.out);
-    const auto want = json_lines(read_file(dir + name + ".expected.jsonl"));
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("output line " << i + 1);
-      CHECK(got[i] == want[i]);
-    }
+namespace {
+
+/// Replays tests/data/traces/NAME.jsonl and compares its output with NAME.expected.jsonl.
+void check_trace(const std::string& name, int status) {
+  INFO(name);
+  const std::string dir = std::string(KVOFFLOAD_TEST_DATA_DIR) + "/traces/";
+  const Run r = replay(read_file(dir + name + ".jsonl"));
+  CHECK(r.status == status);
+  if (status == 0) CHECK(r.err.empty());
+  const auto got = json_lines(r.out);
+  const auto want = json_lines(read_file(dir + name + ".expected.jsonl"));
+  REQUIRE(got.size() == want.size());
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("output line " << i + 1);
+    CHECK(got[i] == want[i]);
   }
+}
+
+}  // namespace
+
+TEST_CASE("Replay reproduces the shared example traces", "[replay]") {
+  for (const std::string name : {"seed-straddle", "hybrid-small"}) check_trace(name, 0);
 }
 
 TEST_CASE("Replay reproduces the tier traces, derived by hand from docs/semantics.md",
@@ -73,20 +80,9 @@ TEST_CASE("Replay reproduces the tier traces, derived by hand from docs/semantic
   // tier-promote: write-through, host eviction, promotion, load. tier-failures: restore, a
   // failed promotion, admission, a failed write, a full write queue, an unknown tier.
   // tier-eviction: the tier's LRU eviction, then a promotion that protects a host hit.
-  for (const auto& [name, status] : {std::pair{"tier-promote", 0}, std::pair{"tier-failures", 1},
-                                     std::pair{"tier-eviction", 0}}) {
-    INFO(name);
-    const std::string dir = std::string(KVOFFLOAD_TEST_DATA_DIR) + "/traces/";
-    const Run r = replay(read_file(dir + name + ".jsonl"));
-    CHECK(r.status == status);
-    const auto got = json_lines(r.out);
-    const auto want = json_lines(read_file(dir + name + ".expected.jsonl"));
-    REQUIRE(got.size() == want.size());
-    for (std::size_t i = 0; i < want.size(); ++i) {
-      INFO("output line " << i + 1);
-      CHECK(got[i] == want[i]);
-    }
-  }
+  check_trace("tier-promote", 0);
+  check_trace("tier-failures", 1);
+  check_trace("tier-eviction", 0);
 }
 
 TEST_CASE("Replay rejects malformed traces with status 2 and the line number", "[replay]") {
