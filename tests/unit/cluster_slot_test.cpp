@@ -8,12 +8,12 @@
 
 using namespace kvoffload::detail;
 
-TEST_CASE("CRC-16/XMODEM has its catalogued check value", "[cluster]") {
+TEST_CASE("CRC-16/XMODEM has its catalogued check value", "[cluster_slot]") {
   CHECK(crc16_xmodem("123456789") == 0x31C3);
   CHECK(crc16_xmodem("") == 0);
 }
 
-TEST_CASE("Key slots match CLUSTER KEYSLOT's published answers", "[cluster]") {
+TEST_CASE("Key slots match CLUSTER KEYSLOT's published answers", "[cluster_slot]") {
   CHECK(cluster_slot("somekey") == 11058);
   CHECK(cluster_slot("foo{hash_tag}") == 2515);
   CHECK(cluster_slot("bar{hash_tag}") == 2515);
@@ -24,7 +24,7 @@ TEST_CASE("Key slots match CLUSTER KEYSLOT's published answers", "[cluster]") {
   CHECK(cluster_slot("user:info{1}") == 9842);
 }
 
-TEST_CASE("Hash tags follow the cluster specification's rules", "[cluster]") {
+TEST_CASE("Hash tags follow the cluster specification's rules", "[cluster_slot]") {
   CHECK(hash_tag("{user1000}.following") == "user1000");
   CHECK(hash_tag("{user1000}.followers") == "user1000");
   CHECK(hash_tag("foo{}{bar}") == "foo{}{bar}");  // empty first tag: the whole key

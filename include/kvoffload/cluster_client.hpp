@@ -1,0 +1,101 @@
+#pragma once
+
+// A small client for a Valkey (or Redis 7) cluster, what the shared tier talks through: hiredis
+// for the protocol, and on top of it the cluster's rules: the slot map (CLUSTER SLOTS), key
+// slots (CRC16 with hash tags), MOVED and ASK redirects, map refresh, one connection per node,
+// pipelined batches, timeouts on connect and on every reply. Not thread-safe: one per thread.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+
+namespace kvoffload {
+
+struct ClusterAddress {
+  std::string host;
+  int port = 0;
+};
+
+/// Parses "host:port[,host:port...]". Throws invalid_argument naming `field` and the entry.
+KVOFFLOAD_EXPORT std::vector<ClusterAddress> parse_cluster_nodes(std::string_view text,
+                                                                 std::string_view field);
+
+struct ClusterClientConfig {
+  std::vector<ClusterAddress> seeds;  ///< any nodes of the cluster; the rest is discovered
+  int connect_timeout_ms = 200;
+  int reply_timeout_ms = 1000;  ///< for every reply (a stopped node costs this once)
+  int max_redirects = 5;        ///< MOVED/ASK hops per command before it fails
+  int down_backoff_ms = 500;    ///< a node that failed is not tried again for this long
+};
+
+/// One command: `args` in full (the name first), then, if `value` is not empty, one more
+/// argument made of its pieces end to end (a value's header and payload without a copy).
+struct ClusterCommand {
+  std::string_view key;  ///< routes the command to the node owning its slot
+  std::vector<std::string_view> args;
+  std::vector<std::string_view> value;
+};
+
+enum class ClusterReplyKind : std::uint8_t {
+  string,   ///< a bulk string: text
+  nil,      ///< a nil bulk string (GET of a missing key)
+  integer,  ///< integer
+  status,   ///< a status line: text ("OK")
+  array,    ///< an array (its elements are not passed on)
+  error,    ///< an error reply from the server: text (MOVED and ASK are followed, not passed)
+  failed,   ///< no reply: the node is down or timed out, the map has no owner, too many redirects
+};
+
+/// A reply, valid only during the callback that receives it.
+struct ClusterReply {
+  ClusterReplyKind kind = ClusterReplyKind::failed;
+  long long integer = 0;
+  std::string_view text;
+};
+
+struct ClusterStats {
+  std::uint64_t commands = 0;        ///< commands run (each once, however often redirected)
+  std::uint64_t failed = 0;          ///< commands answered ClusterReplyKind::failed
+  std::uint64_t moved = 0;           ///< MOVED redirects followed
+  std::uint64_t asked = 0;           ///< ASK redirects followed
+  std::uint64_t refreshes = 0;       ///< slot map loads
+  std::uint64_t connects = 0;        ///< connections opened
+  std::uint64_t connect_errors = 0;  ///< connections that could not be opened
+  std::uint64_t io_errors = 0;       ///< connections dropped: timeout, reset, bad protocol
+};
+
+class KVOFFLOAD_EXPORT ClusterClient {
+ public:
+  /// Connects to nothing yet. Throws invalid_argument for no seeds or a bad timeout.
+  explicit ClusterClient(ClusterClientConfig config);
+  ~ClusterClient();
+  ClusterClient(const ClusterClient&) = delete;
+  ClusterClient& operator=(const ClusterClient&) = delete;
+
+  /// Runs the commands, pipelined (each node gets its commands as one batch), and calls
+  /// on_reply(i, reply) once for each command i, in no particular order. Never throws for the
+  /// network: a node that is down, slow or talking nonsense answers its commands `failed`
+  /// (and is skipped for down_backoff_ms), and the next call reloads the slot map.
+  void run(std::span<const ClusterCommand> commands,
+           const std::function<void(std::size_t, const ClusterReply&)>& on_reply);
+  /// Loads the slot map now; false if no node answered.
+  bool refresh();
+  [[nodiscard]] ClusterStats stats() const noexcept;
+  /// "host:port" of the node owning `slot` in the current map, or empty.
+  [[nodiscard]] std::string owner_of(int slot) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The cluster's slot of a key (CRC16 of its hash tag, or of the whole key, mod 16384).
+KVOFFLOAD_EXPORT int cluster_key_slot(std::string_view key) noexcept;
+
+}  // namespace kvoffload
