@@ -54,6 +54,10 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
                       "tiers[{}].write_back_free_blocks must be 0 to host_blocks ({}), got {}", t,
                       config.manager.host_blocks, tier.write_back_free_blocks);
     KVOFFLOAD_EXPECTS(
+        (tier.medium == Medium::shared) == (tier.presence != nullptr), "tiers[{}].presence: {}", t,
+        tier.medium == Medium::shared ? "a shared tier needs one (make_cluster_presence)"
+                                      : "only a shared tier has one");
+    KVOFFLOAD_EXPECTS(
         tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc,
         "tiers[{}].policy: unknown eviction policy {}", t, static_cast<int>(tier.policy));
   }

@@ -12,7 +12,7 @@ namespace {
 constexpr std::array<std::string_view, 3> kGroupKind{"full_attention", "sliding_window", "mamba"};
 constexpr std::array<std::string_view, 2> kJobKind{"load", "store"};
 constexpr std::array<std::string_view, 2> kBackendKind{"host", "cuda"};
-constexpr std::array<std::string_view, 2> kMedium{"host", "disk"};
+constexpr std::array<std::string_view, 3> kMedium{"host", "disk", "shared"};
 constexpr std::array<std::string_view, 3> kDiskIo{"auto", "io_uring", "threads"};
 constexpr std::array<std::string_view, 2> kTierJobKind{"promote", "write"};
 constexpr std::array<std::string_view, 2> kEvictionPolicy{"lru", "arc"};

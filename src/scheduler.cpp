@@ -45,6 +45,7 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
     t->free_target = tier.write_back_free_blocks > 0
                          ? tier.write_back_free_blocks
                          : std::max<std::int64_t>(1, cfg.manager.host_blocks / 16);
+    if (tier.medium == Medium::shared) any_shared = true;
   }
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
@@ -465,6 +466,10 @@ void Scheduler::reset_cache() {
   s.pending_tier_jobs.clear();
   s.planned_promotions.clear();
   s.promoting.clear();
+  // Answers to checks asked before are ignored (they are about the old cache); requests ask
+  // again.
+  s.presence_tickets.clear();
+  s.requests.for_each([](RequestState& r) { r.shared_check = RequestState::SharedCheck::none; });
   for (auto& tier : s.tiers) {
     tier->index.reset();
     tier->queued = 0;

@@ -36,7 +36,10 @@ struct RequestState {
   bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up
   bool finished = false;
   bool load_in_flight = false;
-  bool skip_tiers = false;       // its promotion found no host room: the next lookup is host-only
+  bool skip_tiers = false;  // its promotion found no host room: the next lookup is host-only
+  // The shared tiers' existence check of its keys: none yet, in flight, or answered (keys the
+  // answer did not find are misses for the rest of the request's life).
+  enum class SharedCheck : std::uint8_t { none, in_flight, done } shared_check = SharedCheck::none;
   std::uint64_t step_stamp = 0;  // the last build_step that validated this request
   std::size_t slot = 0;          // RequestTable's bookkeeping
   std::int64_t num_local_tokens = 0;
@@ -81,6 +84,13 @@ struct TierState {
   std::int64_t queue_limit = 0;
   std::int64_t queued = 0;       // blocks in write jobs not yet completed
   std::int64_t free_target = 0;  // write-back: host blocks kept free
+};
+
+/// An existence check in flight: whose, and which keys (PresenceAnswer::present's order).
+struct PresenceTicket {
+  std::string request_id;
+  std::uint32_t tier = 0;
+  std::vector<Key> keys;
 };
 
 struct TierJobState {
@@ -186,6 +196,10 @@ struct Scheduler::Impl {
   bool issue_write(std::uint32_t t, std::span<const Key> keys, std::span<const HostBlockId> sources,
                    bool write_back);
   void complete_tier_job(TierJobState& job);
+  /// Applies the shared tiers' finished existence checks: present keys enter the tier's index.
+  void poll_presence();
+  /// Starts the check of shared_unknown for request r on every shared tier.
+  void check_presence(RequestState& r);
   /// build_step, write-back tiers: writes the blocks the host policy would evict next, so
   /// free_target host blocks stay free.
   void write_back();
@@ -284,6 +298,12 @@ struct Scheduler::Impl {
   detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting;  // keys of planned promotions
   bool probe_tiers = false;  // scan(): look keys missed in host memory up in the tiers
   std::vector<TierFind> tier_found;
+  // Shared tiers: keys scan() could not answer for (never checked for the request), and the
+  // checks in flight by ticket.
+  std::vector<Key> shared_unknown;
+  std::unordered_map<std::uint64_t, PresenceTicket> presence_tickets;
+  std::uint64_t next_ticket = 1;
+  bool any_shared = false;
   std::vector<HostBlockId> catch_up_writes;  // host hits that just reached a tier's admission
   std::vector<Key> promote_keys;             // scratch
   PreparedStore promote_prepared;            // scratch

@@ -83,6 +83,11 @@ LookupResult Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::i
       return LookupResult::hit;
     }
   }
+  // Not known to be in a shared tier: asked once per request, "retry later" meanwhile.
+  if (any_shared && r.shared_check != RequestState::SharedCheck::done) {
+    if (r.shared_check == RequestState::SharedCheck::none) shared_unknown.push_back(k);
+    return LookupResult::pending;
+  }
   return LookupResult::miss;
 }
 
@@ -179,16 +184,30 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
   // With tiers, keys found only in a tier count as hits; the keys the answer uses are then
   // promoted and the lookup retried later. After a promotion found no host room, one lookup
   // of the request answers from the host cache alone.
-  tier_found.clear();
-  catch_up_writes.clear();
-  probe_tiers = !r.skip_tiers;
+  if (any_shared) poll_presence();
+  const bool skip_tiers = r.skip_tiers;
   r.skip_tiers = false;
-  const bool answered = scan(r, nct, hit);
-  probe_tiers = false;
-  const bool promote = answered && hit > 0 && !tier_found.empty() && plan_promotion(r, nct, hit);
-  // After the plan: its slots are reserved, so these writes cannot evict them from the tier.
-  if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
-  if (!answered || promote) return defer();
+  // Twice at most: again if a shared tier's check could not start (its keys are then misses).
+  for (int attempt = 0;; ++attempt) {
+    tier_found.clear();
+    catch_up_writes.clear();
+    shared_unknown.clear();
+    probe_tiers = !skip_tiers;
+    const bool answered = scan(r, nct, hit);
+    probe_tiers = false;
+    if (!shared_unknown.empty()) {
+      // Keys nobody knows about: ask the shared tiers, answer later (never wait here).
+      if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
+      check_presence(r);
+      if (r.shared_check == RequestState::SharedCheck::in_flight || attempt > 0) return defer();
+      continue;
+    }
+    const bool promote = answered && hit > 0 && !tier_found.empty() && plan_promotion(r, nct, hit);
+    // After the plan: its slots are reserved, so these writes cannot evict them from the tier.
+    if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
+    if (!answered || promote) return defer();
+    break;
+  }
   return finish(hit);
 }
 

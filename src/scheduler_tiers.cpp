@@ -6,6 +6,7 @@
 
 #include "block_math.hpp"
 #include "expects.hpp"
+#include "kvoffload/shared_presence.hpp"
 #include "logging.hpp"
 #include "scheduler_impl.hpp"
 
@@ -273,6 +274,66 @@ void Scheduler::Impl::complete_tier_job(TierJobState& job) {
       tier.stats.blocks_written += n;
     } else {
       tier.stats.failed_writes += n;
+    }
+  }
+}
+
+void Scheduler::Impl::check_presence(RequestState& r) {
+  r.shared_check = RequestState::SharedCheck::in_flight;
+  // Each key once (a scan's second pass may meet a key again), in scan order.
+  std::vector<Key> keys;
+  keys.reserve(shared_unknown.size());
+  for (const Key& k : shared_unknown) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  }
+  bool asked = false;
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    if (tier.config.medium != Medium::shared) continue;
+    const std::uint64_t ticket = next_ticket++;
+    presence_tickets[ticket] = PresenceTicket{r.id, t, keys};
+    ++tier.stats.presence_checks;
+    try {
+      tier.config.presence->submit(ticket, keys);
+      asked = true;
+    } catch (const std::exception& e) {
+      // The engine's check failed to start: the keys are misses, nothing waits for it.
+      presence_tickets.erase(ticket);
+      ++tier.stats.presence_failures;
+      detail::logger().warn("tier {} (shared): existence check for request {} failed to start: {}",
+                            t, r.id, e.what());
+    }
+  }
+  if (!asked) r.shared_check = RequestState::SharedCheck::done;
+}
+
+void Scheduler::Impl::poll_presence() {
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    if (tier.config.medium != Medium::shared) continue;
+    for (PresenceAnswer& a : tier.config.presence->poll()) {
+      const auto it = presence_tickets.find(a.ticket);
+      if (it == presence_tickets.end() || it->second.tier != t) continue;  // not ours (reset)
+      PresenceTicket ticket = std::move(it->second);
+      presence_tickets.erase(it);
+      std::vector<Key> present;
+      for (std::size_t i = 0; i < ticket.keys.size() && i < a.present.size(); ++i) {
+        if (a.present[i]) present.push_back(ticket.keys[i]);
+      }
+      tier.stats.presence_hits += present.size();
+      tier.stats.presence_misses += ticket.keys.size() - present.size();
+      // Known present from now on (until the index evicts them, or a read finds them gone).
+      PreparedStore prepared;
+      if (!present.empty() && tier.index.prepare_store(present, prepared, /*admit_all=*/true)) {
+        tier.index.complete_store(prepared.keys_to_store, true);
+      }
+      // The request's last outstanding check done: its next lookup answers.
+      const bool more =
+          std::any_of(presence_tickets.begin(), presence_tickets.end(),
+                      [&](const auto& p) { return p.second.request_id == ticket.request_id; });
+      if (RequestState* r = requests.find(ticket.request_id); r != nullptr && !more) {
+        r->shared_check = RequestState::SharedCheck::done;
+      }
     }
   }
 }

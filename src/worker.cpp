@@ -93,6 +93,10 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
     tiers_.push_back(std::make_unique<DiskTier>(t, layout, pool_->block_bytes(),
                                                 [this](HostBlockId id) { return host_block(id); }));
   }
+  for (const SharedTierConfig& t : c.shared_tiers) {
+    shared_.push_back(std::make_unique<SharedTier>(
+        t, layout, pool_->block_bytes(), [this](HostBlockId id) { return host_block(id); }));
+  }
 }
 
 std::string Worker::layout_description() const {
@@ -108,9 +112,16 @@ std::string Worker::layout_description() const {
 }
 
 const DiskTier& Worker::tier(std::size_t t) const {
-  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not configured ({} disk tiers)", t,
+  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not a disk tier ({} disk tiers)", t,
                     tiers_.size());
   return *tiers_[t];
+}
+
+const SharedTier& Worker::shared_tier(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t >= tiers_.size() && t < num_tiers(),
+                    "worker: tier {} is not a shared tier (tiers {} to {} are)", t, tiers_.size(),
+                    num_tiers() - 1);
+  return *shared_[t - tiers_.size()];
 }
 
 void Worker::clear_tiers() {
@@ -118,14 +129,23 @@ void Worker::clear_tiers() {
 }
 
 void Worker::submit_tier(const TierJob& job) {
-  KVOFFLOAD_EXPECTS(job.tier < tiers_.size(), "tier job {}: tier {} is not configured ({} tiers)",
-                    job.id, job.tier, tiers_.size());
-  tiers_[job.tier]->submit(job);
+  KVOFFLOAD_EXPECTS(job.tier < num_tiers(), "tier job {}: tier {} is not configured ({} tiers)",
+                    job.id, job.tier, num_tiers());
+  const bool shared = job.tier >= tiers_.size();
+  KVOFFLOAD_EXPECTS(shared == (job.medium == Medium::shared),
+                    "tier job {}: medium {} but the worker's tier {} is a {} tier", job.id,
+                    to_string(job.medium), job.tier, shared ? "shared" : "disk");
+  if (shared) {
+    shared_[job.tier - tiers_.size()]->submit(job);
+  } else {
+    tiers_[job.tier]->submit(job);
+  }
 }
 
 // The engine goes first: its backend may still be copying into the pool.
 Worker::~Worker() {
   tiers_.clear();
+  shared_.clear();
   engine_.reset();
   if (registered_with_ != nullptr && pool_ != nullptr) {
     (void)static_cast<SimDevice&>(*registered_with_).host_unregister(pool_->data());
@@ -153,8 +173,15 @@ void Worker::start_step() {
 
 std::vector<FinishedTransfer> Worker::get_finished() {
   std::vector<FinishedTransfer> out = engine_->get_finished();
+  std::vector<FinishedTierJob> tier_jobs;
   for (const auto& tier : tiers_) {
-    for (const FinishedTierJob& f : tier->get_finished()) {
+    for (const FinishedTierJob& f : tier->get_finished()) tier_jobs.push_back(f);
+  }
+  for (const auto& tier : shared_) {
+    for (const FinishedTierJob& f : tier->get_finished()) tier_jobs.push_back(f);
+  }
+  {
+    for (const FinishedTierJob& f : tier_jobs) {
       FinishedTransfer t;
       t.job = f.job;
       t.ok = f.ok;
@@ -170,6 +197,7 @@ std::vector<FinishedTransfer> Worker::get_finished() {
 void Worker::wait(std::span<const JobId> jobs) {
   engine_->wait(jobs);
   for (const auto& tier : tiers_) tier->wait(jobs);
+  for (const auto& tier : shared_) tier->wait(jobs);
 }
 
 std::span<std::byte> Worker::host_block(HostBlockId id) const {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -9,6 +10,8 @@
 #include "kvoffload/export.hpp"
 
 namespace kvoffload {
+
+class PresenceCheck;
 
 /// One KV-cache group of the model (SEMANTICS 1).
 struct GroupConfig {
@@ -53,6 +56,10 @@ struct TierConfig {
   /// them once written; a block whose key the tier has, or does not admit, is evicted at once.
   bool write_back = false;
   std::int64_t write_back_free_blocks = 0;
+  /// Medium::shared only, and required there: how lookups learn which keys the shared tier
+  /// holds (make_cluster_presence, or the engine's own). The tier's `blocks` then bound the
+  /// keys the scheduler remembers as present.
+  std::shared_ptr<PresenceCheck> presence;
 };
 
 /// Everything the scheduler needs to know about the model and the cache.

@@ -19,7 +19,7 @@ enum class GroupKind : std::uint8_t { full_attention, sliding_window, mamba };
 enum class JobKind : std::uint8_t { load, store };
 
 /// Where a cached block lives: the host cache, or a tier below it.
-enum class Medium : std::uint8_t { host, disk };
+enum class Medium : std::uint8_t { host, disk, shared };
 
 /// A tier job's direction: promote (tier to host memory) or write (host memory to the tier).
 enum class TierJobKind : std::uint8_t { promote, write };

@@ -224,9 +224,10 @@ typedef struct kvoffload_tier_stats {
   uint64_t hits, misses, promotions, failed_promotions, promotions_without_room;
   uint64_t blocks_written, failed_writes, writes_skipped, writes_queue_full, writes_without_room;
   uint64_t evictions, promote_jobs, write_jobs;
+  uint64_t presence_checks, presence_hits, presence_misses, presence_failures;
 } kvoffload_tier_stats_t;
 #define KVOFFLOAD_TIER_STATS_INIT \
-  { sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+  { sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
 
 /* The result of one build_step; free it with kvoffload_step_destroy. */
 typedef struct kvoffload_step_s* kvoffload_step_t;

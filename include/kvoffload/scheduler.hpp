@@ -85,6 +85,12 @@ struct TierStats {
   std::uint64_t evictions = 0;
   std::uint64_t promote_jobs = 0;
   std::uint64_t write_jobs = 0;
+  // Shared tiers: existence checks asked (one per request), keys they found and did not find,
+  // checks that could not start (their keys were misses).
+  std::uint64_t presence_checks = 0;
+  std::uint64_t presence_hits = 0;
+  std::uint64_t presence_misses = 0;
+  std::uint64_t presence_failures = 0;
 };
 
 /// The complete snapshot of the host cache and the scheduler's counters: what the C API's

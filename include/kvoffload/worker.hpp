@@ -12,6 +12,7 @@
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
 #include "kvoffload/kv_layout.hpp"
+#include "kvoffload/shared_tier.hpp"
 #include "kvoffload/transfer_engine.hpp"
 
 namespace kvoffload {
@@ -41,6 +42,9 @@ struct WorkerConfig {
   std::shared_ptr<DeviceRuntime> runtime;
   /// The disk tiers, in the order of SchedulerConfig::tiers (each opened and scanned here).
   std::vector<DiskTierConfig> disk_tiers;
+  /// The shared tiers (a Valkey cluster each), after the disk tiers in SchedulerConfig::tiers:
+  /// tier index disk_tiers.size() + i is shared_tiers[i].
+  std::vector<SharedTierConfig> shared_tiers;
 };
 
 class PinnedHostPool;
@@ -72,13 +76,16 @@ class KVOFFLOAD_EXPORT Worker {
   /// Starts a tier job on tier job.tier. Throws invalid_argument naming the job for a tier
   /// that is not configured or a job that does not fit it.
   void submit_tier(const TierJob& job);
-  [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
+  [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size() + shared_.size(); }
   /// Empties every disk tier: call it after Scheduler::reset_cache (once the step's flush set
   /// has finished), so the old cache's blocks do not come back after a restart.
   void clear_tiers();
   /// Tier `t` of this worker (its scan, for Scheduler::restore_tier, and its counters).
-  /// Throws invalid_argument for a tier that is not configured.
+  /// Throws invalid_argument for a tier that is not configured or not a disk tier.
   [[nodiscard]] const DiskTier& tier(std::size_t t) const;
+  /// Shared tier `t` (t counts all tiers, disk ones first). Throws invalid_argument for a tier
+  /// that is not configured or not a shared tier.
+  [[nodiscard]] const SharedTier& shared_tier(std::size_t t) const;
   /// The description of the host block layout that disk_layout_digest hashes.
   [[nodiscard]] std::string layout_description() const;
   /// Changes the compute stream for jobs submitted from now on (WorkerConfig::compute_stream);
@@ -100,6 +107,7 @@ class KVOFFLOAD_EXPORT Worker {
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
   std::vector<std::unique_ptr<DiskTier>> tiers_;  // destroyed first: they read the pool
+  std::vector<std::unique_ptr<SharedTier>> shared_;
 };
 
 }  // namespace kvoffload

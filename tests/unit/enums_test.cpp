@@ -40,7 +40,8 @@ TEST_CASE("Every public enum has names that parse back, and bad names are refuse
                        "load or store");
   check_names<BackendKind>({BackendKind::host, BackendKind::cuda}, {"host", "cuda"},
                            parse_backend_kind, "host or cuda");
-  check_names<Medium>({Medium::host, Medium::disk}, {"host", "disk"}, parse_medium, "host or disk");
+  check_names<Medium>({Medium::host, Medium::disk, Medium::shared}, {"host", "disk", "shared"},
+                      parse_medium, "host, disk or shared");
   check_names<DiskIo>({DiskIo::automatic, DiskIo::io_uring, DiskIo::threads},
                       {"auto", "io_uring", "threads"}, parse_disk_io, "auto, io_uring or threads");
   check_names<TierJobKind>({TierJobKind::promote, TierJobKind::write}, {"promote", "write"},

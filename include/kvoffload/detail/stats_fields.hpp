@@ -45,4 +45,8 @@
   X(writes_without_room)               \
   X(evictions)                         \
   X(promote_jobs)                      \
-  X(write_jobs)
+  X(write_jobs)                        \
+  X(presence_checks)                   \
+  X(presence_hits)                     \
+  X(presence_misses)                   \
+  X(presence_failures)

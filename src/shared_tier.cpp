@@ -1,0 +1,230 @@
+#include "kvoffload/shared_tier.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "expects.hpp"
+#include "kvoffload/cluster_client.hpp"
+#include "logging.hpp"
+
+namespace kvoffload {
+namespace {
+
+// The value header, little-endian (what every supported host is):
+//   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 key hash bytes [32] |
+//   48 key hash size u32 | 52 group u32 | 56 payload length u64 | 64 XXH3 of the payload u64
+constexpr std::uint32_t kMagic = 0x53564b4b;  // "KKVS"
+constexpr std::uint32_t kVersion = 1;
+
+template <typename T>
+void put(std::byte* at, std::size_t off, T v) {
+  std::memcpy(at + off, &v, sizeof(T));
+}
+template <typename T>
+T get(const char* at, std::size_t off) {
+  T v;
+  std::memcpy(&v, at + off, sizeof(T));
+  return v;
+}
+
+}  // namespace
+
+std::string shared_namespace(std::string_view name, int tp_size) {
+  const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}\n", name, tp_size);
+  return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
+}
+
+std::string shared_key(std::string_view ns, const Key& key, int rank) {
+  return fmt::format("kvo:{{{}:{}:{}}}:{}", ns, key.group, key.hash.to_hex(), rank);
+}
+
+SharedTier::SharedTier(const SharedTierConfig& c, std::string_view layout,
+                       std::uint64_t payload_bytes,
+                       std::function<std::span<std::byte>(HostBlockId)> host_block)
+    : rank_(c.tp_rank),
+      in_flight_(c.in_flight),
+      payload_bytes_(payload_bytes),
+      host_block_(std::move(host_block)) {
+  KVOFFLOAD_EXPECTS(!c.name.empty(),
+                    "shared tier: name is empty (name the model, revision, dtype and block size: "
+                    "engines sharing blocks give the same)");
+  KVOFFLOAD_EXPECTS(c.tp_size >= 1 && c.tp_rank >= 0 && c.tp_rank < c.tp_size,
+                    "shared tier: tp_rank {} is not in 0..tp_size-1 (tp_size {})", c.tp_rank,
+                    c.tp_size);
+  KVOFFLOAD_EXPECTS(c.in_flight >= 1 && c.in_flight <= 1024,
+                    "shared tier: in_flight must be 1 to 1024, got {}", c.in_flight);
+  ClusterClientConfig cc;
+  cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
+  cc.connect_timeout_ms = c.connect_timeout_ms;
+  cc.reply_timeout_ms = c.reply_timeout_ms;
+  client_ = std::make_unique<ClusterClient>(cc);
+  namespace_ = shared_namespace(c.name, c.tp_size);
+  const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}/{}\nlayout={}\n",
+                                       c.name, c.tp_rank, c.tp_size, layout);
+  digest_ = XXH3_64bits(text.data(), text.size());
+  thread_ = std::thread([this] { run(); });
+}
+
+SharedTier::~SharedTier() {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+  thread_.join();
+}
+
+void SharedTier::submit(const TierJob& job) {
+  KVOFFLOAD_EXPECTS(job.keys.size() == job.host_block_ids.size(),
+                    "tier job {}: {} keys but {} host blocks", job.id, job.keys.size(),
+                    job.host_block_ids.size());
+  for (const HostBlockId id : job.host_block_ids) (void)host_block_(id);  // throws if out of range
+  {
+    std::lock_guard lock(mutex_);
+    KVOFFLOAD_EXPECTS(!open_.contains(job.id), "tier job {}: submitted twice", job.id);
+    open_[job.id] = false;
+    queue_.push_back(job);
+  }
+  work_ready_.notify_one();
+}
+
+std::vector<FinishedTierJob> SharedTier::get_finished() {
+  std::lock_guard lock(mutex_);
+  std::vector<FinishedTierJob> out;
+  out.swap(finished_);
+  for (const FinishedTierJob& f : out) open_.erase(f.job);
+  return out;
+}
+
+void SharedTier::wait(std::span<const JobId> jobs) {
+  std::unique_lock lock(mutex_);
+  job_done_.wait(lock, [&] {
+    return std::none_of(jobs.begin(), jobs.end(), [&](JobId j) {
+      const auto it = open_.find(j);
+      return it != open_.end() && !it->second;
+    });
+  });
+}
+
+SharedTierStats SharedTier::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+void SharedTier::run() {
+  for (;;) {
+    TierJob job;
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and everything submitted has run
+      job = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    std::int64_t failed = 0;
+    run_job(job, failed);
+    {
+      std::lock_guard lock(mutex_);
+      open_[job.id] = true;
+      finished_.push_back(FinishedTierJob{job.id, job.kind, failed == 0, failed});
+    }
+    job_done_.notify_all();
+    if (failed > 0) {
+      detail::logger().debug("shared tier: {} job {}: {} of {} block(s) failed",
+                             to_string(job.kind), job.id, failed, job.keys.size());
+    }
+  }
+}
+
+void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
+  const bool promote = job.kind == TierJobKind::promote;
+  std::vector<std::string> keys;
+  std::vector<std::array<std::byte, shared_value_header_bytes>> headers;
+  std::vector<ClusterCommand> commands;
+  SharedTierStats delta;
+  for (std::size_t first = 0; first < job.keys.size();
+       first += static_cast<std::size_t>(in_flight_)) {
+    const std::size_t n = std::min(job.keys.size() - first, static_cast<std::size_t>(in_flight_));
+    keys.resize(n);
+    headers.resize(n);
+    commands.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      const Key& k = job.keys[first + i];
+      keys[i] = shared_key(namespace_, k, rank_);
+      if (promote) {
+        commands[i] = ClusterCommand{keys[i], {"GET", keys[i]}, {}};
+        continue;
+      }
+      const std::span<std::byte> payload = host_block_(job.host_block_ids[first + i]);
+      std::byte* h = headers[i].data();
+      std::memset(h, 0, shared_value_header_bytes);
+      put<std::uint32_t>(h, 0, kMagic);
+      put<std::uint32_t>(h, 4, kVersion);
+      put<std::uint64_t>(h, 8, digest_);
+      std::memcpy(h + 16, k.hash.data(), k.hash.size());
+      put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
+      put<std::uint32_t>(h, 52, k.group);
+      put<std::uint64_t>(h, 56, payload_bytes_);
+      put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), payload_bytes_));
+      commands[i] = ClusterCommand{
+          keys[i],
+          {"SET", keys[i]},
+          {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
+           std::string_view(reinterpret_cast<const char*>(payload.data()), payload_bytes_)}};
+    }
+    client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
+      const Key& k = job.keys[first + i];
+      if (!promote) {
+        if (r.kind == ClusterReplyKind::status && r.text == "OK") {
+          ++delta.writes;
+          delta.bytes_written += payload_bytes_;
+        } else {
+          ++delta.write_errors;
+          ++failed;
+        }
+        return;
+      }
+      if (r.kind == ClusterReplyKind::nil) {
+        ++delta.read_misses;  // evicted (or never there) since the existence check
+        ++failed;
+        return;
+      }
+      if (r.kind != ClusterReplyKind::string) {
+        ++delta.read_errors;
+        ++failed;
+        return;
+      }
+      const char* v = r.text.data();
+      const bool valid =
+          r.text.size() == shared_value_header_bytes + payload_bytes_ &&
+          get<std::uint32_t>(v, 0) == kMagic && get<std::uint32_t>(v, 4) == kVersion &&
+          get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
+          std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
+          get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
+          get<std::uint64_t>(v, 64) == XXH3_64bits(v + shared_value_header_bytes, payload_bytes_);
+      if (!valid) {
+        ++delta.bad_values;
+        ++failed;
+        return;
+      }
+      std::memcpy(host_block_(job.host_block_ids[first + i]).data(), v + shared_value_header_bytes,
+                  payload_bytes_);
+      ++delta.reads;
+      delta.bytes_read += payload_bytes_;
+    });
+  }
+  std::lock_guard lock(mutex_);
+  stats_.reads += delta.reads;
+  stats_.read_misses += delta.read_misses;
+  stats_.bad_values += delta.bad_values;
+  stats_.read_errors += delta.read_errors;
+  stats_.writes += delta.writes;
+  stats_.write_errors += delta.write_errors;
+  stats_.bytes_read += delta.bytes_read;
+  stats_.bytes_written += delta.bytes_written;
+}
+
+}  // namespace kvoffload
