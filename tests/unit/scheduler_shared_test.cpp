@@ -198,3 +198,41 @@ TEST_CASE("reset_cache drops the answers in flight; requests ask again", "[sched
   t.presence->answer(1, {});
   CHECK(t.h->s.lookup("r", 0) == 0);
 }
+
+TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[scheduler][shared]") {
+  auto presence = std::make_shared<FakePresence>();
+  SchedulerConfig c = make_config({full()}, 1, 8);
+  TierConfig disk;
+  disk.blocks = 8;
+  TierConfig shared;
+  shared.medium = Medium::shared;
+  shared.blocks = 64;
+  shared.presence = presence;
+  c.tiers = {disk, shared};
+  Harness h(c);
+  const auto a = chain_hashes("a", 4);
+  // On disk: a[1] and a[2]; in host memory: a[0]; the shared tier has all four.
+  std::vector<std::optional<Key>> slots = {Key{a[1], 0}, Key{a[2], 0}};
+  REQUIRE(h.s.restore_tier(0, slots) == 2);
+  h.place(a, 0, 0);
+  CHECK_FALSE(h.lookup("r", a, 65, 0).has_value());
+  // Only the key neither host memory nor the disk has is asked for.
+  REQUIRE(presence->asked.size() == 1);
+  CHECK(presence->asked[0].second == keys_of({a[3]}));
+  presence->answer(0, keys_of(a));
+  CHECK_FALSE(h.s.lookup("r", 0).has_value());
+  std::vector<TierJob> jobs;
+  for (TierJob& j : h.s.build_step({}).tier_jobs) {
+    // a[0]'s write-through to both tiers goes out too; then the promotions.
+    if (j.kind == TierJobKind::promote) jobs.push_back(std::move(j));
+  }
+  REQUIRE(jobs.size() == 2);
+  CHECK(jobs[0].tier == 0);
+  CHECK(jobs[0].medium == Medium::disk);
+  CHECK(jobs[0].keys == keys_of({a[1], a[2]}));
+  CHECK(jobs[1].tier == 1);
+  CHECK(jobs[1].medium == Medium::shared);
+  CHECK(jobs[1].keys == keys_of({a[3]}));
+  for (const TierJob& j : jobs) (void)h.s.on_completed(std::vector<JobReport>{{j.id, 1, true}});
+  CHECK(h.s.lookup("r", 0) == 64);
+}

@@ -46,6 +46,17 @@ int main(int argc, char** argv) {
   app.add_flag("--disk-write-back", c.disk_write_back,
                "write blocks to the disk when the host cache evicts them (default: after each "
                "store)");
+  app.add_option("--shared", c.shared_nodes,
+                 "HOST:PORT[,...] of a Valkey cluster: a shared tier below the host cache (and "
+                 "the disk tier); another run with the same seed, on any machine, hits the "
+                 "blocks this one stored (scripts/valkey-cluster start gives one)");
+  app.add_option("--shared-name", c.shared_name,
+                 "the shared tier's namespace: runs share blocks only under the same name")
+      ->capture_default_str();
+  app.add_option("--shared-threshold", c.shared_store_threshold,
+                 "shared tier admission: write a block once it was looked up N times (0: "
+                 "always; a huge N: read only)")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
     c.disk_capacity = kvoffload::parse_bytes(disk_capacity, "--disk-capacity");
@@ -90,6 +101,20 @@ int main(int argc, char** argv) {
           static_cast<unsigned long long>(r.disk_promotions),
           static_cast<unsigned long long>(r.disk_failed_promotions),
           static_cast<unsigned long long>(r.disk_evictions));
+    }
+    if (!c.shared_nodes.empty()) {
+      std::printf(
+          "shared tier: %llu existence checks found %llu keys; %llu blocks promoted into host "
+          "memory (%llu failed: %llu bad values, %llu read errors), %llu written (%llu "
+          "failed)\n",
+          static_cast<unsigned long long>(r.shared_checks),
+          static_cast<unsigned long long>(r.shared_found),
+          static_cast<unsigned long long>(r.shared_promotions),
+          static_cast<unsigned long long>(r.shared_failed_promotions),
+          static_cast<unsigned long long>(r.shared_bad_values),
+          static_cast<unsigned long long>(r.shared_read_errors),
+          static_cast<unsigned long long>(r.shared_blocks_written),
+          static_cast<unsigned long long>(r.shared_failed_writes));
     }
     if (c.faulty || c.check_invariants) {
       std::printf(

@@ -17,6 +17,7 @@
 #include "kvoffload/faulty_backend.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/shared_presence.hpp"
 #include "kvoffload/worker.hpp"
 
 namespace kvsim {
@@ -130,6 +131,11 @@ struct SyntheticEngine::Impl {
       dc.dtype = "uint8";
       wc.disk_tiers.push_back(dc);
     }
+    SharedTierConfig shared;
+    shared.nodes = c.shared_nodes;
+    shared.name = c.shared_name;
+    shared.reply_timeout_ms = c.shared_reply_timeout_ms;
+    if (!c.shared_nodes.empty()) wc.shared_tiers.push_back(shared);
     engine = std::make_unique<Worker>(wc, std::move(backend));
     if (!c.disk_dir.empty()) {
       TierConfig tier;
@@ -137,6 +143,15 @@ struct SyntheticEngine::Impl {
       tier.blocks = engine->tier(0).num_slots();
       tier.store_threshold = c.disk_store_threshold;
       tier.write_back = c.disk_write_back;
+      sc.tiers.push_back(tier);
+    }
+    if (!c.shared_nodes.empty()) {
+      shared_tier = sc.tiers.size();
+      TierConfig tier;
+      tier.medium = Medium::shared;
+      tier.blocks = 1 << 20;  // keys remembered as present
+      tier.store_threshold = c.shared_store_threshold;
+      tier.presence = make_cluster_presence(shared);
       sc.tiers.push_back(tier);
     }
     scheduler = std::make_unique<Scheduler>(sc);
@@ -401,6 +416,7 @@ struct SyntheticEngine::Impl {
     }
     for (const ManagerEvent& e : events) {
       if (!e.removed) continue;  // "stored" comes from the scheduler: the truth is the worker's
+      if (e.medium == Medium::shared) continue;  // the cluster's contents are not shadowed
       auto& shadow = e.medium == Medium::host ? stored_ok : disk_ok;
       for (const Key& k : e.keys) {
         if (shadow.erase(k) == 0) {
@@ -420,7 +436,8 @@ struct SyntheticEngine::Impl {
         return violation("tier job " + std::to_string(t.job) + " finished twice");
       }
       // A promotion puts its keys in host memory; a write puts them on disk.
-      if (t.ok) {
+      const bool shared_write = shared_writes.erase(t.job) > 0;
+      if (t.ok && !shared_write) {
         auto& shadow = t.tier_kind == TierJobKind::promote ? stored_ok : disk_ok;
         shadow.insert(it->second.begin(), it->second.end());
       }
@@ -468,6 +485,10 @@ struct SyntheticEngine::Impl {
       engine->submit_tier(job);
       submitted.insert(job.id);
       if (config.check_invariants) tier_keys.emplace(job.id, job.keys);
+      if (config.check_invariants && job.medium == Medium::shared &&
+          job.kind == TierJobKind::write) {
+        shared_writes.insert(job.id);
+      }
     }
   }
 
@@ -562,6 +583,18 @@ struct SyntheticEngine::Impl {
       report.disk_blocks_written = ts.blocks_written;
       report.disk_failed_writes = ts.failed_writes;
       report.disk_evictions = ts.evictions;
+    }
+    if (!config.shared_nodes.empty()) {
+      const TierStats ts = scheduler->tier_stats(shared_tier);
+      report.shared_checks = ts.presence_checks;
+      report.shared_found = ts.presence_hits;
+      report.shared_promotions = ts.promotions;
+      report.shared_failed_promotions = ts.failed_promotions;
+      report.shared_blocks_written = ts.blocks_written;
+      report.shared_failed_writes = ts.failed_writes;
+      const SharedTierStats ws = engine->shared_tier(shared_tier).stats();
+      report.shared_bad_values = ws.bad_values;
+      report.shared_read_errors = ws.read_errors;
     }
     for (const CompletedJob& c : done) {
       if (auto it = jobs_of.find(c.request_id); it != jobs_of.end() && --it->second == 0) {
@@ -837,6 +870,8 @@ struct SyntheticEngine::Impl {
   std::unordered_set<Key, KeyHash> disk_ok;
   std::unordered_map<Key, std::vector<bool>, KeyHash> disk_written;  // per key on disk
   std::unordered_map<JobId, std::vector<Key>> tier_keys;
+  std::unordered_set<JobId> shared_writes;  // tier_keys' writes to the shared tier
+  std::size_t shared_tier = 0;              // its index in SchedulerConfig::tiers
   // Store jobs whose copy may still run (not flushed, not reported finished): their sources.
   std::unordered_map<JobId, std::vector<GpuBlockId>> stores_running;
   std::map<JobId, OwedReports> owed;  // reports not yet given to the scheduler

@@ -85,6 +85,12 @@ struct SimConfig {
   std::uint64_t disk_capacity = 64ull << 20;
   std::int64_t disk_store_threshold = 0;
   bool disk_write_back = false;  ///< write blocks to the disk when evicted, not when stored
+  /// A shared tier on a Valkey cluster (off when empty): seed nodes "host:port[,...]", below
+  /// the disk tier if there is one. Engines with the same seed and name share their blocks.
+  std::string shared_nodes;
+  std::string shared_name = "kvoffload-demo synthetic";
+  std::int64_t shared_store_threshold = 0;  ///< admission (a huge value: read-only)
+  int shared_reply_timeout_ms = 1000;
 };
 
 struct SimReport {
@@ -124,6 +130,15 @@ struct SimReport {
   std::uint64_t disk_blocks_written = 0;
   std::uint64_t disk_failed_writes = 0;
   std::uint64_t disk_evictions = 0;
+  // The shared tier (shared_nodes set): the scheduler's counters and the worker's.
+  std::uint64_t shared_checks = 0;      ///< existence checks (one per request)
+  std::uint64_t shared_found = 0;       ///< keys the checks found
+  std::uint64_t shared_promotions = 0;  ///< blocks promoted into host memory
+  std::uint64_t shared_failed_promotions = 0;
+  std::uint64_t shared_blocks_written = 0;
+  std::uint64_t shared_failed_writes = 0;
+  std::uint64_t shared_bad_values = 0;   ///< values refused (header, length, checksum)
+  std::uint64_t shared_read_errors = 0;  ///< GETs without a usable reply
   bool drained = false;  ///< run() ended with every job finished and the checks above
 };
 

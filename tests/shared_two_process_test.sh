@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Two engine processes on one cluster, the way two machines share it (ctest, fixture
+# valkey_cluster): process A stores; process B, another process with an empty host cache that
+# never writes to the cluster, hits A's blocks from the shared tier and loads them byte for
+# byte (kvoffload-demo verifies every loaded byte). Then with a disk tier too: a restarted
+# process finds its blocks on disk first.
+# Usage: shared_two_process_test.sh DEMO SEED_NODE
+set -euo pipefail
+demo="$1"
+nodes="$2"
+name="two-process-$$-$RANDOM"
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+
+field() {  # field FILE REGEX: the first number captured by the regex's (group)
+  sed -nE "s/.*$2.*/\\1/p" "$1" | head -1
+}
+run() {  # run LOG NAME ARGS...
+  local log="$1" ns="$2"
+  shift 2
+  if ! timeout 300 "$demo" --steps 1500 --seed 11 --shared "$nodes" --shared-name "$ns" \
+    "$@" > "$log" 2>&1; then
+    echo "FAILED: kvoffload-demo $* exited non-zero:"
+    cat "$log"
+    exit 1
+  fi
+  grep -q "OK: every loaded block matched" "$log" || { cat "$log"; exit 1; }
+}
+
+run "$work/a.log" "$name"
+written=$(field "$work/a.log" "promoted into host memory .* ([0-9]+) written")
+echo "A wrote $written blocks to the shared tier"
+[ "${written:-0}" -gt 0 ] || { cat "$work/a.log"; echo "FAILED: A wrote nothing"; exit 1; }
+
+run "$work/b.log" "$name" --shared-threshold 1000000000
+promoted=$(field "$work/b.log" "keys; ([0-9]+) blocks promoted")
+b_written=$(field "$work/b.log" "promoted into host memory .* ([0-9]+) written")
+echo "B (read only) promoted $promoted blocks written by A, wrote $b_written"
+[ "${promoted:-0}" -gt 0 ] || { cat "$work/b.log"; echo "FAILED: B hit nothing of A's"; exit 1; }
+[ "$b_written" -eq 0 ] || { echo "FAILED: B wrote although read only"; exit 1; }
+
+# Another namespace shares nothing.
+run "$work/c.log" "$name-other" --shared-threshold 1000000000
+other=$(field "$work/c.log" "keys; ([0-9]+) blocks promoted")
+[ "$other" -eq 0 ] || { echo "FAILED: another namespace promoted $other blocks"; exit 1; }
+
+# Disk and shared: the first run fills its disk tier; the second (same disk, a restart) is
+# served by the disk before the shared tier is asked.
+run "$work/d1.log" "$name" --disk "$work/disk" --shared-threshold 1000000000
+run "$work/d2.log" "$name" --disk "$work/disk" --shared-threshold 1000000000
+disk_promoted=$(field "$work/d2.log" "written \\([0-9]+ failed\\), ([0-9]+) promoted")
+echo "restart with disk + shared: $disk_promoted blocks promoted from disk"
+[ "${disk_promoted:-0}" -gt 0 ] || { cat "$work/d2.log"; echo "FAILED: nothing from disk"; exit 1; }
+echo "OK"
