@@ -52,11 +52,20 @@ int main(int argc, char** argv) {
   disk->add_option("--dir", disk_dir, "a directory on the file system to measure")
       ->capture_default_str();
   disk->add_option("--size", disk_size, "bytes per measurement (default 1GiB, quick 32MiB)");
+  std::string shared_nodes, shared_size = "512MiB";
+  auto* shared = app.add_subcommand(
+      "shared",
+      "shared tier put/get throughput vs valkey-benchmark (block sizes x blocks in flight), "
+      "shared vs host hit (needs a cluster: scripts/valkey-cluster start; not part of all)");
+  shared->add_option("--nodes", shared_nodes, "HOST:PORT[,...] of the cluster")->required();
+  shared->add_option("--size", shared_size,
+                     "bytes per measurement (default 512MiB, quick 32MiB)");
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
   if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
   if (opt.quick && disk_size == "1GiB") disk_size = "32MiB";
+  if (opt.quick && shared_size == "512MiB") shared_size = "32MiB";
   try {
     if (!copy_total.empty()) opt.copy_total = kvoffload::parse_bytes(copy_total, "--total");
     if (!copy_piece_max.empty()) {
@@ -84,6 +93,7 @@ int main(int argc, char** argv) {
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
     if (disk->parsed() || every) doc["disk"] = kvbench::run_disk(opt, disk_dir, disk_size);
+    if (shared->parsed()) doc["shared"] = kvbench::run_shared(opt, shared_nodes, shared_size);
     if (soak->parsed()) doc["soak"] = kvbench::run_soak(opt, soak_steps, soak_samples);
   } catch (const std::exception& e) {
     std::cerr << "kvoffload-bench: " << e.what() << "\n";

@@ -21,6 +21,7 @@ nlohmann::json run_compact(const Options& opt);
 nlohmann::json run_pool(const Options& opt, const std::string& size);
 nlohmann::json run_e2e(const Options& opt);
 nlohmann::json run_disk(const Options& opt, const std::string& directory, const std::string& size);
+nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size);
 nlohmann::json run_soak(const Options& opt, std::int64_t steps, std::int64_t samples);
 
 }  // namespace kvbench

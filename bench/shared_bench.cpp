@@ -1,0 +1,351 @@
+// kvoffload-bench shared: the shared tier's put and get throughput of host blocks over block
+// sizes and blocks in flight, side by side with valkey-benchmark (or redis-benchmark) moving
+// values of the same size on the same cluster in the same run (a ratio); and the time from
+// lookup to a loaded block for a shared-tier hit against a host hit.
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "kvoffload/byte_size.hpp"
+#include "kvoffload/cluster_client.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/scheduler.hpp"
+#include "kvoffload/shared_presence.hpp"
+#include "kvoffload/shared_tier.hpp"
+#include "kvoffload/worker.hpp"
+#include "scenarios.hpp"
+
+namespace kvbench {
+namespace {
+
+using namespace kvoffload;
+
+std::optional<std::string> capture(const std::string& command) {
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  return ::pclose(p) == 0 ? std::optional(out) : std::nullopt;
+}
+
+/// The benchmark tool the cluster came with.
+std::string benchmark_tool() {
+  if (capture("command -v valkey-benchmark >/dev/null && echo y")) return "valkey-benchmark";
+  if (capture("command -v redis-benchmark >/dev/null && echo y")) return "redis-benchmark";
+  return {};
+}
+
+/// Requests per second of `tool` (`args`: where and what) over one connection with `pipeline`
+/// in flight, from its CSV line (nullopt if it failed).
+std::optional<double> tool_rps(const std::string& tool, const std::string& args, unsigned pipeline,
+                               std::int64_t n) {
+  const std::string cmd = tool + " -c 1 -P " + std::to_string(pipeline) + " -n " +
+                          std::to_string(n) + " --csv " + args + " 2>/dev/null";
+  const auto out = capture(cmd);
+  if (!out) return std::nullopt;
+  // "test","rps",...  then  "<name>","<rps>",...
+  std::istringstream lines(*out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty() || line.rfind("\"test\"", 0) == 0) continue;
+    const std::size_t a = line.find("\",\"");
+    if (a == std::string::npos) continue;
+    try {
+      return std::stod(line.substr(a + 3));
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  }
+  return std::nullopt;
+}
+
+/// A host pool in ordinary memory filled with random bytes.
+struct HostPool {
+  HostPool(std::int64_t blocks, std::uint64_t bytes_per_block)
+      : block_bytes(bytes_per_block), bytes(static_cast<std::size_t>(blocks) * bytes_per_block) {
+    std::mt19937_64 rng(7);
+    for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+  }
+  std::span<std::byte> block(HostBlockId id) {
+    return {bytes.data() + static_cast<std::size_t>(id) * block_bytes, block_bytes};
+  }
+  std::uint64_t block_bytes;
+  std::vector<std::byte> bytes;
+};
+
+Key key_of(std::int64_t i, std::uint64_t salt) {
+  std::uint8_t b[16] = {};
+  std::memcpy(b, &i, sizeof i);
+  std::memcpy(b + 8, &salt, sizeof salt);
+  return Key{BlockHash::from_bytes(b), 0};
+}
+
+double time_job(SharedTier& tier, JobId id, TierJobKind kind, std::int64_t n,
+                std::int64_t pool_blocks, std::uint64_t salt) {
+  TierJob job;
+  job.id = id;
+  job.kind = kind;
+  job.medium = Medium::shared;
+  for (std::int64_t i = 0; i < n; ++i) {
+    job.keys.push_back(key_of(i, salt));
+    job.host_block_ids.push_back(static_cast<HostBlockId>(i % pool_blocks));
+    job.tier_block_ids.push_back(-1);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  tier.submit(job);
+  const std::vector<JobId> ids{id};
+  tier.wait(ids);
+  const double s = seconds_since(start);
+  for (const FinishedTierJob& f : tier.get_finished()) {
+    if (!f.ok) throw error("shared bench: a tier job failed (is the cluster up and big enough?)");
+  }
+  return s;
+}
+
+/// The node owning the slot of `key` (the baseline's one connection goes there).
+ClusterAddress owner(const std::string& nodes, const std::string& key) {
+  ClusterClientConfig cc;
+  cc.seeds = parse_cluster_nodes(nodes, "--nodes");
+  ClusterClient client(cc);
+  if (!client.refresh()) throw error("shared bench: no node of " + nodes + " answered");
+  const std::string o = client.owner_of(cluster_key_slot(key));
+  return parse_cluster_nodes(o, "owner")[0];
+}
+
+nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uint64_t total) {
+  const std::vector<std::uint64_t> sizes =
+      opt.quick ? std::vector<std::uint64_t>{256 << 10, 4 << 20}
+                : std::vector<std::uint64_t>{256 << 10, 1 << 20, 4 << 20, 8 << 20};
+  const std::vector<unsigned> depths =
+      opt.quick ? std::vector<unsigned>{1, 16} : std::vector<unsigned>{1, 4, 16};
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 1 : 3);
+  const std::string tool = benchmark_tool();
+  // The baseline: SET is the tool's own (-t set -d: values of the block's size, on one master
+  // over one connection, keys spread over its slots); GET reads one key we fill with a value of
+  // the block's size, on its master over one connection.
+  const std::string get_key = "kvo-bench:{baseline}:get";
+  const ClusterAddress get_node = owner(nodes, get_key);
+  const ClusterAddress seed = parse_cluster_nodes(nodes, "--nodes")[0];
+  const std::string set_args = "-h " + seed.host + " -p " + std::to_string(seed.port) +
+                               " --cluster -t set -r 16 -d ";
+  const std::string get_args = "-h " + get_node.host + " -p " + std::to_string(get_node.port) +
+                               " GET " + get_key;
+  ClusterClientConfig cc;
+  cc.seeds = parse_cluster_nodes(nodes, "--nodes");
+  cc.reply_timeout_ms = 10000;
+  ClusterClient filler(cc);
+  nlohmann::json rows = nlohmann::json::array();
+  Progress progress("shared throughput", sizes.size() * depths.size() * runs);
+  std::uint64_t salt = std::random_device{}();
+  for (const std::uint64_t bs : sizes) {
+    for (const unsigned inflight : depths) {
+      const auto n = static_cast<std::int64_t>(std::max<std::uint64_t>(total / bs, 16));
+      const std::int64_t pool_blocks = std::min<std::int64_t>(n, 32);
+      HostPool pool(pool_blocks, bs);
+      std::vector<double> kw, kr, bw, br;
+      for (std::size_t r = 0; r < runs; ++r) {
+        SharedTierConfig c;
+        c.nodes = nodes;
+        c.name = "kvoffload-bench";
+        c.in_flight = static_cast<int>(inflight);
+        c.reply_timeout_ms = 10000;
+        {
+          SharedTier tier(c, "bench", bs, [&](HostBlockId id) { return pool.block(id); });
+          ++salt;
+          const double bytes = static_cast<double>(n) * static_cast<double>(bs);
+          kw.push_back(bytes / time_job(tier, 1, TierJobKind::write, n, pool_blocks, salt));
+          kr.push_back(bytes / time_job(tier, 2, TierJobKind::promote, n, pool_blocks, salt));
+        }
+        if (!tool.empty()) {
+          if (auto w = tool_rps(tool, set_args + std::to_string(bs), inflight, n)) {
+            bw.push_back(*w * static_cast<double>(bs));
+          }
+          const std::string value(bs, 'v');
+          bool filled = false;
+          const ClusterCommand set{get_key, {"SET", get_key, value}, {}};
+          filler.run(std::span(&set, 1), [&](std::size_t, const ClusterReply& reply) {
+            filled = reply.kind == ClusterReplyKind::status;
+          });
+          if (!filled) throw error("shared bench: could not fill the baseline's GET key");
+          if (auto g = tool_rps(tool, get_args, inflight, n)) {
+            br.push_back(*g * static_cast<double>(bs));
+          }
+        }
+        progress.step(format_bytes(bs) + " x" + std::to_string(inflight));
+      }
+      nlohmann::json row;
+      row["block_bytes"] = bs;
+      row["in_flight"] = inflight;
+      row["blocks"] = n;
+      const Summary sw = summarize(kw), sr = summarize(kr);
+      row["kvoffload_put"] = to_json(sw, "B/s");
+      row["kvoffload_get"] = to_json(sr, "B/s");
+      if (!bw.empty() && !br.empty()) {
+        const Summary s_bw = summarize(bw), s_br = summarize(br);
+        row["baseline_set"] = to_json(s_bw, "B/s");
+        row["baseline_get"] = to_json(s_br, "B/s");
+        row["put_ratio"] = sw.median / s_bw.median;
+        row["get_ratio"] = sr.median / s_br.median;
+      }
+      rows.push_back(row);
+    }
+  }
+  progress.done();
+  return {{"baseline", tool.empty() ? "none found" : tool},
+          {"baseline_get_node", get_node.host + ":" + std::to_string(get_node.port)},
+          {"note",
+           "payload bytes per second; kvoffload also moves a 72-byte header per value and spreads "
+           "the blocks over every master (one thread, one connection per node, in_flight "
+           "commands per pipelined batch); the baseline moves same-size values over one "
+           "connection to one master with the same pipeline depth (SET: the tool's -t set -d; "
+           "GET: one key of that size read again and again)"},
+          {"results", rows}};
+}
+
+/// One engine: a scheduler with a shared tier and a worker (host backend) whose "GPU" cache is
+/// ordinary memory; one full-attention group, factor 1. A fresh rig is another engine: empty
+/// host cache, same namespace.
+struct Rig {
+  static constexpr std::int64_t kBlocks = 16;
+  Rig(const std::string& nodes, const std::string& name, std::uint64_t page_bytes)
+      : gpu(static_cast<std::size_t>(64 * page_bytes)) {
+    WorkerConfig wc;
+    wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 64,
+                          static_cast<std::int64_t>(page_bytes),
+                          static_cast<std::int64_t>(page_bytes)});
+    wc.groups = {{{0, static_cast<std::int64_t>(page_bytes)}}};
+    wc.host_blocks = 2 * kBlocks;
+    wc.threads = 2;
+    SharedTierConfig shared;
+    shared.nodes = nodes;
+    shared.name = name;
+    shared.in_flight = 16;
+    wc.shared_tiers.push_back(shared);
+    worker = std::make_unique<Worker>(wc);
+    SchedulerConfig sc;
+    sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
+    sc.manager.host_blocks = wc.host_blocks;
+    sc.manager.enable_events = false;
+    TierConfig tc;
+    tc.medium = Medium::shared;
+    tc.blocks = 1024;
+    tc.presence = make_cluster_presence(shared);
+    sc.tiers.push_back(tc);
+    scheduler = std::make_unique<Scheduler>(sc);
+    for (std::int64_t i = 0; i < kBlocks; ++i) hashes.push_back(key_of(i + 1000, 99).hash);
+  }
+
+  std::size_t run(const StepResult& out) {
+    std::vector<JobId> ids;
+    for (const TransferJob& j : out.load_jobs) {
+      worker->submit(j);
+      ids.push_back(j.id);
+    }
+    for (const TransferJob& j : out.store_jobs) {
+      worker->submit(j);
+      ids.push_back(j.id);
+    }
+    for (const TierJob& j : out.tier_jobs) {
+      worker->submit_tier(j);
+      ids.push_back(j.id);
+    }
+    worker->start_step();
+    worker->wait(ids);
+    std::vector<JobReport> reports;
+    for (const FinishedTransfer& f : worker->get_finished()) reports.push_back({f.job, 1, f.ok});
+    (void)scheduler->on_completed(reports);
+    return ids.size();
+  }
+
+  std::vector<AllocatedGroup> alloc(GpuBlockId first) const {
+    std::vector<GpuBlockId> ids;
+    for (std::int64_t i = 0; i <= kBlocks; ++i) ids.push_back(first + static_cast<GpuBlockId>(i));
+    return {AllocatedGroup{ids, 0}};
+  }
+
+  /// A request for the prefix: lookup (retry later while the check and the promotion run),
+  /// then allocation and the load. Returns the tokens loaded.
+  std::int64_t load(const std::string& req) {
+    const std::int64_t tokens = kBlocks * 16 + 1;
+    scheduler->update_request(req, tokens, hashes);
+    std::optional<std::int64_t> hit;
+    for (int tries = 0; tries < 100000 && !(hit = scheduler->lookup(req, 0)); ++tries) {
+      (void)run(scheduler->build_step({}));
+    }
+    if (!hit || *hit == 0) throw error("shared bench: the prefix was not found");
+    scheduler->on_allocated(req, alloc(20), *hit);
+    (void)run(scheduler->build_step({}));
+    return *hit;
+  }
+
+  std::vector<std::byte> gpu;
+  std::unique_ptr<Worker> worker;
+  std::unique_ptr<Scheduler> scheduler;
+  std::vector<BlockHash> hashes;
+};
+
+nlohmann::json latency(const Options& opt, const std::string& nodes) {
+  const std::uint64_t page = 1 << 20;
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 9);
+  const std::string name = "kvoffload-bench-latency-" + std::to_string(std::random_device{}());
+  {
+    // Fill the tier: store the prefix, write it through, drain.
+    Rig rig(nodes, name, page);
+    const std::int64_t tokens = Rig::kBlocks * 16 + 1;
+    rig.scheduler->update_request("fill", tokens, rig.hashes);
+    for (int i = 0; i < 100000 && !rig.scheduler->lookup("fill", 0); ++i) {
+      (void)rig.run(rig.scheduler->build_step({}));  // the check of keys nobody has yet
+    }
+    rig.scheduler->on_allocated("fill", rig.alloc(1), 0);
+    const ScheduledRequest e{"fill", 0, tokens, {rig.alloc(1)[0].block_ids}, false};
+    (void)rig.run(rig.scheduler->build_step(std::span(&e, 1)));
+    for (int i = 0; i < 10 && rig.scheduler->num_jobs_in_flight() > 0; ++i) {
+      (void)rig.run(rig.scheduler->build_step({}));
+    }
+    if (rig.scheduler->tier_stats(0).blocks_written != Rig::kBlocks) {
+      throw error("shared bench: the blocks were not written to the cluster");
+    }
+  }
+  std::vector<double> shared, host;
+  Progress progress("shared vs host hit", runs);
+  for (std::size_t r = 0; r < runs; ++r) {
+    Rig rig(nodes, name, page);  // another engine: empty host cache
+    auto start = std::chrono::steady_clock::now();
+    (void)rig.load("shared-hit");
+    shared.push_back(seconds_since(start));
+    start = std::chrono::steady_clock::now();
+    (void)rig.load("host-hit");
+    host.push_back(seconds_since(start));
+    progress.step();
+  }
+  progress.done();
+  const Summary s = summarize(shared), h = summarize(host);
+  return {{"blocks", Rig::kBlocks},
+          {"block_bytes", page},
+          {"shared_hit", to_json(s, "s")},
+          {"host_hit", to_json(h, "s")},
+          {"shared_over_host", s.median / h.median}};
+}
+
+}  // namespace
+
+nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size) {
+  const std::uint64_t total = parse_bytes(size, "--size");
+  nlohmann::json out;
+  out["nodes"] = nodes;
+  out["bytes_per_measurement"] = total;
+  out["throughput"] = throughput(opt, nodes, total);
+  out["lookup_to_loaded"] = latency(opt, nodes);
+  return out;
+}
+
+}  // namespace kvbench
