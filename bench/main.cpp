@@ -58,8 +58,7 @@ int main(int argc, char** argv) {
       "shared tier put/get throughput vs valkey-benchmark (block sizes x blocks in flight), "
       "shared vs host hit (needs a cluster: scripts/valkey-cluster start; not part of all)");
   shared->add_option("--nodes", shared_nodes, "HOST:PORT[,...] of the cluster")->required();
-  shared->add_option("--size", shared_size,
-                     "bytes per measurement (default 512MiB, quick 32MiB)");
+  shared->add_option("--size", shared_size, "bytes per measurement (default 512MiB, quick 32MiB)");
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);

@@ -3,13 +3,13 @@
 // values of the same size on the same cluster in the same run (a ratio); and the time from
 // lookup to a loaded block for a shared-tier hit against a host hit.
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <memory>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -44,28 +44,40 @@ std::string benchmark_tool() {
   return {};
 }
 
-/// Requests per second of `tool` (`args`: where and what) over one connection with `pipeline`
-/// in flight, from its CSV line (nullopt if it failed).
-std::optional<double> tool_rps(const std::string& tool, const std::string& args, unsigned pipeline,
-                               std::int64_t n) {
-  const std::string cmd = tool + " -c 1 -P " + std::to_string(pipeline) + " -n " +
-                          std::to_string(n) + " --csv " + args + " 2>/dev/null";
+/// The tool's SET and GET rates (requests per second, from its CSV) for n requests of `bs`
+/// bytes over one connection with `pipeline` in flight, on `node`, all on one key
+/// ("key:000000000000", -r 1: SET rewrites it, GET reads what SET wrote). Not in cluster mode:
+/// there the tool ends its runs on 250 ms ticks, too coarse here, and spreads its keys over
+/// slots that fill a node. nullopt if it failed.
+std::optional<std::pair<double, double>> tool_rates(const std::string& tool,
+                                                    const ClusterAddress& node, std::uint64_t bs,
+                                                    unsigned pipeline, std::int64_t n) {
+  const std::string cmd = tool + " -h " + node.host + " -p " + std::to_string(node.port) +
+                          " -t set,get -r 1 -d " + std::to_string(bs) + " -c 1 -P " +
+                          std::to_string(pipeline) + " -n " + std::to_string(n) +
+                          " --csv 2>/dev/null";
   const auto out = capture(cmd);
   if (!out) return std::nullopt;
-  // "test","rps",...  then  "<name>","<rps>",...
-  std::istringstream lines(*out);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.empty() || line.rfind("\"test\"", 0) == 0) continue;
-    const std::size_t a = line.find("\",\"");
-    if (a == std::string::npos) continue;
+  // "test","rps",...  then  "SET","<rps>",...  and  "GET","<rps>",...
+  double set = 0, get = 0;
+  std::size_t at = 0;
+  while (at < out->size()) {
+    const std::size_t end = out->find('\n', at);
+    const std::string line = out->substr(at, end == std::string::npos ? end : end - at);
+    at = end == std::string::npos ? out->size() : end + 1;
+    const std::size_t comma = line.find("\",\"");
+    if (comma == std::string::npos) continue;
+    double rps = 0;
     try {
-      return std::stod(line.substr(a + 3));
+      rps = std::stod(line.substr(comma + 3));
     } catch (const std::exception&) {
-      return std::nullopt;
+      continue;
     }
+    if (line.rfind("\"SET\"", 0) == 0) set = rps;
+    if (line.rfind("\"GET\"", 0) == 0) get = rps;
   }
-  return std::nullopt;
+  if (set <= 0 || get <= 0) return std::nullopt;
+  return std::pair{set, get};
 }
 
 /// A host pool in ordinary memory filled with random bytes.
@@ -89,15 +101,18 @@ Key key_of(std::int64_t i, std::uint64_t salt) {
   return Key{BlockHash::from_bytes(b), 0};
 }
 
+/// A timed job of n blocks: distinct keys from distinct host blocks (the tier's pattern), or
+/// with one_key, one key from one host block n times (the baseline's pattern: one value
+/// rewritten or reread, hot in both caches).
 double time_job(SharedTier& tier, JobId id, TierJobKind kind, std::int64_t n,
-                std::int64_t pool_blocks, std::uint64_t salt) {
+                std::int64_t pool_blocks, std::uint64_t salt, bool one_key) {
   TierJob job;
   job.id = id;
   job.kind = kind;
   job.medium = Medium::shared;
   for (std::int64_t i = 0; i < n; ++i) {
-    job.keys.push_back(key_of(i, salt));
-    job.host_block_ids.push_back(static_cast<HostBlockId>(i % pool_blocks));
+    job.keys.push_back(key_of(one_key ? 0 : i, salt));
+    job.host_block_ids.push_back(static_cast<HostBlockId>(one_key ? 0 : i % pool_blocks));
     job.tier_block_ids.push_back(-1);
   }
   const auto start = std::chrono::steady_clock::now();
@@ -106,7 +121,14 @@ double time_job(SharedTier& tier, JobId id, TierJobKind kind, std::int64_t n,
   tier.wait(ids);
   const double s = seconds_since(start);
   for (const FinishedTierJob& f : tier.get_finished()) {
-    if (!f.ok) throw error("shared bench: a tier job failed (is the cluster up and big enough?)");
+    if (f.ok) continue;
+    const SharedTierStats st = tier.stats();
+    throw error("shared bench: a " + std::string(to_string(kind)) +
+                " job failed: " + std::to_string(f.failed_blocks) + " of " + std::to_string(n) +
+                " blocks (read misses " + std::to_string(st.read_misses) + ", bad values " +
+                std::to_string(st.bad_values) + ", read errors " + std::to_string(st.read_errors) +
+                ", write errors " + std::to_string(st.write_errors) +
+                "); is the cluster up and big enough?");
   }
   return s;
 }
@@ -129,20 +151,13 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
       opt.quick ? std::vector<unsigned>{1, 16} : std::vector<unsigned>{1, 4, 16};
   const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 1 : 3);
   const std::string tool = benchmark_tool();
-  // The baseline: SET is the tool's own (-t set -d: values of the block's size, on one master
-  // over one connection, keys spread over its slots); GET reads one key we fill with a value of
-  // the block's size, on its master over one connection.
-  const std::string get_key = "kvo-bench:{baseline}:get";
-  const ClusterAddress get_node = owner(nodes, get_key);
-  const ClusterAddress seed = parse_cluster_nodes(nodes, "--nodes")[0];
-  const std::string set_args = "-h " + seed.host + " -p " + std::to_string(seed.port) +
-                               " --cluster -t set -r 16 -d ";
-  const std::string get_args = "-h " + get_node.host + " -p " + std::to_string(get_node.port) +
-                               " GET " + get_key;
+  // The baseline runs on the master owning the tool's key.
+  const std::string tool_key = "key:000000000000";
+  const ClusterAddress base_node = owner(nodes, tool_key);
   ClusterClientConfig cc;
   cc.seeds = parse_cluster_nodes(nodes, "--nodes");
   cc.reply_timeout_ms = 10000;
-  ClusterClient filler(cc);
+  ClusterClient cleaner(cc);
   nlohmann::json rows = nlohmann::json::array();
   Progress progress("shared throughput", sizes.size() * depths.size() * runs);
   std::uint64_t salt = std::random_device{}();
@@ -151,7 +166,8 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
       const auto n = static_cast<std::int64_t>(std::max<std::uint64_t>(total / bs, 16));
       const std::int64_t pool_blocks = std::min<std::int64_t>(n, 32);
       HostPool pool(pool_blocks, bs);
-      std::vector<double> kw, kr, bw, br;
+      std::vector<double> kw, kr, hw, hr, bw, br;
+      ++salt;  // the cell's keys: each run rewrites them; deleted after the cell
       for (std::size_t r = 0; r < runs; ++r) {
         SharedTierConfig c;
         c.nodes = nodes;
@@ -160,54 +176,63 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
         c.reply_timeout_ms = 10000;
         {
           SharedTier tier(c, "bench", bs, [&](HostBlockId id) { return pool.block(id); });
-          ++salt;
           const double bytes = static_cast<double>(n) * static_cast<double>(bs);
-          kw.push_back(bytes / time_job(tier, 1, TierJobKind::write, n, pool_blocks, salt));
-          kr.push_back(bytes / time_job(tier, 2, TierJobKind::promote, n, pool_blocks, salt));
+          kw.push_back(bytes / time_job(tier, 1, TierJobKind::write, n, pool_blocks, salt, false));
+          kr.push_back(bytes /
+                       time_job(tier, 2, TierJobKind::promote, n, pool_blocks, salt, false));
+          hw.push_back(bytes / time_job(tier, 3, TierJobKind::write, n, pool_blocks, salt, true));
+          hr.push_back(bytes / time_job(tier, 4, TierJobKind::promote, n, pool_blocks, salt, true));
         }
         if (!tool.empty()) {
-          if (auto w = tool_rps(tool, set_args + std::to_string(bs), inflight, n)) {
-            bw.push_back(*w * static_cast<double>(bs));
-          }
-          const std::string value(bs, 'v');
-          bool filled = false;
-          const ClusterCommand set{get_key, {"SET", get_key, value}, {}};
-          filler.run(std::span(&set, 1), [&](std::size_t, const ClusterReply& reply) {
-            filled = reply.kind == ClusterReplyKind::status;
-          });
-          if (!filled) throw error("shared bench: could not fill the baseline's GET key");
-          if (auto g = tool_rps(tool, get_args, inflight, n)) {
-            br.push_back(*g * static_cast<double>(bs));
+          if (const auto rates = tool_rates(tool, base_node, bs, inflight, n)) {
+            bw.push_back(rates->first * static_cast<double>(bs));
+            br.push_back(rates->second * static_cast<double>(bs));
           }
         }
         progress.step(format_bytes(bs) + " x" + std::to_string(inflight));
       }
+      // Leave the cluster as it was (untimed): the cell's values, then the baseline's.
+      const std::string ns = shared_namespace("kvoffload-bench", 1);
+      std::vector<std::string> names;
+      for (std::int64_t i = 0; i < n; ++i) names.push_back(shared_key(ns, key_of(i, salt), 0));
+      names.push_back(tool_key);
+      std::vector<ClusterCommand> unlink;
+      for (const std::string& k : names) unlink.push_back({.key = k, .args = {"UNLINK", k}});
+      cleaner.run(unlink, [](std::size_t, const ClusterReply&) {});
       nlohmann::json row;
       row["block_bytes"] = bs;
       row["in_flight"] = inflight;
       row["blocks"] = n;
-      const Summary sw = summarize(kw), sr = summarize(kr);
+      const Summary sw = summarize(kw), sr = summarize(kr), shw = summarize(hw),
+                    shr = summarize(hr);
       row["kvoffload_put"] = to_json(sw, "B/s");
       row["kvoffload_get"] = to_json(sr, "B/s");
+      row["kvoffload_put_one_key"] = to_json(shw, "B/s");
+      row["kvoffload_get_one_key"] = to_json(shr, "B/s");
       if (!bw.empty() && !br.empty()) {
         const Summary s_bw = summarize(bw), s_br = summarize(br);
         row["baseline_set"] = to_json(s_bw, "B/s");
         row["baseline_get"] = to_json(s_br, "B/s");
-        row["put_ratio"] = sw.median / s_bw.median;
-        row["get_ratio"] = sr.median / s_br.median;
+        // Like for like (one value, as the tool moves), and the tier's own pattern.
+        row["put_ratio"] = shw.median / s_bw.median;
+        row["get_ratio"] = shr.median / s_br.median;
+        row["put_ratio_distinct"] = sw.median / s_bw.median;
+        row["get_ratio_distinct"] = sr.median / s_br.median;
       }
       rows.push_back(row);
     }
   }
   progress.done();
   return {{"baseline", tool.empty() ? "none found" : tool},
-          {"baseline_get_node", get_node.host + ":" + std::to_string(get_node.port)},
+          {"baseline_node", base_node.host + ":" + std::to_string(base_node.port)},
           {"note",
-           "payload bytes per second; kvoffload also moves a 72-byte header per value and spreads "
-           "the blocks over every master (one thread, one connection per node, in_flight "
-           "commands per pipelined batch); the baseline moves same-size values over one "
-           "connection to one master with the same pipeline depth (SET: the tool's -t set -d; "
-           "GET: one key of that size read again and again)"},
+           "payload bytes per second; kvoffload also moves a 72-byte header per value and its "
+           "XXH3, one thread, one connection per node, in_flight commands per pipelined batch. "
+           "The baseline moves same-size values over one connection to one master with the "
+           "same pipeline depth (-t set,get -d <block> -r 1: SET rewrites one key, GET reads "
+           "it), not in cluster mode. put/get_ratio compare kvoffload moving one key from one "
+           "host block the same way (like for like); *_distinct: distinct keys from distinct "
+           "host blocks, spread over every master (the tier's own pattern: cold caches)"},
           {"results", rows}};
 }
 

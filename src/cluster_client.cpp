@@ -14,11 +14,17 @@
 #include "kvoffload/cluster_client.hpp"
 
 #include <hiredis/hiredis.h>
+#include <limits.h>
 #include <sys/time.h>
+#include <sys/uio.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <charconv>
 #include <chrono>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <string>
 
@@ -55,6 +61,89 @@ std::optional<ClusterAddress> split_address(std::string_view text) {
   // A cluster bus suffix ("host:port@bus") is not part of a reply address; refused here.
   return ClusterAddress{std::string(text.substr(0, colon)), port};
 }
+
+/// Where the reply being read should put a value's bytes (ClusterCommand::reply_into).
+struct InPlace {
+  std::span<std::byte> into;
+  std::size_t prefix = 0;
+  bool done = false;  // the reply's bytes after `prefix` went to `into`
+};
+
+// hiredis's reply objects, built as its default functions build them (freeReplyObject frees
+// them), except that a top-level bulk string of exactly prefix + into.size() bytes goes
+// straight to `into`, leaving only the prefix in the reply: one copy less for large values.
+redisReply* new_reply() {
+  return static_cast<redisReply*>(std::calloc(1, sizeof(redisReply)));
+}
+
+void attach(const redisReadTask* task, redisReply* r) {
+  if (task->parent != nullptr) {
+    auto* parent = static_cast<redisReply*>(task->parent->obj);
+    parent->element[task->idx] = r;
+  }
+}
+
+void* create_string(const redisReadTask* task, char* str, size_t len) {
+  redisReply* r = new_reply();
+  if (r == nullptr) return nullptr;
+  r->type = task->type;
+  auto* where = static_cast<InPlace*>(task->privdata);
+  std::size_t keep = len;
+  if (where != nullptr && task->parent == nullptr && task->type == REDIS_REPLY_STRING &&
+      !where->into.empty() && len == where->prefix + where->into.size()) {
+    std::memcpy(where->into.data(), str + where->prefix, where->into.size());
+    where->done = true;
+    keep = where->prefix;
+  }
+  auto* buf = static_cast<char*>(std::malloc(keep + 1));
+  if (buf == nullptr) {
+    std::free(r);
+    return nullptr;
+  }
+  std::memcpy(buf, str, keep);
+  buf[keep] = '\0';
+  r->str = buf;
+  r->len = keep;
+  attach(task, r);
+  return r;
+}
+
+void* create_array(const redisReadTask* task, int elements) {
+  redisReply* r = new_reply();
+  if (r == nullptr) return nullptr;
+  r->type = REDIS_REPLY_ARRAY;
+  if (elements > 0) {
+    r->element = static_cast<redisReply**>(
+        std::calloc(static_cast<std::size_t>(elements), sizeof(redisReply*)));
+    if (r->element == nullptr) {
+      std::free(r);
+      return nullptr;
+    }
+  }
+  r->elements = static_cast<std::size_t>(std::max(elements, 0));
+  attach(task, r);
+  return r;
+}
+
+void* create_integer(const redisReadTask* task, long long value) {
+  redisReply* r = new_reply();
+  if (r == nullptr) return nullptr;
+  r->type = REDIS_REPLY_INTEGER;
+  r->integer = value;
+  attach(task, r);
+  return r;
+}
+
+void* create_nil(const redisReadTask* task) {
+  redisReply* r = new_reply();
+  if (r == nullptr) return nullptr;
+  r->type = REDIS_REPLY_NIL;
+  attach(task, r);
+  return r;
+}
+
+redisReplyObjectFunctions kReplyFunctions = {create_string, create_array, create_integer,
+                                             create_nil, freeReplyObject};
 
 }  // namespace
 
@@ -98,7 +187,15 @@ struct ClusterClient::Impl {
   bool have_map = false;
   bool map_stale = true;
   ClusterStats stats;
-  std::string buffer;  // one command's RESP encoding
+  // Commands encoded for one node's batch: heads[i] holds headers and small arguments;
+  // iov_ref lists what to send in order (a head, or a piece of a value sent in place).
+  static constexpr std::size_t kNoHead = static_cast<std::size_t>(-1);
+  std::vector<std::string> heads;
+  std::vector<std::pair<std::size_t, std::string_view>> iov_ref;
+  std::size_t encoded_bytes = 0;  // in heads and iov_ref, not yet sent
+  static constexpr std::size_t kFlushBytes = 1 << 20;
+  // The destination of the reply being read (ClusterCommand::reply_into), for createString.
+  InPlace in_place;
 
   explicit Impl(ClusterClientConfig c) : config(std::move(c)) {
     slots.fill(-1);
@@ -145,29 +242,72 @@ struct ClusterClient::Impl {
       return false;
     }
     ++stats.connects;
+    // Keep the read buffer between replies (the default frees it above 16 KiB, so every large
+    // value grew it again from scratch), and build replies with our functions (in-place values).
+    c->reader->maxbuf = 0;
+    c->reader->fn = &kReplyFunctions;
+    c->reader->privdata = &in_place;
     n.context = c;
     return true;
   }
 
-  /// Appends one command (RESP array of bulk strings) to the node's output buffer.
-  void append(Node& n, std::span<const std::string_view> args,
-              std::span<const std::string_view> value) {
-    buffer.clear();
+  /// Encodes one command (a RESP array of bulk strings) as iovecs: the headers and small
+  /// arguments go to `heads` (kept until sent), a value's pieces are sent from where they are.
+  void encode(std::span<const std::string_view> args, std::span<const std::string_view> value) {
+    std::string& head = heads.emplace_back();
     std::size_t value_size = 0;
     for (const std::string_view p : value) value_size += p.size();
-    const std::size_t argc = args.size() + (value.empty() ? 0 : 1);
-    buffer += fmt::format("*{}\r\n", argc);
+    head = fmt::format("*{}\r\n", args.size() + (value.empty() ? 0 : 1));
     for (const std::string_view a : args) {
-      buffer += fmt::format("${}\r\n", a.size());
-      buffer += a;
-      buffer += "\r\n";
+      fmt::format_to(std::back_inserter(head), "${}\r\n", a.size());
+      head += a;
+      head += "\r\n";
     }
-    if (!value.empty()) {
-      buffer += fmt::format("${}\r\n", value_size);
-      for (const std::string_view p : value) buffer += p;
-      buffer += "\r\n";
+    encoded_bytes += head.size();
+    if (value.empty()) {
+      iov_ref.push_back({heads.size() - 1, {}});
+      return;
     }
-    (void)redisAppendFormattedCommand(n.context, buffer.data(), buffer.size());
+    encoded_bytes += value_size;
+    fmt::format_to(std::back_inserter(head), "${}\r\n", value_size);
+    iov_ref.push_back({heads.size() - 1, {}});
+    for (const std::string_view p : value) iov_ref.push_back({kNoHead, p});
+    iov_ref.push_back({kNoHead, "\r\n"});
+  }
+
+  /// Writes every encoded command to the node's socket (writev: values are not copied). False
+  /// on an error or a timeout (SO_SNDTIMEO, set with the reply timeout).
+  bool send_encoded(Node& n) {
+    std::vector<iovec> iov;
+    iov.reserve(iov_ref.size());
+    for (const auto& [head, piece] : iov_ref) {
+      const std::string_view bytes = head == kNoHead ? piece : std::string_view(heads[head]);
+      if (bytes.empty()) continue;
+      iov.push_back({const_cast<char*>(bytes.data()), bytes.size()});
+    }
+    const auto clear = [this] {  // after the writes: the iovecs point into heads
+      heads.clear();
+      iov_ref.clear();
+      encoded_bytes = 0;
+    };
+    std::size_t first = 0;
+    while (first < iov.size()) {
+      const int count = static_cast<int>(std::min<std::size_t>(iov.size() - first, IOV_MAX));
+      const ssize_t w = ::writev(n.context->fd, iov.data() + first, count);
+      if (w < 0) {
+        if (errno == EINTR) continue;
+        clear();
+        return false;
+      }
+      auto left = static_cast<std::size_t>(w);
+      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
+      if (left > 0) {
+        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
+        iov[first].iov_len -= left;
+      }
+    }
+    clear();
+    return true;
   }
 
   bool load_map_from(Node& n) {
@@ -251,55 +391,93 @@ struct ClusterClient::Impl {
       pending.push_back(
           Pending{i, slots[static_cast<std::size_t>(detail::cluster_slot(commands[i].key))]});
     }
-    std::vector<Pending> next, batch;
+    std::vector<Pending> next;
+    std::vector<std::pair<int, std::vector<Pending>>> batches;
     while (!pending.empty()) {
       next.clear();
-      // One batch per node, in the order the nodes first appear.
-      std::vector<bool> done(pending.size(), false);
-      for (std::size_t p = 0; p < pending.size(); ++p) {
-        if (done[p]) continue;
-        const int node = pending[p].node;
-        batch.clear();
-        for (std::size_t q = p; q < pending.size(); ++q) {
-          if (!done[q] && pending[q].node == node) {
-            batch.push_back(pending[q]);
-            done[q] = true;
-          }
+      // One batch per node, in the order the nodes first appear: all are sent, then the
+      // replies read, so the nodes work at the same time.
+      batches.clear();
+      for (const Pending& p : pending) {
+        auto it = std::find_if(batches.begin(), batches.end(),
+                               [&](const auto& b) { return b.first == p.node; });
+        if (it == batches.end()) it = batches.insert(batches.end(), {p.node, {}});
+        it->second.push_back(p);
+      }
+      std::vector<bool> sent(batches.size(), false);
+      for (std::size_t b = 0; b < batches.size(); ++b) {
+        sent[b] = send_batch(batches[b].first, batches[b].second, commands);
+        if (!sent[b]) {
+          for (const Pending& p : batches[b].second) fail(p.index);
         }
-        run_batch(node, batch, commands, on_reply, fail, next);
+      }
+      for (std::size_t b = 0; b < batches.size(); ++b) {
+        if (sent[b])
+          read_batch(batches[b].first, batches[b].second, commands, on_reply, fail, next);
       }
       pending.swap(next);
     }
   }
 
-  void run_batch(int node, std::span<const Pending> batch, std::span<const ClusterCommand> commands,
-                 const std::function<void(std::size_t, const ClusterReply&)>& on_reply,
-                 const std::function<void(std::size_t)>& fail, std::vector<Pending>& next) {
-    if (node < 0 || !connect(nodes[static_cast<std::size_t>(node)])) {
-      for (const Pending& p : batch) fail(p.index);
-      return;
-    }
+  /// Connects if needed and writes the batch's commands; false if the node is down or the
+  /// write failed (the node is then marked down).
+  bool send_batch(int node, std::span<const Pending> batch,
+                  std::span<const ClusterCommand> commands) {
+    if (node < 0 || !connect(nodes[static_cast<std::size_t>(node)])) return false;
     Node& n = nodes[static_cast<std::size_t>(node)];
     static constexpr std::array<std::string_view, 1> kAsking{"ASKING"};
+    bool ok = true;
     for (const Pending& p : batch) {
-      if (p.asking) append(n, kAsking, {});
-      append(n, commands[p.index].args, commands[p.index].value);
+      const ClusterCommand& c = commands[p.index];
+      if (c.before_send) {
+        // What is encoded so far goes out first (once it is worth a system call): the node
+        // works on it meanwhile.
+        if (encoded_bytes >= kFlushBytes) ok = ok && send_encoded(n);
+        c.before_send();
+      }
+      if (p.asking) encode(kAsking, {});
+      encode(c.args, c.value);
     }
+    ok = ok && send_encoded(n);
+    heads.clear();
+    iov_ref.clear();
+    encoded_bytes = 0;
+    if (!ok) {
+      detail::logger().debug("cluster: sending to {}:{} failed: {}", n.address.host, n.address.port,
+                             std::strerror(errno));
+      ++stats.io_errors;
+      mark_down(n, "send failed");
+    }
+    return ok;
+  }
+
+  void read_batch(int node, std::span<const Pending> batch,
+                  std::span<const ClusterCommand> commands,
+                  const std::function<void(std::size_t, const ClusterReply&)>& on_reply,
+                  const std::function<void(std::size_t)>& fail, std::vector<Pending>& next) {
+    Node& n = nodes[static_cast<std::size_t>(node)];
     std::size_t answered = 0;
     for (; answered < batch.size(); ++answered) {
       const Pending& p = batch[answered];
       void* raw = nullptr;
+      in_place = InPlace{};
       if (p.asking) {
         if (redisGetReply(n.context, &raw) != REDIS_OK) break;
         freeReplyObject(raw);  // +OK to ASKING
       }
-      if (redisGetReply(n.context, &raw) != REDIS_OK) break;
+      const ClusterCommand& command = commands[p.index];
+      in_place = InPlace{command.reply_into, command.reply_prefix, false};
+      const int got = redisGetReply(n.context, &raw);
+      const bool wrote_in_place = in_place.done;
+      in_place = InPlace{};
+      if (got != REDIS_OK) break;
       auto* r = static_cast<redisReply*>(raw);
       ClusterReply reply;
       switch (r->type) {
         case REDIS_REPLY_STRING:
           reply.kind = ClusterReplyKind::string;
           reply.text = str_of(r);
+          reply.in_place = wrote_in_place;
           break;
         case REDIS_REPLY_NIL: reply.kind = ClusterReplyKind::nil; break;
         case REDIS_REPLY_INTEGER:

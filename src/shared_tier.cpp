@@ -155,7 +155,13 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
       const Key& k = job.keys[first + i];
       keys[i] = shared_key(namespace_, k, rank_);
       if (promote) {
-        commands[i] = ClusterCommand{keys[i], {"GET", keys[i]}, {}};
+        // The payload goes straight into the host block; it counts only once verified (the
+        // block is the promotion's alone, and a failed one is never a hit).
+        commands[i] = ClusterCommand{
+            .key = keys[i],
+            .args = {"GET", keys[i]},
+            .reply_into = host_block_(job.host_block_ids[first + i]).first(payload_bytes_),
+            .reply_prefix = shared_value_header_bytes};
         continue;
       }
       const std::span<std::byte> payload = host_block_(job.host_block_ids[first + i]);
@@ -168,12 +174,16 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
       put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
       put<std::uint32_t>(h, 52, k.group);
       put<std::uint64_t>(h, 56, payload_bytes_);
-      put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), payload_bytes_));
       commands[i] = ClusterCommand{
-          keys[i],
-          {"SET", keys[i]},
-          {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
-           std::string_view(reinterpret_cast<const char*>(payload.data()), payload_bytes_)}};
+          .key = keys[i],
+          .args = {"SET", keys[i]},
+          .value = {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
+                    std::string_view(reinterpret_cast<const char*>(payload.data()),
+                                     payload_bytes_)},
+          // The checksum while the node stores the block before this one.
+          .before_send = [h, payload, n = payload_bytes_] {
+            put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), n));
+          }};
     }
     client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
       const Key& k = job.keys[first + i];
@@ -197,21 +207,21 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
         ++failed;
         return;
       }
+      // A value of the right length arrived in place: its header, then the payload's sum.
       const char* v = r.text.data();
+      const std::byte* payload = commands[i].reply_into.data();
       const bool valid =
-          r.text.size() == shared_value_header_bytes + payload_bytes_ &&
+          r.in_place && r.text.size() == shared_value_header_bytes &&
           get<std::uint32_t>(v, 0) == kMagic && get<std::uint32_t>(v, 4) == kVersion &&
           get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
           std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
           get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
-          get<std::uint64_t>(v, 64) == XXH3_64bits(v + shared_value_header_bytes, payload_bytes_);
+          get<std::uint64_t>(v, 64) == XXH3_64bits(payload, payload_bytes_);
       if (!valid) {
         ++delta.bad_values;
         ++failed;
         return;
       }
-      std::memcpy(host_block_(job.host_block_ids[first + i]).data(), v + shared_value_header_bytes,
-                  payload_bytes_);
       ++delta.reads;
       delta.bytes_read += payload_bytes_;
     });

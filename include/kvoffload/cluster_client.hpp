@@ -5,6 +5,7 @@
 // slots (CRC16 with hash tags), MOVED and ASK redirects, map refresh, one connection per node,
 // pipelined batches, timeouts on connect and on every reply. Not thread-safe: one per thread.
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,9 +38,19 @@ struct ClusterClientConfig {
 /// One command: `args` in full (the name first), then, if `value` is not empty, one more
 /// argument made of its pieces end to end (a value's header and payload without a copy).
 struct ClusterCommand {
-  std::string_view key;  ///< routes the command to the node owning its slot
-  std::vector<std::string_view> args;
-  std::vector<std::string_view> value;
+  std::string_view key{};  ///< routes the command to the node owning its slot
+  std::vector<std::string_view> args{};
+  std::vector<std::string_view> value{};
+  /// For a large value read (GET): if the reply is a bulk string of exactly reply_prefix +
+  /// reply_into.size() bytes, its bytes after the prefix are written to reply_into as they are
+  /// parsed (one copy less) and the reply's text is the prefix (ClusterReply::in_place). The
+  /// caller must treat reply_into as garbage unless it then accepts the reply.
+  std::span<std::byte> reply_into{};
+  std::size_t reply_prefix = 0;
+  /// Called right before the command is written (the commands before it already are), so
+  /// work on its value (a checksum) overlaps the node's work on the ones before. Called again
+  /// if a redirect sends the command again.
+  std::function<void()> before_send{};
 };
 
 enum class ClusterReplyKind : std::uint8_t {
@@ -57,6 +68,7 @@ struct ClusterReply {
   ClusterReplyKind kind = ClusterReplyKind::failed;
   long long integer = 0;
   std::string_view text;
+  bool in_place = false;  ///< a string whose bytes after the prefix went to reply_into
 };
 
 struct ClusterStats {

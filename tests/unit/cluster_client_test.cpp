@@ -42,7 +42,7 @@ Replies run(ClusterClient& c, const std::vector<ClusterCommand>& cmds) {
 }
 
 ClusterCommand get(const std::string& key) {
-  return ClusterCommand{key, {"GET", key}, {}};
+  return ClusterCommand{.key = key, .args = {"GET", key}};
 }
 
 }  // namespace
@@ -82,10 +82,11 @@ TEST_CASE("cluster: pipelined SET, GET and EXISTS reach every master", "[cluster
   for (std::size_t i = 0; i < keys.size(); ++i) {
     // The value in two pieces: they arrive as one argument.
     const std::string_view v = values[i];
-    sets.push_back(ClusterCommand{
-        keys[i], {"SET", keys[i]}, {v.substr(0, v.size() / 2), v.substr(v.size() / 2)}});
+    sets.push_back(ClusterCommand{.key = keys[i],
+                                  .args = {"SET", keys[i]},
+                                  .value = {v.substr(0, v.size() / 2), v.substr(v.size() / 2)}});
     gets.push_back(get(keys[i]));
-    exists.push_back(ClusterCommand{keys[i], {"EXISTS", keys[i]}, {}});
+    exists.push_back(ClusterCommand{.key = keys[i], .args = {"EXISTS", keys[i]}});
   }
   Replies r = run(c, sets);
   for (std::size_t i = 0; i < keys.size(); ++i) {
@@ -128,7 +129,7 @@ TEST_CASE("cluster: a slot moved meanwhile is followed through ASK and MOVED", "
   // Migrating: a key not on the old owner is answered ASK; the new key lands on the new owner.
   const std::string key2 = key + "{" + key + "}";  // same slot as `key` (its tag is the key)
   REQUIRE(cluster_key_slot(key2) == slot);
-  Replies r = run(c, {ClusterCommand{key2, {"SET", key2, "new"}, {}}});
+  Replies r = run(c, {ClusterCommand{.key = key2, .args = {"SET", key2, "new"}}});
   CHECK(r.text[0] == "OK");
   CHECK(c.stats().asked >= 1);
   CHECK(cli("-c GET " + key2, to).find("new") != std::string::npos);
