@@ -101,6 +101,32 @@ typedef struct kvoffload_group_config {
 #define KVOFFLOAD_GROUP_CONFIG_INIT \
   { KVOFFLOAD_FULL_ATTENTION, 16, 0 }
 
+/* A shared tier on a Valkey (or Redis 7) cluster (docs/semantics.md section 11.1), as a worker
+ * runs it and as the scheduler checks it (kvoffload::SharedTierConfig). */
+typedef struct kvoffload_shared_tier_config {
+  size_t struct_size;
+  const char* nodes; /* seed nodes, "host:port[,host:port...]" */
+  const char* name;  /* the namespace: model, revision, dtype, block size (engines that share
+                        blocks give the same) */
+  int tp_rank;
+  int tp_size;
+  int connect_timeout_ms;
+  int reply_timeout_ms; /* for every reply */
+  int in_flight;        /* blocks per pipelined batch */
+} kvoffload_shared_tier_config_t;
+/* kvoffload::SharedTierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+#define KVOFFLOAD_SHARED_TIER_CONFIG_INIT                                     \
+  {                                                                           \
+    sizeof(kvoffload_shared_tier_config_t), /* struct_size */                 \
+        NULL,                               /* nodes: the caller sets them */ \
+        NULL,                               /* name: the caller sets it */    \
+        0,                                  /* tp_rank */                     \
+        1,                                  /* tp_size */                     \
+        200,                                /* connect_timeout_ms */          \
+        1000,                               /* reply_timeout_ms */            \
+        8                                   /* in_flight */                   \
+  }
+
 /* A tier below the host cache (docs/semantics.md section 11): the scheduler keeps its index. */
 typedef struct kvoffload_tier_config {
   size_t struct_size;
@@ -111,6 +137,10 @@ typedef struct kvoffload_tier_config {
   int64_t write_queue_blocks;     /* blocks queued for tier writes at most (0: 1024) */
   int write_back;                 /* 1: write blocks when evicted instead of after each store */
   int64_t write_back_free_blocks; /* write-back keeps this many host blocks free (0: 1/16) */
+  /* Read only when struct_size covers it. medium "shared": the cluster whose existence checks
+   * the scheduler asks (nodes, name, tp_size, timeouts); blocks then bound the keys it
+   * remembers as present. NULL for other media. */
+  const kvoffload_shared_tier_config_t* shared;
 } kvoffload_tier_config_t;
 /* kvoffload::TierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_TIER_CONFIG_INIT                                      \
@@ -122,7 +152,8 @@ typedef struct kvoffload_tier_config {
         0,                           /* store_threshold: off */         \
         0,                           /* write_queue_blocks: 1024 */     \
         0,                           /* write_back: off */              \
-        0                            /* write_back_free_blocks: 1/16 */ \
+        0,                           /* write_back_free_blocks: 1/16 */ \
+        NULL                         /* shared: none */                 \
   }
 
 typedef struct kvoffload_scheduler_config {
@@ -419,6 +450,10 @@ typedef struct kvoffload_worker_config {
   /* Read only when struct_size covers them. */
   const kvoffload_disk_tier_config_t* disk_tiers; /* in the order of the scheduler's tiers */
   size_t num_disk_tiers;
+  /* Read only when struct_size covers them: the shared tiers, after the disk tiers in the
+   * scheduler's tiers (tier num_disk_tiers + i is shared_tiers[i]). */
+  const kvoffload_shared_tier_config_t* shared_tiers;
+  size_t num_shared_tiers;
 } kvoffload_worker_config_t;
 /* kvoffload::WorkerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_WORKER_CONFIG_INIT                                         \
@@ -438,7 +473,9 @@ typedef struct kvoffload_worker_config {
         0,                             /* compute_stream */                  \
         1,                             /* loads_wait_for_compute */          \
         NULL,                          /* disk_tiers: none */                \
-        0                              /* num_disk_tiers */                  \
+        0,                             /* num_disk_tiers */                  \
+        NULL,                          /* shared_tiers: none */              \
+        0                              /* num_shared_tiers */                \
   }
 
 typedef struct kvoffload_finished_transfer {

@@ -53,6 +53,7 @@ __all__ = [
     "Scheduler",
     "SchedulerConfig",
     "Step",
+    "SharedTierConfig",
     "TierConfig",
     "TierJob",
     "Worker",
@@ -78,9 +79,31 @@ class GroupConfig:
 
 
 @dataclass
+class SharedTierConfig:
+    """A shared tier on a Valkey (or Redis 7) cluster (docs/semantics.md section 11.1):
+    ``nodes`` "host:port[,host:port...]"; ``name`` the namespace (model, revision, dtype,
+    block size: engines that share blocks give the same). The worker runs it
+    (``WorkerConfig.shared_tiers``); the scheduler asks it which keys it holds
+    (``TierConfig(medium="shared", shared=...)``)."""
+
+    nodes: str
+    name: str
+    tp_rank: int = 0
+    tp_size: int = 1
+    connect_timeout_ms: int = 200
+    reply_timeout_ms: int = 1000
+    in_flight: int = 8  # blocks per pipelined batch
+
+    def _tuple(self):
+        return (self.nodes, self.name, self.tp_rank, self.tp_size, self.connect_timeout_ms,
+                self.reply_timeout_ms, self.in_flight)
+
+
+@dataclass
 class TierConfig:
     """A tier below the host cache (docs/semantics.md section 11), as the scheduler sees it:
-    ``blocks`` is its capacity in slots (``Worker.tier_slots(t)``)."""
+    ``blocks`` is its capacity in slots (``Worker.tier_slots(t)``); for a shared tier, the
+    keys the scheduler remembers as present, and ``shared`` names its cluster."""
 
     blocks: int
     medium: str = "disk"
@@ -89,6 +112,7 @@ class TierConfig:
     write_queue_blocks: int = 0  # 0: 1024
     write_back: bool = False  # write blocks when the host evicts them, not after each store
     write_back_free_blocks: int = 0  # write-back keeps this many host blocks free (0: 1/16)
+    shared: Optional[SharedTierConfig] = None  # medium "shared": its cluster
 
 
 @dataclass
@@ -184,7 +208,8 @@ class Scheduler:
             block_bytes=c.block_bytes,
             enable_events=c.enable_events,
             tiers=[(t.medium, t.blocks, t.policy, t.store_threshold, t.write_queue_blocks,
-                    t.write_back, t.write_back_free_blocks) for t in c.tiers],
+                    t.write_back, t.write_back_free_blocks,
+                    t.shared._tuple() if t.shared is not None else None) for t in c.tiers],
         )
 
     def update_request(self, request_id: str, num_tokens: int, block_hashes: Sequence[bytes],
@@ -322,6 +347,8 @@ class WorkerConfig:
     compute_stream: Optional[object] = None
     loads_wait_for_compute: bool = True
     disk_tiers: List[DiskTierConfig] = field(default_factory=list)  # the scheduler's tiers' order
+    # After the disk tiers in the scheduler's tiers: tier len(disk_tiers) + i is shared_tiers[i].
+    shared_tiers: List[SharedTierConfig] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -372,6 +399,7 @@ class Worker:
             loads_wait_for_compute=config.loads_wait_for_compute,
             disk_tiers=[(d.path, d.capacity_bytes(), d.model, d.dtype, d.tp_rank, d.tp_size, d.io,
                          d.io_depth, d.io_threads, d.direct_io) for d in config.disk_tiers],
+            shared_tiers=[t._tuple() for t in config.shared_tiers],
         )
 
     def set_compute_stream(self, stream) -> None:
@@ -391,6 +419,12 @@ class Worker:
         """Empties the disk tiers: after Scheduler.reset_cache (once its flush set finished),
         so the old cache's blocks do not come back after a restart."""
         self._w.clear_tiers()
+
+    def shared_tier_stats(self, tier: int) -> dict:
+        """Shared tier ``tier``'s counters (tier counts every tier, disk tiers first): reads,
+        read_misses, bad_values, read_errors, writes, write_errors, bytes_read,
+        bytes_written."""
+        return self._w.shared_tier_stats(tier)
 
     def tier_scan(self, tier: int = 0) -> List[Optional[Key]]:
         """What tier ``tier`` found when the worker opened it: a key or None per slot."""

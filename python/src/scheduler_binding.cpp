@@ -17,6 +17,7 @@
 #include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/shared_presence.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -242,15 +243,18 @@ void bind_scheduler(nb::module_& m) {
              bool prefix_caching, std::int64_t gpu_blocks, std::int64_t host_blocks,
              const std::string& policy, std::int64_t store_threshold,
              std::int64_t threshold_tracker_keys, std::int64_t block_bytes, bool enable_events,
-             const std::vector<std::tuple<std::string, std::int64_t, std::string, std::int64_t,
-                                          std::int64_t, bool, std::int64_t>>& tiers) {
+             const std::vector<
+                 std::tuple<std::string, std::int64_t, std::string, std::int64_t, std::int64_t,
+                            bool, std::int64_t, std::optional<SharedTuple>>>& tiers) {
             SchedulerConfig c;
             for (std::size_t t = 0; t < tiers.size(); ++t) {
-              const auto& [medium, blocks, policy, threshold, queue, back, back_free] = tiers[t];
+              const auto& [medium, blocks, policy, threshold, queue, back, back_free, shared] =
+                  tiers[t];
               const std::string what = "tiers[" + std::to_string(t) + "]";
-              c.tiers.push_back(TierConfig{parse_medium(medium, what + ".medium"), blocks,
-                                           parse_eviction_policy(policy, what + ".policy"),
-                                           threshold, queue, back, back_free});
+              c.tiers.push_back(TierConfig{
+                  parse_medium(medium, what + ".medium"), blocks,
+                  parse_eviction_policy(policy, what + ".policy"), threshold, queue, back,
+                  back_free, shared ? make_cluster_presence(shared_config(*shared)) : nullptr});
             }
             for (std::size_t g = 0; g < groups.size(); ++g) {
               c.groups.push_back({group_kind(std::get<0>(groups[g]), g), std::get<1>(groups[g]),
@@ -273,7 +277,8 @@ void bind_scheduler(nb::module_& m) {
           "prefix_caching"_a, "gpu_blocks"_a, "host_blocks"_a, "policy"_a, "store_threshold"_a,
           "threshold_tracker_keys"_a, "block_bytes"_a, "enable_events"_a,
           "tiers"_a = std::vector<
-              std::tuple<std::string, std::int64_t, std::string, std::int64_t, std::int64_t>>{})
+              std::tuple<std::string, std::int64_t, std::string, std::int64_t, std::int64_t, bool,
+                         std::int64_t, std::optional<SharedTuple>>>{})
       .def(
           "update_request",
           [](Scheduler& s, std::string_view id, std::int64_t num_tokens,

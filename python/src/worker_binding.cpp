@@ -36,9 +36,24 @@ void bind_worker(nb::module_& m) {
         d["compute_stream"] = c.compute_stream ? nb::cast(*c.compute_stream) : nb::none();
         d["loads_wait_for_compute"] = c.loads_wait_for_compute;
         d["disk_tiers"] = nb::list();
+        d["shared_tiers"] = nb::list();
         return d;
       },
       "kvoffload::WorkerConfig's defaults, for the test that keeps WorkerConfig equal.");
+
+  m.def(
+      "_shared_tier_config_defaults",
+      [] {
+        const SharedTierConfig c;
+        nb::dict d;
+        d["tp_rank"] = c.tp_rank;
+        d["tp_size"] = c.tp_size;
+        d["connect_timeout_ms"] = c.connect_timeout_ms;
+        d["reply_timeout_ms"] = c.reply_timeout_ms;
+        d["in_flight"] = c.in_flight;
+        return d;
+      },
+      "kvoffload::SharedTierConfig's defaults (nodes and name have none).");
 
   nb::class_<Worker>(m, "_Worker")
       .def(
@@ -50,8 +65,10 @@ void bind_worker(nb::module_& m) {
              std::int64_t block_size_factor, std::int64_t host_blocks, const std::string& backend,
              int threads, int cuda_device, bool defer_stores,
              std::optional<std::uintptr_t> compute_stream, bool loads_wait_for_compute,
-             const std::vector<nb::tuple>& disk_tiers) {
+             const std::vector<nb::tuple>& disk_tiers,
+             const std::vector<SharedTuple>& shared_tiers) {
             WorkerConfig c;
+            for (const SharedTuple& t : shared_tiers) c.shared_tiers.push_back(shared_config(t));
             for (std::size_t t = 0; t < disk_tiers.size(); ++t) {
               const nb::tuple& d = disk_tiers[t];
               DiskTierConfig dc;
@@ -88,7 +105,23 @@ void bind_worker(nb::module_& m) {
           },
           "tensors"_a, "groups"_a, "block_size_factor"_a, "host_blocks"_a, "backend"_a, "threads"_a,
           "cuda_device"_a, "defer_stores"_a, "compute_stream"_a.none(), "loads_wait_for_compute"_a,
-          "disk_tiers"_a = std::vector<nb::tuple>{})
+          "disk_tiers"_a = std::vector<nb::tuple>{}, "shared_tiers"_a = std::vector<SharedTuple>{})
+      .def(
+          "shared_tier_stats",
+          [](const Worker& w, std::size_t t) {
+            const SharedTierStats s = w.shared_tier(t).stats();
+            nb::dict d;
+            d["reads"] = s.reads;
+            d["read_misses"] = s.read_misses;
+            d["bad_values"] = s.bad_values;
+            d["read_errors"] = s.read_errors;
+            d["writes"] = s.writes;
+            d["write_errors"] = s.write_errors;
+            d["bytes_read"] = s.bytes_read;
+            d["bytes_written"] = s.bytes_written;
+            return d;
+          },
+          "tier"_a)
       .def("set_compute_stream", &Worker::set_compute_stream, "stream"_a.none())
       .def("submit", &Worker::submit, "job"_a)
       .def("submit_tier", &Worker::submit_tier, "job"_a)

@@ -31,3 +31,10 @@ def test_worker_config_defaults_are_the_libraries():
     # tensors and groups (the engine's memory) have no default in either.
     assert {f.name for f in dataclasses.fields(kv.WorkerConfig)} - set(ours) == {"tensors",
                                                                                 "groups"}
+
+
+def test_shared_tier_config_defaults_are_the_libraries():
+    ours = dataclass_defaults(kv.SharedTierConfig)
+    assert ours == _kvoffload._shared_tier_config_defaults()
+    assert {f.name for f in dataclasses.fields(kv.SharedTierConfig)} - set(ours) == {"nodes",
+                                                                                    "name"}

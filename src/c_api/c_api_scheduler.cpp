@@ -7,6 +7,7 @@
 #include "c_api_common.hpp"
 #include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/shared_presence.hpp"
 
 struct kvoffload_scheduler_s {
   explicit kvoffload_scheduler_s(const kvoffload::SchedulerConfig& c) : scheduler(c) {}
@@ -81,7 +82,8 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
     for (std::size_t t = 0; t < c.num_tiers; ++t) {
       const kvoffload_tier_config_t& tc = c.tiers[t];
       const std::string what = fmt::format("config->tiers[{}]", t);
-      require_struct_size(tc.struct_size, sizeof(kvoffload_tier_config_t), fn, what,
+      // Structs from before the shared field are accepted (no shared tier then).
+      require_struct_size(tc.struct_size, offsetof(kvoffload_tier_config_t, shared), fn, what,
                           "KVOFFLOAD_TIER_CONFIG_INIT");
       TierConfig tier;
       tier.medium = tc.medium != nullptr ? parse_medium(tc.medium, what + ".medium") : Medium::disk;
@@ -92,6 +94,9 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
       tier.write_queue_blocks = tc.write_queue_blocks;
       tier.write_back = tc.write_back != 0;
       tier.write_back_free_blocks = tc.write_back_free_blocks;
+      if (tc.struct_size >= sizeof(kvoffload_tier_config_t) && tc.shared != nullptr) {
+        tier.presence = make_cluster_presence(from_c(*tc.shared, fn, what + ".shared"));
+      }
       s.tiers.push_back(tier);
     }
   }

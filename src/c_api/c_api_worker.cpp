@@ -67,7 +67,8 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     constexpr std::size_t v1_size = offsetof(kvoffload_worker_config_t, has_compute_stream);
     require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_WORKER_CONFIG_INIT");
     const bool has_v2 = c.struct_size >= offsetof(kvoffload_worker_config_t, disk_tiers);
-    const bool has_v3 = c.struct_size >= sizeof(kvoffload_worker_config_t);
+    const bool has_v3 = c.struct_size >= offsetof(kvoffload_worker_config_t, shared_tiers);
+    const bool has_v4 = c.struct_size >= sizeof(kvoffload_worker_config_t);
     require_array(c.tensors, c.num_tensors, fn, "config->tensors");
     require_array(c.groups, c.num_groups, fn, "config->groups");
     WorkerConfig wc;
@@ -112,6 +113,13 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
         dc.io_threads = d.io_threads;
         dc.direct_io = d.direct_io != 0;
         wc.disk_tiers.push_back(dc);
+      }
+    }
+    if (has_v4) {
+      require_array(c.shared_tiers, c.num_shared_tiers, fn, "config->shared_tiers");
+      for (std::size_t t = 0; t < c.num_shared_tiers; ++t) {
+        wc.shared_tiers.push_back(
+            from_c(c.shared_tiers[t], fn, fmt::format("config->shared_tiers[{}]", t)));
       }
     }
     switch (raw_enum(c.backend)) {

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kvoffload/kvoffload.h"
 
@@ -529,9 +530,76 @@ static void errors(void) {
   wc.has_compute_stream = 0;
 }
 
+/* A shared tier whose cluster does not answer (nothing listens on port 1): the lookup says
+ * retry later while its existence check runs, then answers a miss; bad configs are named. */
+static void shared_tier_unreachable(void) {
+  kvoffload_group_config_t group = KVOFFLOAD_GROUP_CONFIG_INIT;
+  kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
+  kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
+  kvoffload_shared_tier_config_t shared = KVOFFLOAD_SHARED_TIER_CONFIG_INIT;
+  kvoffload_tier_config_t tier = KVOFFLOAD_TIER_CONFIG_INIT;
+  kvoffload_kv_tensor_t tensor;
+  kvoffload_group_tensor_t gt;
+  kvoffload_group_tensors_t gts;
+  kvoffload_scheduler_t s = NULL;
+  kvoffload_worker_t w = NULL;
+  kvoffload_block_hash_t hashes[TOKENS / BLOCK_TOKENS];
+  kvoffload_tier_stats_t ts = KVOFFLOAD_TIER_STATS_INIT;
+  struct timespec pause = {0, 10 * 1000 * 1000};
+  int64_t hit = -7;
+  int i;
+
+  shared.nodes = "127.0.0.1:1";
+  shared.name = "c-api-test";
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
+  wc.block_size_factor = F;
+  wc.host_blocks = 8;
+  wc.threads = 1;
+  wc.shared_tiers = &shared;
+  wc.num_shared_tiers = 1;
+  OK(kvoffload_worker_create(&wc, &w));
+  group.gpu_block_size = BLOCK_TOKENS;
+  sc.groups = &group;
+  sc.num_groups = 1;
+  sc.block_size_factor = F;
+  sc.host_blocks = 8;
+  tier.medium = "shared";
+  tier.blocks = 64;
+  sc.tiers = &tier;
+  sc.num_tiers = 1;
+  /* A shared tier needs its cluster. */
+  FAILS_WITH(kvoffload_scheduler_create(&sc, &s), KVOFFLOAD_INVALID_ARGUMENT, "presence");
+  tier.shared = &shared;
+  shared.name = NULL;
+  FAILS_WITH(kvoffload_scheduler_create(&sc, &s), KVOFFLOAD_INVALID_ARGUMENT,
+             "config->tiers[0].shared.name");
+  shared.name = "c-api-test";
+  OK(kvoffload_scheduler_create(&sc, &s));
+
+  for (i = 0; i < TOKENS / BLOCK_TOKENS; ++i) hashes[i] = hash_of(70 + i);
+  OK(kvoffload_scheduler_update_request(s, "a", TOKENS, hashes, 4, 0));
+  OK(kvoffload_scheduler_lookup(s, "a", 0, &hit));
+  CHECK(hit == KVOFFLOAD_RETRY_LATER);
+  /* Bounded: the check fails within the connect timeout; 500 x 10 ms at most. */
+  for (i = 0; i < 500 && hit == KVOFFLOAD_RETRY_LATER; ++i) {
+    nanosleep(&pause, NULL);
+    OK(kvoffload_scheduler_lookup(s, "a", 0, &hit));
+  }
+  CHECK(hit == 0);
+  OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
+  CHECK(ts.presence_checks == 1);
+  CHECK(ts.presence_misses == 2 && ts.presence_hits == 0);
+  OK(kvoffload_scheduler_destroy(s));
+  OK(kvoffload_worker_destroy(w));
+
+  shared.nodes = "no-port";
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "nodes");
+}
+
 int main(void) {
   lifecycle();
   disk_tier();
+  shared_tier_unreachable();
   errors();
   if (failures != 0) {
     fprintf(stderr, "%d check(s) failed\n", failures);

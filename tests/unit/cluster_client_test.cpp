@@ -3,6 +3,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 #include <chrono>
+#include <cstring>
 #include <map>
 #include <set>
 #include <string>
@@ -201,4 +202,49 @@ TEST_CASE("cluster client: bad replies from the network are failures, never cras
     CHECK(r.kind[0] == k.expect);
     CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
   }
+}
+
+TEST_CASE("cluster: values read in place and written after a last-moment hook", "[cluster]") {
+  ClusterClient c(cluster_config());
+  std::vector<std::string> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back("kvo-test:inplace:" + std::to_string(i));
+  // 1 MiB values whose last byte the hook sets just before each is sent.
+  std::vector<std::string> values(keys.size(), std::string(1 << 20, 'x'));
+  std::vector<ClusterCommand> sets;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    std::string& v = values[i];
+    sets.push_back({.key = keys[i],
+                    .args = {"SET", keys[i]},
+                    .value = {std::string_view(v)},
+                    .before_send = [&v, i] { v.back() = static_cast<char>('a' + i); }});
+  }
+  for (const ClusterReplyKind k : run(c, sets).kind) REQUIRE(k == ClusterReplyKind::status);
+  // Read back: the first 16 bytes as the reply's text, the rest into buffers.
+  std::vector<std::vector<std::byte>> into(keys.size(), std::vector<std::byte>((1 << 20) - 16));
+  std::vector<ClusterCommand> gets;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    gets.push_back(
+        {.key = keys[i], .args = {"GET", keys[i]}, .reply_into = into[i], .reply_prefix = 16});
+  }
+  std::vector<bool> in_place(keys.size(), false);
+  std::vector<std::string> text(keys.size());
+  c.run(gets, [&](std::size_t i, const ClusterReply& r) {
+    in_place[i] = r.in_place;
+    text[i] = std::string(r.text);
+  });
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CAPTURE(i);
+    CHECK(in_place[i]);
+    CHECK(text[i] == std::string(16, 'x'));
+    CHECK(std::memcmp(into[i].data(), values[i].data() + 16, into[i].size()) == 0);
+    CHECK(static_cast<char>(into[i].back()) == static_cast<char>('a' + i));
+  }
+  // A value of another length is not read in place: the reply carries it whole.
+  std::vector<std::byte> small(100);
+  const ClusterCommand get{
+      .key = keys[0], .args = {"GET", keys[0]}, .reply_into = small, .reply_prefix = 16};
+  c.run(std::span(&get, 1), [&](std::size_t, const ClusterReply& r) {
+    CHECK_FALSE(r.in_place);
+    CHECK(r.text.size() == values[0].size());
+  });
 }

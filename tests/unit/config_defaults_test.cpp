@@ -48,8 +48,9 @@ TEST_CASE("KVOFFLOAD_WORKER_CONFIG_INIT has WorkerConfig's defaults", "[config][
   CHECK((c.loads_wait_for_compute != 0) == cpp.loads_wait_for_compute);
 }
 
-TEST_CASE("The tier INIT macros have TierConfig's and DiskTierConfig's defaults",
-          "[config][c_api]") {
+TEST_CASE(
+    "The tier INIT macros have TierConfig's, DiskTierConfig's and SharedTierConfig's defaults",
+    "[config][c_api]") {
   const kvoffload_tier_config_t t = KVOFFLOAD_TIER_CONFIG_INIT;
   const TierConfig tc;
   CHECK(t.struct_size == sizeof(kvoffload_tier_config_t));
@@ -76,12 +77,28 @@ TEST_CASE("The tier INIT macros have TierConfig's and DiskTierConfig's defaults"
   CHECK(d.io_depth == dc.io_depth);
   CHECK(d.io_threads == dc.io_threads);
   CHECK((d.direct_io != 0) == dc.direct_io);
+  CHECK(t.shared == nullptr);
+  CHECK(tc.presence == nullptr);
+  const kvoffload_shared_tier_config_t sh = KVOFFLOAD_SHARED_TIER_CONFIG_INIT;
+  const SharedTierConfig shc;
+  CHECK(sh.struct_size == sizeof(kvoffload_shared_tier_config_t));
+  CHECK(sh.nodes == nullptr);
+  CHECK(shc.nodes.empty());
+  CHECK(sh.name == nullptr);
+  CHECK(shc.name.empty());
+  CHECK(sh.tp_rank == shc.tp_rank);
+  CHECK(sh.tp_size == shc.tp_size);
+  CHECK(sh.connect_timeout_ms == shc.connect_timeout_ms);
+  CHECK(sh.reply_timeout_ms == shc.reply_timeout_ms);
+  CHECK(sh.in_flight == shc.in_flight);
   const kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   CHECK(sc.tiers == nullptr);
   CHECK(sc.num_tiers == SchedulerConfig{}.tiers.size());
   const kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
   CHECK(wc.disk_tiers == nullptr);
   CHECK(wc.num_disk_tiers == WorkerConfig{}.disk_tiers.size());
+  CHECK(wc.shared_tiers == nullptr);
+  CHECK(wc.num_shared_tiers == WorkerConfig{}.shared_tiers.size());
 }
 
 TEST_CASE("threshold_tracker_keys reaches the scheduler from the C API", "[config][c_api]") {
