@@ -172,6 +172,7 @@ struct ClusterClient::Impl {
     ClusterAddress address;
     redisContext* context = nullptr;
     Clock::time_point down_until{};
+    bool seed = false;
   };
   /// A command in flight: where it goes next and how often it was redirected.
   struct Pending {
@@ -199,7 +200,8 @@ struct ClusterClient::Impl {
 
   explicit Impl(ClusterClientConfig c) : config(std::move(c)) {
     slots.fill(-1);
-    for (const ClusterAddress& a : config.seeds) (void)node_of(a);
+    for (const ClusterAddress& a : config.seeds)
+      nodes[static_cast<std::size_t>(node_of(a))].seed = true;
   }
 
   ~Impl() {
@@ -217,7 +219,7 @@ struct ClusterClient::Impl {
         return static_cast<int>(i);
       }
     }
-    nodes.push_back(Node{a, nullptr, {}});
+    nodes.push_back(Node{a, nullptr, {}, false});
     return static_cast<int>(nodes.size() - 1);
   }
 
@@ -232,6 +234,11 @@ struct ClusterClient::Impl {
   bool connect(Node& n) {
     if (n.context != nullptr) return true;
     if (Clock::now() < n.down_until) return false;
+    if (config.only_seeds && !n.seed) {
+      ++stats.connect_errors;
+      mark_down(n, "not a seed, and only_seeds is set");
+      return false;
+    }
     redisContext* c = redisConnectWithTimeout(n.address.host.c_str(), n.address.port,
                                               to_timeval(config.connect_timeout_ms));
     if (c == nullptr || c->err != 0 ||

@@ -33,6 +33,10 @@ struct ClusterClientConfig {
   int reply_timeout_ms = 1000;  ///< for every reply (a stopped node costs this once)
   int max_redirects = 5;        ///< MOVED/ASK hops per command before it fails
   int down_backoff_ms = 500;    ///< a node that failed is not tried again for this long
+  /// Connect to the seeds only: nodes the cluster names (slot map, MOVED, ASK) that are not
+  /// seeds count as unreachable. For deployments that pin their nodes, and for tests that
+  /// must not reach anything else.
+  bool only_seeds = false;
 };
 
 /// One command: `args` in full (the name first), then, if `value` is not empty, one more
