@@ -22,6 +22,7 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
+#include <deque>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -183,7 +184,9 @@ struct ClusterClient::Impl {
   };
 
   ClusterClientConfig config;
-  std::vector<Node> nodes;  // seeds first, then the nodes the map names
+  // Seeds first, then the nodes the map names. A deque: node_of adds nodes while references to
+  // others are held (a redirect read in the middle of a batch), which must stay valid.
+  std::deque<Node> nodes;
   std::array<int, detail::kClusterSlots> slots{};
   bool have_map = false;
   bool map_stale = true;
