@@ -22,10 +22,10 @@
 #include <array>
 #include <cerrno>
 #include <charconv>
-#include <deque>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <optional>
 #include <string>
 
