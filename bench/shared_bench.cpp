@@ -175,7 +175,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
         c.in_flight = static_cast<int>(inflight);
         c.reply_timeout_ms = 10000;
         {
-          SharedTier tier(c, "bench", bs, [&](HostBlockId id) { return pool.block(id); });
+          SharedTier tier(c, 1, "bench", bs, [&](HostBlockId id) { return pool.block(id); });
           const double bytes = static_cast<double>(n) * static_cast<double>(bs);
           kw.push_back(bytes / time_job(tier, 1, TierJobKind::write, n, pool_blocks, salt, false));
           kr.push_back(bytes /
@@ -192,7 +192,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
         progress.step(format_bytes(bs) + " x" + std::to_string(inflight));
       }
       // Leave the cluster as it was (untimed): the cell's values, then the baseline's.
-      const std::string ns = shared_namespace("kvoffload-bench", 1);
+      const std::string ns = shared_namespace("kvoffload-bench", 1, 1);
       std::vector<std::string> names;
       for (std::int64_t i = 0; i < n; ++i) names.push_back(shared_key(ns, key_of(i, salt), 0));
       names.push_back(tool_key);
@@ -263,7 +263,7 @@ struct Rig {
     TierConfig tc;
     tc.medium = Medium::shared;
     tc.blocks = 1024;
-    tc.presence = make_cluster_presence(shared);
+    tc.presence = make_cluster_presence(shared, sc.block_size_factor);
     sc.tiers.push_back(tc);
     scheduler = std::make_unique<Scheduler>(sc);
     for (std::int64_t i = 0; i < kBlocks; ++i) hashes.push_back(key_of(i + 1000, 99).hash);

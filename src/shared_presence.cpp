@@ -19,8 +19,8 @@ namespace {
 
 class ClusterPresence final : public PresenceCheck {
  public:
-  explicit ClusterPresence(const SharedTierConfig& c)
-      : namespace_(shared_namespace(c.name, c.tp_size)), tp_size_(c.tp_size) {
+  ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor)
+      : namespace_(shared_namespace(c.name, c.tp_size, block_size_factor)), tp_size_(c.tp_size) {
     ClusterClientConfig cc;
     cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
     cc.connect_timeout_ms = c.connect_timeout_ms;
@@ -100,11 +100,14 @@ class ClusterPresence final : public PresenceCheck {
 
 }  // namespace
 
-std::shared_ptr<PresenceCheck> make_cluster_presence(const SharedTierConfig& config) {
+std::shared_ptr<PresenceCheck> make_cluster_presence(const SharedTierConfig& config,
+                                                     std::int64_t block_size_factor) {
   KVOFFLOAD_EXPECTS(!config.name.empty(), "shared tier: name is empty");
   KVOFFLOAD_EXPECTS(config.tp_size >= 1, "shared tier: tp_size must be >= 1, got {}",
                     config.tp_size);
-  return std::make_shared<ClusterPresence>(config);
+  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
+                    block_size_factor);
+  return std::make_shared<ClusterPresence>(config, block_size_factor);
 }
 
 }  // namespace kvoffload

@@ -32,8 +32,9 @@ T get(const char* at, std::size_t off) {
 
 }  // namespace
 
-std::string shared_namespace(std::string_view name, int tp_size) {
-  const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}\n", name, tp_size);
+std::string shared_namespace(std::string_view name, int tp_size, std::int64_t block_size_factor) {
+  const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}\nfactor={}\n",
+                                       name, tp_size, block_size_factor);
   return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
 }
 
@@ -41,8 +42,8 @@ std::string shared_key(std::string_view ns, const Key& key, int rank) {
   return fmt::format("kvo:{{{}:{}:{}}}:{}", ns, key.group, key.hash.to_hex(), rank);
 }
 
-SharedTier::SharedTier(const SharedTierConfig& c, std::string_view layout,
-                       std::uint64_t payload_bytes,
+SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor,
+                       std::string_view layout, std::uint64_t payload_bytes,
                        std::function<std::span<std::byte>(HostBlockId)> host_block)
     : rank_(c.tp_rank),
       in_flight_(c.in_flight),
@@ -54,6 +55,8 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::string_view layout,
   KVOFFLOAD_EXPECTS(c.tp_size >= 1 && c.tp_rank >= 0 && c.tp_rank < c.tp_size,
                     "shared tier: tp_rank {} is not in 0..tp_size-1 (tp_size {})", c.tp_rank,
                     c.tp_size);
+  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
+                    block_size_factor);
   KVOFFLOAD_EXPECTS(c.in_flight >= 1 && c.in_flight <= 1024,
                     "shared tier: in_flight must be 1 to 1024, got {}", c.in_flight);
   ClusterClientConfig cc;
@@ -61,7 +64,7 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::string_view layout,
   cc.connect_timeout_ms = c.connect_timeout_ms;
   cc.reply_timeout_ms = c.reply_timeout_ms;
   client_ = std::make_unique<ClusterClient>(cc);
-  namespace_ = shared_namespace(c.name, c.tp_size);
+  namespace_ = shared_namespace(c.name, c.tp_size, block_size_factor);
   const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());

@@ -94,8 +94,9 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
                                                 [this](HostBlockId id) { return host_block(id); }));
   }
   for (const SharedTierConfig& t : c.shared_tiers) {
-    shared_.push_back(std::make_unique<SharedTier>(
-        t, layout, pool_->block_bytes(), [this](HostBlockId id) { return host_block(id); }));
+    shared_.push_back(
+        std::make_unique<SharedTier>(t, layout_->block_size_factor(), layout, pool_->block_bytes(),
+                                     [this](HostBlockId id) { return host_block(id); }));
   }
 }
 

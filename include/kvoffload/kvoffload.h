@@ -106,8 +106,8 @@ typedef struct kvoffload_group_config {
 typedef struct kvoffload_shared_tier_config {
   size_t struct_size;
   const char* nodes; /* seed nodes, "host:port[,host:port...]" */
-  const char* name;  /* the namespace: model, revision, dtype, block size (engines that share
-                        blocks give the same) */
+  const char* name;  /* the namespace, with tp_size and the block size factor: model,
+                        revision, dtype, block size (engines that share blocks give the same) */
   int tp_rank;
   int tp_size;
   int connect_timeout_ms;

@@ -34,8 +34,9 @@ class KVOFFLOAD_EXPORT PresenceCheck {
 
 /// Pipelined EXISTS of every rank's key (one slot per key: the ranks share a hash tag) on the
 /// cluster config.nodes names, from a thread of its own. Uses config's nodes, name, tp_size
-/// and timeouts; throws invalid_argument naming the field for a bad one.
+/// and timeouts, and the scheduler's block_size_factor (the namespace: shared_namespace);
+/// throws invalid_argument naming the field for a bad one.
 KVOFFLOAD_EXPORT std::shared_ptr<PresenceCheck> make_cluster_presence(
-    const SharedTierConfig& config);
+    const SharedTierConfig& config, std::int64_t block_size_factor);
 
 }  // namespace kvoffload

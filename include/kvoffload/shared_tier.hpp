@@ -30,8 +30,9 @@ namespace kvoffload {
 struct SharedTierConfig {
   std::string nodes;  ///< seed nodes of the cluster, "host:port[,host:port...]"
   /// What makes KV bytes incompatible, given by the engine: model and revision, KV dtype,
-  /// block size. With tp_size it names the keys' namespace (engines that share blocks must
-  /// give the same); the worker's own layout goes into each value's header and is checked.
+  /// block size. With tp_size and the block size factor it names the keys' namespace (engines
+  /// that share blocks must give the same); the worker's own layout goes into each value's
+  /// header and is checked.
   std::string name;
   int tp_rank = 0;
   int tp_size = 1;
@@ -40,8 +41,12 @@ struct SharedTierConfig {
   int in_flight = 8;  ///< blocks per pipelined batch
 };
 
-/// The keys' namespace: 16 hex digits of XXH3 of the name and tp_size.
-KVOFFLOAD_EXPORT std::string shared_namespace(std::string_view name, int tp_size);
+/// The keys' namespace: 16 hex digits of XXH3 of the name, tp_size and block_size_factor.
+/// The factor is in it because a key names the hash of a host block's last hash block: with
+/// factors 2 and 4, host block 1 of one and host block 0 of the other have the same key but
+/// hold different tokens, so engines with different factors must not share keys.
+KVOFFLOAD_EXPORT std::string shared_namespace(std::string_view name, int tp_size,
+                                              std::int64_t block_size_factor);
 /// The cluster key of `key`'s row of rank `rank`: "kvo:{<namespace>:<group>:<hash>}:<rank>"
 /// (the hash tag keeps a key's ranks in one slot).
 KVOFFLOAD_EXPORT std::string shared_key(std::string_view ns, const Key& key, int rank);
@@ -62,10 +67,13 @@ struct SharedTierStats {
 
 class KVOFFLOAD_EXPORT SharedTier {
  public:
-  /// `layout` is the worker's host block layout (Worker::layout_description); host_block(id)
-  /// gives the bytes of host block id (payload_bytes each). Connects to nothing yet; throws
-  /// invalid_argument naming the field for a bad config.
-  SharedTier(const SharedTierConfig& config, std::string_view layout, std::uint64_t payload_bytes,
+  /// `block_size_factor` is the worker's (part of the namespace, as for the scheduler's
+  /// make_cluster_presence); `layout` is the worker's host block layout
+  /// (Worker::layout_description); host_block(id) gives the bytes of host block id
+  /// (payload_bytes each). Connects to nothing yet; throws invalid_argument naming the field
+  /// for a bad config.
+  SharedTier(const SharedTierConfig& config, std::int64_t block_size_factor,
+             std::string_view layout, std::uint64_t payload_bytes,
              std::function<std::span<std::byte>(HostBlockId)> host_block);
   /// Finishes the jobs already submitted (each bounded by the timeouts), then stops.
   ~SharedTier();

@@ -81,8 +81,9 @@ class GroupConfig:
 @dataclass
 class SharedTierConfig:
     """A shared tier on a Valkey (or Redis 7) cluster (docs/semantics.md section 11.1):
-    ``nodes`` "host:port[,host:port...]"; ``name`` the namespace (model, revision, dtype,
-    block size: engines that share blocks give the same). The worker runs it
+    ``nodes`` "host:port[,host:port...]"; ``name`` the namespace, with ``tp_size`` and the
+    block size factor (model, revision, dtype, block size: engines that share blocks give the
+    same). The worker runs it
     (``WorkerConfig.shared_tiers``); the scheduler asks it which keys it holds
     (``TierConfig(medium="shared", shared=...)``)."""
 

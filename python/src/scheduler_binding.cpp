@@ -254,7 +254,9 @@ void bind_scheduler(nb::module_& m) {
               c.tiers.push_back(TierConfig{
                   parse_medium(medium, what + ".medium"), blocks,
                   parse_eviction_policy(policy, what + ".policy"), threshold, queue, back,
-                  back_free, shared ? make_cluster_presence(shared_config(*shared)) : nullptr});
+                  back_free,
+                  shared ? make_cluster_presence(shared_config(*shared), block_size_factor)
+                         : nullptr});
             }
             for (std::size_t g = 0; g < groups.size(); ++g) {
               c.groups.push_back({group_kind(std::get<0>(groups[g]), g), std::get<1>(groups[g]),

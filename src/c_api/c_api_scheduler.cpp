@@ -95,7 +95,8 @@ SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
       tier.write_back = tc.write_back != 0;
       tier.write_back_free_blocks = tc.write_back_free_blocks;
       if (tc.struct_size >= sizeof(kvoffload_tier_config_t) && tc.shared != nullptr) {
-        tier.presence = make_cluster_presence(from_c(*tc.shared, fn, what + ".shared"));
+        tier.presence =
+            make_cluster_presence(from_c(*tc.shared, fn, what + ".shared"), s.block_size_factor);
       }
       s.tiers.push_back(tier);
     }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/shared_presence.hpp"
 #include "kvoffload/shared_tier.hpp"
 #include "support/cluster.hpp"
 
@@ -70,12 +71,16 @@ FinishedTierJob run(SharedTier& t, const TierJob& j) {
 
 }  // namespace
 
-TEST_CASE("Shared keys: a namespace per name and tp size, a key's ranks in one slot",
+TEST_CASE("Shared keys: a namespace per name, tp size and factor, a key's ranks in one slot",
           "[shared_tier]") {
-  const std::string ns = shared_namespace("m", 2);
+  const std::string ns = shared_namespace("m", 2, 4);
   CHECK(ns.size() == 16);
-  CHECK(ns != shared_namespace("m", 4));
-  CHECK(ns != shared_namespace("n", 2));
+  CHECK(ns == shared_namespace("m", 2, 4));
+  CHECK(ns != shared_namespace("m", 4, 4));
+  CHECK(ns != shared_namespace("n", 2, 4));
+  // Key (h, g) with factor 2 (host block 1 of a prompt) and factor 4 (its host block 0) name
+  // different tokens under the same hash: the factor must keep them apart.
+  CHECK(ns != shared_namespace("m", 2, 2));
   const Key k = key(5, 3);
   const std::string r0 = shared_key(ns, k, 0), r1 = shared_key(ns, k, 1);
   CHECK(r0 == "kvo:{" + ns + ":3:" + k.hash.to_hex() + "}:0");
@@ -88,21 +93,24 @@ TEST_CASE("Shared tier: bad configs are named", "[shared_tier]") {
   Pool pool(1);
   const auto host = [&](HostBlockId id) { return pool.block(id); };
   SharedTierConfig c = config("");
-  CHECK_THROWS_AS(SharedTier(c, "l", kBlockBytes, host), invalid_argument);
+  CHECK_THROWS_AS(SharedTier(c, 1, "l", kBlockBytes, host), invalid_argument);
   c = config("x");
   c.nodes = "nowhere";
-  CHECK_THROWS_AS(SharedTier(c, "l", kBlockBytes, host), invalid_argument);
+  CHECK_THROWS_AS(SharedTier(c, 1, "l", kBlockBytes, host), invalid_argument);
   c = config("x");
   c.tp_rank = 2;
   c.tp_size = 2;
-  CHECK_THROWS_AS(SharedTier(c, "l", kBlockBytes, host), invalid_argument);
+  CHECK_THROWS_AS(SharedTier(c, 1, "l", kBlockBytes, host), invalid_argument);
+  CHECK_THROWS_AS(SharedTier(config("x"), 0, "l", kBlockBytes, host), invalid_argument);
+  CHECK_THROWS_AS(make_cluster_presence(config("x"), 0), invalid_argument);
+  CHECK_THROWS_AS(make_cluster_presence(config(""), 1), invalid_argument);
 }
 
 TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values are misses",
           "[cluster]") {
   const std::string name = "shared-tier-test-" + std::to_string(std::random_device{}());
   Pool pool(16);
-  SharedTier tier(config(name), "layout A", kBlockBytes,
+  SharedTier tier(config(name), 2, "layout A", kBlockBytes,
                   [&](HostBlockId id) { return pool.block(id); });
   std::mt19937_64 rng(42);
   for (auto& b : pool.bytes) b = static_cast<std::byte>(rng());
@@ -143,11 +151,18 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   CHECK(s.bytes_read == 2 * kBlockBytes);
 
   // Same name, another layout (a worker whose tensors differ): the header refuses it.
-  SharedTier other(config(name), "layout B", kBlockBytes,
+  SharedTier other(config(name), 2, "layout B", kBlockBytes,
                    [&](HostBlockId id) { return pool.block(id); });
   CHECK(other.key_namespace() == tier.key_namespace());
   CHECK_FALSE(run(other, job(3, TierJobKind::promote, {keys[0]}, {13})).ok);
   CHECK(other.stats().bad_values == 1);
+  // Same name, another block size factor: other keys, so a miss without reading anything.
+  SharedTier factor4(config(name), 4, "layout A", kBlockBytes,
+                     [&](HostBlockId id) { return pool.block(id); });
+  CHECK(factor4.key_namespace() != tier.key_namespace());
+  CHECK_FALSE(run(factor4, job(6, TierJobKind::promote, {keys[0]}, {14})).ok);
+  CHECK(factor4.stats().read_misses == 1);
+  CHECK(factor4.stats().bad_values == 0);
   // Jobs with lists that do not match are refused before anything runs.
   CHECK_THROWS_AS(tier.submit(job(4, TierJobKind::promote, keys, {1})), invalid_argument);
   CHECK_THROWS_AS(tier.submit(job(5, TierJobKind::promote, {keys[0]}, {99})), invalid_argument);
@@ -157,7 +172,7 @@ TEST_CASE("Shared tier: an unreachable cluster fails blocks within the timeouts"
   Pool pool(4);
   SharedTierConfig c = config("unreachable");
   c.nodes = "127.0.0.1:1";
-  SharedTier tier(c, "layout", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
+  SharedTier tier(c, 1, "layout", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
   const auto start = std::chrono::steady_clock::now();
   const FinishedTierJob w = run(tier, job(1, TierJobKind::write, {key(1), key(2)}, {0, 1}));
   CHECK_FALSE(w.ok);

@@ -151,7 +151,7 @@ struct SyntheticEngine::Impl {
       tier.medium = Medium::shared;
       tier.blocks = 1 << 20;  // keys remembered as present
       tier.store_threshold = c.shared_store_threshold;
-      tier.presence = make_cluster_presence(shared);
+      tier.presence = make_cluster_presence(shared, sc.block_size_factor);
       sc.tiers.push_back(tier);
     }
     scheduler = std::make_unique<Scheduler>(sc);
