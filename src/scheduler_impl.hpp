@@ -190,7 +190,9 @@ struct Scheduler::Impl {
   void start_promotions(StepResult& out);
   /// Write-through: queues tier writes of these ready host blocks, subject to each tier's
   /// admission and write queue.
-  void queue_tier_writes(std::span<const HostBlockId> host_ids);
+  /// Write-through of host blocks to tiers 0..nearer_than-1 (default: every tier).
+  void queue_tier_writes(std::span<const HostBlockId> host_ids,
+                         std::uint32_t nearer_than = UINT32_MAX);
   /// One write job of `keys` (from host blocks `sources`) to tier t; false if the tier had no
   /// room or nothing to write.
   bool issue_write(std::uint32_t t, std::span<const Key> keys, std::span<const HostBlockId> sources,

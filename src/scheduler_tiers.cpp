@@ -199,8 +199,9 @@ bool Scheduler::Impl::issue_write(std::uint32_t t, std::span<const Key> keys,
   return true;
 }
 
-void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids) {
-  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids,
+                                        std::uint32_t nearer_than) {
+  for (std::uint32_t t = 0; t < tiers.size() && t < nearer_than; ++t) {
     TierState& tier = *tiers[t];
     if (tier.config.write_back) continue;  // written when evicted instead
     std::vector<Key> keys;
@@ -253,6 +254,10 @@ void Scheduler::Impl::complete_tier_job(TierJobState& job) {
     tier.index.complete_load(job.keys);
     if (job.ok) {
       tier.stats.promotions += n;
+      // Promoted blocks are written through to the tiers nearer than their own: a shared hit
+      // also goes to the local disk, so the next host miss (or the next start) is served
+      // nearer. Farther tiers got the block when it was first stored.
+      queue_tier_writes(job.host_ids, job.tier);
     } else {
       // The slots could not be read back (a bad checksum, a truncated file, an I/O error):
       // they are forgotten, so the next lookup misses instead of failing again.

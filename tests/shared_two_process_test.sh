@@ -2,8 +2,9 @@
 # Two engine processes on one cluster, the way two machines share it (ctest, fixture
 # valkey_cluster): process A stores; process B, another process with an empty host cache that
 # never writes to the cluster, hits A's blocks from the shared tier and loads them byte for
-# byte (kvoffload-demo verifies every loaded byte). Then with a disk tier too: a restarted
-# process finds its blocks on disk first.
+# byte (kvoffload-demo verifies every loaded byte). Then with a disk tier too: the blocks a
+# process promotes from the shared tier are written to its disk, so after a restart the disk
+# serves them and the shared tier is asked for far fewer.
 # Usage: shared_two_process_test.sh DEMO SEED_NODE
 set -euo pipefail
 demo="$1"
@@ -44,11 +45,22 @@ run "$work/c.log" "$name-other" --shared-threshold 1000000000
 other=$(field "$work/c.log" "keys; ([0-9]+) blocks promoted")
 [ "$other" -eq 0 ] || { echo "FAILED: another namespace promoted $other blocks"; exit 1; }
 
-# Disk and shared: the first run fills its disk tier; the second (same disk, a restart) is
-# served by the disk before the shared tier is asked.
+# Disk and shared: the first run fills its disk tier (its own stores and what it promoted from
+# the shared tier); the second (same disk, a restart) is served by the disk before the shared
+# tier is asked.
 run "$work/d1.log" "$name" --disk "$work/disk" --shared-threshold 1000000000
 run "$work/d2.log" "$name" --disk "$work/disk" --shared-threshold 1000000000
 disk_promoted=$(field "$work/d2.log" "written \\([0-9]+ failed\\), ([0-9]+) promoted")
-echo "restart with disk + shared: $disk_promoted blocks promoted from disk"
+shared1=$(field "$work/d1.log" "keys; ([0-9]+) blocks promoted")
+shared2=$(field "$work/d2.log" "keys; ([0-9]+) blocks promoted")
+echo "restart with disk + shared: $disk_promoted blocks promoted from disk;" \
+  "from the shared tier $shared1 before the restart, $shared2 after"
 [ "${disk_promoted:-0}" -gt 0 ] || { cat "$work/d2.log"; echo "FAILED: nothing from disk"; exit 1; }
+[ "${shared1:-0}" -gt 0 ] || { cat "$work/d1.log"; echo "FAILED: d1 hit nothing shared"; exit 1; }
+if [ $((2 * shared2)) -ge "$shared1" ]; then
+  cat "$work/d2.log"
+  echo "FAILED: after the restart the shared tier still served $shared2 of $shared1 blocks:" \
+    "the disk was not asked first, or the shared hits were not written to it"
+  exit 1
+fi
 echo "OK"

@@ -236,3 +236,53 @@ TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[schedu
   for (const TierJob& j : jobs) (void)h.s.on_completed(std::vector<JobReport>{{j.id, 1, true}});
   CHECK(h.s.lookup("r", 0) == 64);
 }
+
+TEST_CASE("A block promoted from the shared tier is written to the disk, not back to the cluster",
+          "[scheduler][shared]") {
+  auto presence = std::make_shared<FakePresence>();
+  SchedulerConfig c = make_config({full()}, 1, 8);
+  TierConfig disk;
+  disk.blocks = 8;
+  TierConfig shared;
+  shared.medium = Medium::shared;
+  shared.blocks = 64;
+  shared.presence = presence;
+  c.tiers = {disk, shared};
+  Harness h(c);
+  const auto a = chain_hashes("a", 3);
+  // a[0] on disk; the cluster has all three.
+  std::vector<std::optional<Key>> slots = {Key{a[0], 0}};
+  REQUIRE(h.s.restore_tier(0, slots) == 1);
+  CHECK_FALSE(h.lookup("r", a, 49, 0).has_value());
+  presence->answer(0, keys_of(a));
+  CHECK_FALSE(h.s.lookup("r", 0).has_value());
+  std::vector<TierJob> promotions = h.s.build_step({}).tier_jobs;
+  REQUIRE(promotions.size() == 2);
+  REQUIRE(promotions[1].medium == Medium::shared);
+  REQUIRE(promotions[1].keys == keys_of({a[1], a[2]}));
+
+  SECTION("both succeed: the shared tier's blocks go to the disk, nothing to the cluster") {
+    for (const TierJob& j : promotions) {
+      (void)h.s.on_completed(std::vector<JobReport>{{j.id, 1, true}});
+    }
+    const std::vector<TierJob> writes = h.s.build_step({}).tier_jobs;
+    REQUIRE(writes.size() == 1);
+    CHECK(writes[0].kind == TierJobKind::write);
+    CHECK(writes[0].tier == 0);
+    CHECK(writes[0].keys == keys_of({a[1], a[2]}));
+    CHECK(writes[0].host_block_ids == promotions[1].host_block_ids);
+    (void)h.s.on_completed(std::vector<JobReport>{{writes[0].id, 1, true}});
+    CHECK(h.s.tier_index(0).peek(Key{a[2], 0}) == LookupResult::hit);
+    CHECK(h.s.tier_stats(0).blocks_written == 2);
+    CHECK(h.s.tier_stats(1).write_jobs == 0);
+    CHECK(h.s.lookup("r", 0) == 48);
+  }
+  SECTION("the shared promotion fails: nothing is written anywhere") {
+    (void)h.s.on_completed(std::vector<JobReport>{{promotions[0].id, 1, true}});
+    (void)h.s.on_completed(std::vector<JobReport>{{promotions[1].id, 1, false}});
+    CHECK(h.s.build_step({}).tier_jobs.empty());
+    CHECK(h.s.tier_stats(0).write_jobs == 0);
+    CHECK(h.s.tier_stats(1).write_jobs == 0);
+    CHECK(h.s.lookup("r", 0) == 16);
+  }
+}
