@@ -1,15 +1,19 @@
 // The shared tier under faults, end to end: the synthetic engine (every loaded block verified,
 // the reliability invariants checked every step) runs on the cluster ctest starts while one of
-// its masters is stopped (SIGSTOP), then killed (SIGKILL), then started again.
+// its masters is stopped (SIGSTOP), then killed (SIGKILL), then started again; alone, and
+// below a small disk tier (which evicts, so the shared tier still serves, and takes the
+// shared tier's promoted blocks).
 
 #include <signal.h>
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <chrono>
 #include <random>
 
 #include "sim/synthetic_engine.hpp"
 #include "support/cluster.hpp"
+#include "support/temp_dir.hpp"
 
 namespace {
 
@@ -33,9 +37,15 @@ Phase run_steps(kvsim::SyntheticEngine& e, int steps, kvsim::SimReport& last) {
 }  // namespace
 
 TEST_CASE("Shared tier: a master stopped, killed and restarted mid-run", "[cluster]") {
+  const bool with_disk = GENERATE(false, true);
   const unsigned seed = std::random_device{}();
-  INFO("seed " << seed);
+  INFO("seed " << seed << (with_disk ? ", with a disk tier" : ", no disk tier"));
+  kvtest::TempDir dir;
   kvsim::SimConfig c;
+  if (with_disk) {
+    c.disk_dir = dir.path.string();
+    c.disk_capacity = 4ull << 20;
+  }
   c.seed = seed;
   c.shared_nodes = kvoffload::test::cluster_seed();
   c.shared_name = "fault-test-" + std::to_string(seed);
@@ -45,7 +55,19 @@ TEST_CASE("Shared tier: a master stopped, killed and restarted mid-run", "[clust
   kvsim::SimReport last;
 
   const Phase healthy = run_steps(e, 800, last);
-  CHECK(healthy.after.shared_promotions > 0);
+  UNSCOPED_INFO("healthy: disk promotions "
+                << healthy.after.disk_promotions << ", written "
+                << healthy.after.disk_blocks_written << ", evicted " << healthy.after.disk_evictions
+                << "; shared promotions " << healthy.after.shared_promotions);
+  // With the disk, most host misses are disk hits: the shared tier serves those the disk
+  // evicted, which some seeds do not meet in 800 steps; it is asked and written all the same.
+  if (with_disk) {
+    CHECK(healthy.after.disk_promotions > 0);
+    CHECK(healthy.after.shared_checks > 0);
+  } else {
+    CHECK(healthy.after.shared_promotions > 0);
+  }
+  CHECK(healthy.after.shared_blocks_written > 0);
   CHECK(healthy.after.shared_read_errors == 0);
   CHECK(healthy.after.shared_failed_writes == 0);
 
@@ -70,7 +92,8 @@ TEST_CASE("Shared tier: a master stopped, killed and restarted mid-run", "[clust
   const Phase recovered = run_steps(e, 800, last);
   CHECK(recovered.after.shared_read_errors == recovered.before.shared_read_errors);
   CHECK(recovered.after.shared_failed_writes == recovered.before.shared_failed_writes);
-  CHECK(recovered.after.shared_promotions > recovered.before.shared_promotions);
+  CHECK(recovered.after.shared_blocks_written > recovered.before.shared_blocks_written);
+  if (!with_disk) CHECK(recovered.after.shared_promotions > recovered.before.shared_promotions);
   e.drain();
   CHECK(e.step().invariant_violations == 0);
 }
