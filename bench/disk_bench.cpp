@@ -21,6 +21,7 @@
 #include "kvoffload/scheduler.hpp"
 #include "kvoffload/worker.hpp"
 #include "scenarios.hpp"
+#include "tier_rig.hpp"
 
 namespace kvbench {
 namespace {
@@ -171,128 +172,32 @@ nlohmann::json throughput(const Options& opt, const fs::path& dir, std::uint64_t
           {"results", rows}};
 }
 
-/// One engine: a scheduler with a disk tier and a worker (host backend) whose "GPU" cache is
-/// ordinary memory; one full-attention group, factor 1.
-struct Rig {
-  static constexpr std::int64_t kBlocks = 16;
-  Rig(const fs::path& dir, std::uint64_t page_bytes)
-      : gpu(static_cast<std::size_t>(64 * page_bytes)) {
-    WorkerConfig wc;
-    wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 64,
-                          static_cast<std::int64_t>(page_bytes),
-                          static_cast<std::int64_t>(page_bytes)});
-    wc.groups = {{{0, static_cast<std::int64_t>(page_bytes)}}};
-    wc.host_blocks = 2 * kBlocks;
-    wc.threads = 2;
-    DiskTierConfig dc;
-    dc.path = dir.string();
-    dc.capacity_bytes = 4 * kBlocks * (page_bytes + 8192);
-    dc.model = "bench-latency";
-    wc.disk_tiers.push_back(dc);
-    worker = std::make_unique<Worker>(wc);
-    SchedulerConfig sc;
-    sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
-    sc.manager.host_blocks = wc.host_blocks;
-    sc.manager.enable_events = false;
-    TierConfig tc;
-    tc.blocks = worker->tier(0).num_slots();
-    sc.tiers.push_back(tc);
-    scheduler = std::make_unique<Scheduler>(sc);
-    (void)scheduler->restore_tier(0, worker->tier(0).scanned());
-    for (std::int64_t i = 0; i < kBlocks; ++i) hashes.push_back(key_of(i + 1000).hash);
-  }
-
-  /// Runs the step's jobs on the worker and reports them; returns the step's jobs count.
-  std::size_t run(const StepResult& out) {
-    std::vector<JobId> ids;
-    for (const TransferJob& j : out.load_jobs) {
-      worker->submit(j);
-      ids.push_back(j.id);
-    }
-    for (const TransferJob& j : out.store_jobs) {
-      worker->submit(j);
-      ids.push_back(j.id);
-    }
-    for (const TierJob& j : out.tier_jobs) {
-      worker->submit_tier(j);
-      ids.push_back(j.id);
-    }
-    worker->start_step();
-    worker->wait(ids);
-    std::vector<JobReport> reports;
-    for (const FinishedTransfer& f : worker->get_finished()) reports.push_back({f.job, 1, f.ok});
-    (void)scheduler->on_completed(reports);
-    return ids.size();
-  }
-
-  std::vector<AllocatedGroup> alloc(GpuBlockId first) const {
-    std::vector<GpuBlockId> ids;
-    for (std::int64_t i = 0; i <= kBlocks; ++i) ids.push_back(first + static_cast<GpuBlockId>(i));
-    return {AllocatedGroup{ids, 0}};
-  }
-
-  /// A request for the prefix: lookup (promoting from disk while it says retry later), then
-  /// allocation and the load. Returns the tokens loaded.
-  std::int64_t load(const std::string& req) {
-    const std::int64_t tokens = kBlocks * 16 + 1;
-    scheduler->update_request(req, tokens, hashes);
-    std::optional<std::int64_t> hit;
-    for (int tries = 0; tries < 100 && !(hit = scheduler->lookup(req, 0)); ++tries) {
-      (void)run(scheduler->build_step({}));
-    }
-    if (!hit || *hit == 0) throw error("disk bench: the prefix was not found");
-    scheduler->on_allocated(req, alloc(20), *hit);
-    (void)run(scheduler->build_step({}));
-    return *hit;
-  }
-
-  std::vector<std::byte> gpu;
-  std::unique_ptr<Worker> worker;
-  std::unique_ptr<Scheduler> scheduler;
-  std::vector<BlockHash> hashes;
-};
-
 nlohmann::json latency(const Options& opt, const fs::path& dir) {
   const std::uint64_t page = 256 << 10;
-  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 9);
   const fs::path tier_dir = dir / "latency";
   fs::remove_all(tier_dir);
-  {
-    // Fill the tier: store the prefix, write it through, drain.
-    Rig rig(tier_dir, page);
-    const std::int64_t tokens = Rig::kBlocks * 16 + 1;
-    rig.scheduler->update_request("fill", tokens, rig.hashes);
-    (void)rig.scheduler->lookup("fill", 0);
-    rig.scheduler->on_allocated("fill", rig.alloc(1), 0);
-    const ScheduledRequest e{"fill", 0, tokens, {rig.alloc(1)[0].block_ids}, false};
-    (void)rig.run(rig.scheduler->build_step(std::span(&e, 1)));
-    for (int i = 0; i < 10 && rig.scheduler->num_jobs_in_flight() > 0; ++i) {
-      (void)rig.run(rig.scheduler->build_step({}));
-    }
-    if (rig.scheduler->tier_stats(0).blocks_written != Rig::kBlocks) {
-      throw error("disk bench: the tier was not filled");
-    }
-  }
-  std::vector<double> disk, host;
-  Progress progress("disk vs host hit", runs);
-  for (std::size_t r = 0; r < runs; ++r) {
-    Rig rig(tier_dir, page);  // a restart: the host cache is empty, the tier full
-    auto start = std::chrono::steady_clock::now();
-    (void)rig.load("disk-hit");
-    disk.push_back(seconds_since(start));
-    start = std::chrono::steady_clock::now();
-    (void)rig.load("host-hit");  // now in host memory
-    host.push_back(seconds_since(start));
-    progress.step();
-  }
-  progress.done();
+  std::vector<BlockHash> prefix;
+  for (std::int64_t i = 0; i < TierRig::kBlocks; ++i) prefix.push_back(key_of(i + 1000).hash);
+  const auto make = [&] {  // each a restart: the host cache empty, the tier as it was
+    return std::make_unique<TierRig>(
+        page,
+        [&](WorkerConfig& wc) {
+          DiskTierConfig dc;
+          dc.path = tier_dir.string();
+          dc.capacity_bytes = 4 * TierRig::kBlocks * (page + 8192);
+          dc.model = "bench-latency";
+          wc.disk_tiers.push_back(dc);
+        },
+        [](Worker& w) {
+          TierConfig tc;
+          tc.blocks = w.tier(0).num_slots();
+          return tc;
+        },
+        prefix);
+  };
+  nlohmann::json out = hit_latency(opt, "disk", page, make);
   fs::remove_all(tier_dir);
-  const Summary d = summarize(disk), h = summarize(host);
-  return {{"blocks", Rig::kBlocks},
-          {"block_bytes", page},
-          {"disk_hit", to_json(d, "s")},
-          {"host_hit", to_json(h, "s")},
-          {"disk_over_host", d.median / h.median}};
+  return out;
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "kvoffload/shared_tier.hpp"
 #include "kvoffload/worker.hpp"
 #include "scenarios.hpp"
+#include "tier_rig.hpp"
 
 namespace kvbench {
 namespace {
@@ -236,129 +237,28 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
           {"results", rows}};
 }
 
-/// One engine: a scheduler with a shared tier and a worker (host backend) whose "GPU" cache is
-/// ordinary memory; one full-attention group, factor 1. A fresh rig is another engine: empty
-/// host cache, same namespace.
-struct Rig {
-  static constexpr std::int64_t kBlocks = 16;
-  Rig(const std::string& nodes, const std::string& name, std::uint64_t page_bytes)
-      : gpu(static_cast<std::size_t>(64 * page_bytes)) {
-    WorkerConfig wc;
-    wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 64,
-                          static_cast<std::int64_t>(page_bytes),
-                          static_cast<std::int64_t>(page_bytes)});
-    wc.groups = {{{0, static_cast<std::int64_t>(page_bytes)}}};
-    wc.host_blocks = 2 * kBlocks;
-    wc.threads = 2;
+nlohmann::json latency(const Options& opt, const std::string& nodes) {
+  const std::uint64_t page = 1 << 20;
+  const std::string name = "kvoffload-bench-latency-" + std::to_string(std::random_device{}());
+  std::vector<BlockHash> prefix;
+  for (std::int64_t i = 0; i < TierRig::kBlocks; ++i) prefix.push_back(key_of(i + 1000, 99).hash);
+  const auto make = [&] {  // each another engine: empty host cache, the same namespace
     SharedTierConfig shared;
     shared.nodes = nodes;
     shared.name = name;
     shared.in_flight = 16;
-    wc.shared_tiers.push_back(shared);
-    worker = std::make_unique<Worker>(wc);
-    SchedulerConfig sc;
-    sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
-    sc.manager.host_blocks = wc.host_blocks;
-    sc.manager.enable_events = false;
-    TierConfig tc;
-    tc.medium = Medium::shared;
-    tc.blocks = 1024;
-    tc.presence = make_cluster_presence(shared, sc.block_size_factor);
-    sc.tiers.push_back(tc);
-    scheduler = std::make_unique<Scheduler>(sc);
-    for (std::int64_t i = 0; i < kBlocks; ++i) hashes.push_back(key_of(i + 1000, 99).hash);
-  }
-
-  std::size_t run(const StepResult& out) {
-    std::vector<JobId> ids;
-    for (const TransferJob& j : out.load_jobs) {
-      worker->submit(j);
-      ids.push_back(j.id);
-    }
-    for (const TransferJob& j : out.store_jobs) {
-      worker->submit(j);
-      ids.push_back(j.id);
-    }
-    for (const TierJob& j : out.tier_jobs) {
-      worker->submit_tier(j);
-      ids.push_back(j.id);
-    }
-    worker->start_step();
-    worker->wait(ids);
-    std::vector<JobReport> reports;
-    for (const FinishedTransfer& f : worker->get_finished()) reports.push_back({f.job, 1, f.ok});
-    (void)scheduler->on_completed(reports);
-    return ids.size();
-  }
-
-  std::vector<AllocatedGroup> alloc(GpuBlockId first) const {
-    std::vector<GpuBlockId> ids;
-    for (std::int64_t i = 0; i <= kBlocks; ++i) ids.push_back(first + static_cast<GpuBlockId>(i));
-    return {AllocatedGroup{ids, 0}};
-  }
-
-  /// A request for the prefix: lookup (retry later while the check and the promotion run),
-  /// then allocation and the load. Returns the tokens loaded.
-  std::int64_t load(const std::string& req) {
-    const std::int64_t tokens = kBlocks * 16 + 1;
-    scheduler->update_request(req, tokens, hashes);
-    std::optional<std::int64_t> hit;
-    for (int tries = 0; tries < 100000 && !(hit = scheduler->lookup(req, 0)); ++tries) {
-      (void)run(scheduler->build_step({}));
-    }
-    if (!hit || *hit == 0) throw error("shared bench: the prefix was not found");
-    scheduler->on_allocated(req, alloc(20), *hit);
-    (void)run(scheduler->build_step({}));
-    return *hit;
-  }
-
-  std::vector<std::byte> gpu;
-  std::unique_ptr<Worker> worker;
-  std::unique_ptr<Scheduler> scheduler;
-  std::vector<BlockHash> hashes;
-};
-
-nlohmann::json latency(const Options& opt, const std::string& nodes) {
-  const std::uint64_t page = 1 << 20;
-  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 9);
-  const std::string name = "kvoffload-bench-latency-" + std::to_string(std::random_device{}());
-  {
-    // Fill the tier: store the prefix, write it through, drain.
-    Rig rig(nodes, name, page);
-    const std::int64_t tokens = Rig::kBlocks * 16 + 1;
-    rig.scheduler->update_request("fill", tokens, rig.hashes);
-    for (int i = 0; i < 100000 && !rig.scheduler->lookup("fill", 0); ++i) {
-      (void)rig.run(rig.scheduler->build_step({}));  // the check of keys nobody has yet
-    }
-    rig.scheduler->on_allocated("fill", rig.alloc(1), 0);
-    const ScheduledRequest e{"fill", 0, tokens, {rig.alloc(1)[0].block_ids}, false};
-    (void)rig.run(rig.scheduler->build_step(std::span(&e, 1)));
-    for (int i = 0; i < 10 && rig.scheduler->num_jobs_in_flight() > 0; ++i) {
-      (void)rig.run(rig.scheduler->build_step({}));
-    }
-    if (rig.scheduler->tier_stats(0).blocks_written != Rig::kBlocks) {
-      throw error("shared bench: the blocks were not written to the cluster");
-    }
-  }
-  std::vector<double> shared, host;
-  Progress progress("shared vs host hit", runs);
-  for (std::size_t r = 0; r < runs; ++r) {
-    Rig rig(nodes, name, page);  // another engine: empty host cache
-    auto start = std::chrono::steady_clock::now();
-    (void)rig.load("shared-hit");
-    shared.push_back(seconds_since(start));
-    start = std::chrono::steady_clock::now();
-    (void)rig.load("host-hit");
-    host.push_back(seconds_since(start));
-    progress.step();
-  }
-  progress.done();
-  const Summary s = summarize(shared), h = summarize(host);
-  return {{"blocks", Rig::kBlocks},
-          {"block_bytes", page},
-          {"shared_hit", to_json(s, "s")},
-          {"host_hit", to_json(h, "s")},
-          {"shared_over_host", s.median / h.median}};
+    return std::make_unique<TierRig>(
+        page, [&](WorkerConfig& wc) { wc.shared_tiers.push_back(shared); },
+        [&](Worker&) {
+          TierConfig tc;
+          tc.medium = Medium::shared;
+          tc.blocks = 1024;
+          tc.presence = make_cluster_presence(shared, 1);
+          return tc;
+        },
+        prefix);
+  };
+  return hit_latency(opt, "shared", page, make);
 }
 
 }  // namespace

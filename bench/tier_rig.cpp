@@ -1,0 +1,125 @@
+#include "tier_rig.hpp"
+
+#include <chrono>
+#include <optional>
+#include <span>
+
+#include "kvoffload/error.hpp"
+
+namespace kvbench {
+
+using namespace kvoffload;
+
+TierRig::TierRig(std::uint64_t page_bytes, const std::function<void(WorkerConfig&)>& add_tier,
+                 const std::function<TierConfig(Worker&)>& scheduler_tier,
+                 std::vector<BlockHash> prefix)
+    : gpu(static_cast<std::size_t>(64 * page_bytes)), hashes(std::move(prefix)) {
+  if (static_cast<std::int64_t>(hashes.size()) != kBlocks) {
+    throw invalid_argument("tier rig: the prefix needs " + std::to_string(kBlocks) + " hashes");
+  }
+  WorkerConfig wc;
+  wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 64,
+                        static_cast<std::int64_t>(page_bytes),
+                        static_cast<std::int64_t>(page_bytes)});
+  wc.groups = {{{0, static_cast<std::int64_t>(page_bytes)}}};
+  wc.host_blocks = 2 * kBlocks;
+  wc.threads = 2;
+  add_tier(wc);
+  worker = std::make_unique<Worker>(wc);
+  SchedulerConfig sc;
+  sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
+  sc.manager.host_blocks = wc.host_blocks;
+  sc.manager.enable_events = false;
+  sc.tiers.push_back(scheduler_tier(*worker));
+  scheduler = std::make_unique<Scheduler>(sc);
+  if (sc.tiers[0].medium == Medium::disk) {
+    (void)scheduler->restore_tier(0, worker->tier(0).scanned());
+  }
+}
+
+std::size_t TierRig::run(const StepResult& out) {
+  std::vector<JobId> ids;
+  for (const TransferJob& j : out.load_jobs) {
+    worker->submit(j);
+    ids.push_back(j.id);
+  }
+  for (const TransferJob& j : out.store_jobs) {
+    worker->submit(j);
+    ids.push_back(j.id);
+  }
+  for (const TierJob& j : out.tier_jobs) {
+    worker->submit_tier(j);
+    ids.push_back(j.id);
+  }
+  worker->start_step();
+  worker->wait(ids);
+  std::vector<JobReport> reports;
+  for (const FinishedTransfer& f : worker->get_finished()) reports.push_back({f.job, 1, f.ok});
+  (void)scheduler->on_completed(reports);
+  return ids.size();
+}
+
+std::vector<AllocatedGroup> TierRig::alloc(GpuBlockId first) const {
+  std::vector<GpuBlockId> ids;
+  for (std::int64_t i = 0; i <= kBlocks; ++i) ids.push_back(first + static_cast<GpuBlockId>(i));
+  return {AllocatedGroup{ids, 0}};
+}
+
+std::optional<std::int64_t> TierRig::lookup(const std::string& request, int tries) {
+  scheduler->update_request(request, kBlocks * 16 + 1, hashes);
+  std::optional<std::int64_t> hit;
+  for (int i = 0; i < tries && !(hit = scheduler->lookup(request, 0)); ++i) {
+    (void)run(scheduler->build_step({}));  // a shared tier's check; a promotion
+  }
+  return hit;
+}
+
+void TierRig::fill() {
+  if (lookup("fill", 100000) != 0) {
+    throw error("tier bench: the tier did not answer, or already held the prefix");
+  }
+  scheduler->on_allocated("fill", alloc(1), 0);
+  const ScheduledRequest e{"fill", 0, kBlocks * 16 + 1, {alloc(1)[0].block_ids}, false};
+  (void)run(scheduler->build_step(std::span(&e, 1)));
+  for (int i = 0; i < 10 && scheduler->num_jobs_in_flight() > 0; ++i) {
+    (void)run(scheduler->build_step({}));
+  }
+  if (scheduler->tier_stats(0).blocks_written != static_cast<std::uint64_t>(kBlocks)) {
+    throw error("tier bench: the prefix was not written to the tier");
+  }
+}
+
+std::int64_t TierRig::load(const std::string& request) {
+  const std::optional<std::int64_t> hit = lookup(request, 100000);
+  if (!hit || *hit == 0) throw error("tier bench: the prefix was not found");
+  scheduler->on_allocated(request, alloc(20), *hit);
+  (void)run(scheduler->build_step({}));
+  return *hit;
+}
+
+nlohmann::json hit_latency(const Options& opt, const std::string& what, std::uint64_t page_bytes,
+                           const std::function<std::unique_ptr<TierRig>()>& make) {
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 9);
+  make()->fill();
+  std::vector<double> tier, host;
+  Progress progress(what + " vs host hit", runs);
+  for (std::size_t r = 0; r < runs; ++r) {
+    const std::unique_ptr<TierRig> rig = make();  // empty host cache, the tier filled
+    auto start = std::chrono::steady_clock::now();
+    (void)rig->load(what + "-hit");
+    tier.push_back(seconds_since(start));
+    start = std::chrono::steady_clock::now();
+    (void)rig->load("host-hit");  // now in host memory
+    host.push_back(seconds_since(start));
+    progress.step();
+  }
+  progress.done();
+  const Summary t = summarize(tier), h = summarize(host);
+  return {{"blocks", TierRig::kBlocks},
+          {"block_bytes", page_bytes},
+          {what + "_hit", to_json(t, "s")},
+          {"host_hit", to_json(h, "s")},
+          {what + "_over_host", t.median / h.median}};
+}
+
+}  // namespace kvbench

@@ -1,0 +1,57 @@
+#pragma once
+
+// One engine for the tier benchmarks' "lookup to loaded block" measurement: a scheduler with
+// one tier below host memory (a disk or a shared tier) and a worker (host backend) whose "GPU"
+// cache is ordinary memory; one full-attention group, factor 1, a prefix of kBlocks blocks.
+// A fresh rig is another engine (or a restart): empty host cache, the tier as it was.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_common.hpp"
+#include "kvoffload/config.hpp"
+#include "kvoffload/scheduler.hpp"
+#include "kvoffload/worker.hpp"
+
+namespace kvbench {
+
+struct TierRig {
+  static constexpr std::int64_t kBlocks = 16;
+
+  /// `add_tier` puts the tier into the worker's config; `scheduler_tier` gives the scheduler's
+  /// TierConfig for the worker built. A disk tier's index is restored from the worker's scan.
+  TierRig(std::uint64_t page_bytes, const std::function<void(kvoffload::WorkerConfig&)>& add_tier,
+          const std::function<kvoffload::TierConfig(kvoffload::Worker&)>& scheduler_tier,
+          std::vector<kvoffload::BlockHash> prefix);
+
+  /// Runs the step's jobs on the worker, waits for them and reports them; returns their count.
+  std::size_t run(const kvoffload::StepResult& out);
+  /// Stores the prefix and writes it through to the tier; throws unless all of it was written.
+  void fill();
+  /// A request for the prefix: lookup (retry later while the tier answers and promotes), then
+  /// allocation and the load. Returns the tokens loaded; throws if the prefix was not found.
+  std::int64_t load(const std::string& request);
+
+  std::vector<std::byte> gpu;
+  std::unique_ptr<kvoffload::Worker> worker;
+  std::unique_ptr<kvoffload::Scheduler> scheduler;
+  std::vector<kvoffload::BlockHash> hashes;
+
+ private:
+  [[nodiscard]] std::vector<kvoffload::AllocatedGroup> alloc(kvoffload::GpuBlockId first) const;
+  /// Lookups of `request` until one answers (steps run between them), at most `tries`.
+  std::optional<std::int64_t> lookup(const std::string& request, int tries);
+};
+
+/// Lookup to loaded block: a `what` hit (a fresh rig from make() after a first one filled the
+/// tier) against a host hit of the same request in the same rig, medians over the runs: JSON
+/// with "<what>_hit", "host_hit" and "<what>_over_host".
+nlohmann::json hit_latency(const Options& opt, const std::string& what, std::uint64_t page_bytes,
+                           const std::function<std::unique_ptr<TierRig>()>& make);
+
+}  // namespace kvbench
