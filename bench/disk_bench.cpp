@@ -21,23 +21,13 @@
 #include "kvoffload/scheduler.hpp"
 #include "kvoffload/worker.hpp"
 #include "scenarios.hpp"
-#include "tier_rig.hpp"
+#include "tier_bench_common.hpp"
 
 namespace kvbench {
 namespace {
 
 namespace fs = std::filesystem;
 using namespace kvoffload;
-
-/// Runs a shell command and returns its standard output (nullopt if it failed).
-std::optional<std::string> capture(const std::string& command) {
-  FILE* p = ::popen(command.c_str(), "r");
-  if (p == nullptr) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return ::pclose(p) == 0 ? std::optional(out) : std::nullopt;
-}
 
 /// fio's sequential throughput in bytes per second (nullopt: fio missing or failed).
 std::optional<double> fio_bandwidth(const fs::path& file, bool write, std::uint64_t bs,
@@ -56,27 +46,6 @@ std::optional<double> fio_bandwidth(const fs::path& file, bool write, std::uint6
   return side["bw_bytes"].get<double>();
 }
 
-/// A host pool of `blocks` blocks in ordinary memory, filled with random bytes.
-struct HostPool {
-  HostPool(std::int64_t blocks, std::uint64_t bytes_per_block)
-      : block_bytes(bytes_per_block), bytes(static_cast<std::size_t>(blocks) * bytes_per_block) {
-    std::mt19937_64 rng(7);
-    for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
-  }
-  std::span<std::byte> block(HostBlockId id) {
-    return {bytes.data() + static_cast<std::size_t>(id) * block_bytes, block_bytes};
-  }
-  std::uint64_t block_bytes;
-  std::vector<std::byte> bytes;
-};
-
-Key key_of(std::int64_t i) {
-  std::uint8_t b[16] = {};
-  std::memcpy(b, &i, sizeof i);
-  b[15] = 0x5a;
-  return Key{BlockHash::from_bytes(b), 0};
-}
-
 /// One timed tier job of `n` blocks (host blocks cycled over the pool).
 double time_job(DiskTier& tier, JobId id, TierJobKind kind, std::int64_t n,
                 std::int64_t pool_blocks) {
@@ -84,7 +53,7 @@ double time_job(DiskTier& tier, JobId id, TierJobKind kind, std::int64_t n,
   job.id = id;
   job.kind = kind;
   for (std::int64_t i = 0; i < n; ++i) {
-    job.keys.push_back(key_of(i));
+    job.keys.push_back(bench_key(i, 0x5a));
     job.host_block_ids.push_back(static_cast<HostBlockId>(i % pool_blocks));
     job.tier_block_ids.push_back(i);
   }
@@ -177,7 +146,8 @@ nlohmann::json latency(const Options& opt, const fs::path& dir) {
   const fs::path tier_dir = dir / "latency";
   fs::remove_all(tier_dir);
   std::vector<BlockHash> prefix;
-  for (std::int64_t i = 0; i < TierRig::kBlocks; ++i) prefix.push_back(key_of(i + 1000).hash);
+  for (std::int64_t i = 0; i < TierRig::kBlocks; ++i)
+    prefix.push_back(bench_key(i + 1000, 0x5a).hash);
   const auto make = [&] {  // each a restart: the host cache empty, the tier as it was
     return std::make_unique<TierRig>(
         page,

@@ -22,21 +22,12 @@
 #include "kvoffload/shared_tier.hpp"
 #include "kvoffload/worker.hpp"
 #include "scenarios.hpp"
-#include "tier_rig.hpp"
+#include "tier_bench_common.hpp"
 
 namespace kvbench {
 namespace {
 
 using namespace kvoffload;
-
-std::optional<std::string> capture(const std::string& command) {
-  FILE* p = ::popen(command.c_str(), "r");
-  if (p == nullptr) return std::nullopt;
-  std::string out;
-  char buf[4096];
-  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
-  return ::pclose(p) == 0 ? std::optional(out) : std::nullopt;
-}
 
 /// The benchmark tool the cluster came with.
 std::string benchmark_tool() {
@@ -81,27 +72,6 @@ std::optional<std::pair<double, double>> tool_rates(const std::string& tool,
   return std::pair{set, get};
 }
 
-/// A host pool in ordinary memory filled with random bytes.
-struct HostPool {
-  HostPool(std::int64_t blocks, std::uint64_t bytes_per_block)
-      : block_bytes(bytes_per_block), bytes(static_cast<std::size_t>(blocks) * bytes_per_block) {
-    std::mt19937_64 rng(7);
-    for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
-  }
-  std::span<std::byte> block(HostBlockId id) {
-    return {bytes.data() + static_cast<std::size_t>(id) * block_bytes, block_bytes};
-  }
-  std::uint64_t block_bytes;
-  std::vector<std::byte> bytes;
-};
-
-Key key_of(std::int64_t i, std::uint64_t salt) {
-  std::uint8_t b[16] = {};
-  std::memcpy(b, &i, sizeof i);
-  std::memcpy(b + 8, &salt, sizeof salt);
-  return Key{BlockHash::from_bytes(b), 0};
-}
-
 /// A timed job of n blocks: distinct keys from distinct host blocks (the tier's pattern), or
 /// with one_key, one key from one host block n times (the baseline's pattern: one value
 /// rewritten or reread, hot in both caches).
@@ -112,7 +82,7 @@ double time_job(SharedTier& tier, JobId id, TierJobKind kind, std::int64_t n,
   job.kind = kind;
   job.medium = Medium::shared;
   for (std::int64_t i = 0; i < n; ++i) {
-    job.keys.push_back(key_of(one_key ? 0 : i, salt));
+    job.keys.push_back(bench_key(one_key ? 0 : i, salt));
     job.host_block_ids.push_back(static_cast<HostBlockId>(one_key ? 0 : i % pool_blocks));
     job.tier_block_ids.push_back(-1);
   }
@@ -195,7 +165,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
       // Leave the cluster as it was (untimed): the cell's values, then the baseline's.
       const std::string ns = shared_namespace("kvoffload-bench", 1, 1);
       std::vector<std::string> names;
-      for (std::int64_t i = 0; i < n; ++i) names.push_back(shared_key(ns, key_of(i, salt), 0));
+      for (std::int64_t i = 0; i < n; ++i) names.push_back(shared_key(ns, bench_key(i, salt), 0));
       names.push_back(tool_key);
       std::vector<ClusterCommand> unlink;
       for (const std::string& k : names) unlink.push_back({.key = k, .args = {"UNLINK", k}});
@@ -241,7 +211,8 @@ nlohmann::json latency(const Options& opt, const std::string& nodes) {
   const std::uint64_t page = 1 << 20;
   const std::string name = "kvoffload-bench-latency-" + std::to_string(std::random_device{}());
   std::vector<BlockHash> prefix;
-  for (std::int64_t i = 0; i < TierRig::kBlocks; ++i) prefix.push_back(key_of(i + 1000, 99).hash);
+  for (std::int64_t i = 0; i < TierRig::kBlocks; ++i)
+    prefix.push_back(bench_key(i + 1000, 99).hash);
   const auto make = [&] {  // each another engine: empty host cache, the same namespace
     SharedTierConfig shared;
     shared.nodes = nodes;

@@ -62,6 +62,19 @@ struct Shared {
   std::unique_ptr<Harness> h;
 };
 
+/// Tier 0 a disk of 8 slots, tier 1 the shared tier asked through `presence`; 8 host blocks.
+SchedulerConfig disk_and_shared(std::shared_ptr<FakePresence> presence) {
+  SchedulerConfig c = make_config({full()}, 1, 8);
+  TierConfig disk;
+  disk.blocks = 8;
+  TierConfig shared;
+  shared.medium = Medium::shared;
+  shared.blocks = 64;
+  shared.presence = std::move(presence);
+  c.tiers = {disk, shared};
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("A shared tier needs a presence check, and only a shared tier has one",
@@ -201,15 +214,7 @@ TEST_CASE("reset_cache drops the answers in flight; requests ask again", "[sched
 
 TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[scheduler][shared]") {
   auto presence = std::make_shared<FakePresence>();
-  SchedulerConfig c = make_config({full()}, 1, 8);
-  TierConfig disk;
-  disk.blocks = 8;
-  TierConfig shared;
-  shared.medium = Medium::shared;
-  shared.blocks = 64;
-  shared.presence = presence;
-  c.tiers = {disk, shared};
-  Harness h(c);
+  Harness h(disk_and_shared(presence));
   const auto a = chain_hashes("a", 4);
   // On disk: a[1] and a[2]; in host memory: a[0]; the shared tier has all four.
   std::vector<std::optional<Key>> slots = {Key{a[1], 0}, Key{a[2], 0}};
@@ -240,15 +245,7 @@ TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[schedu
 TEST_CASE("A block promoted from the shared tier is written to the disk, not back to the cluster",
           "[scheduler][shared]") {
   auto presence = std::make_shared<FakePresence>();
-  SchedulerConfig c = make_config({full()}, 1, 8);
-  TierConfig disk;
-  disk.blocks = 8;
-  TierConfig shared;
-  shared.medium = Medium::shared;
-  shared.blocks = 64;
-  shared.presence = presence;
-  c.tiers = {disk, shared};
-  Harness h(c);
+  Harness h(disk_and_shared(presence));
   const auto a = chain_hashes("a", 3);
   // a[0] on disk; the cluster has all three.
   std::vector<std::optional<Key>> slots = {Key{a[0], 0}};

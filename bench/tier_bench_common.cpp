@@ -1,7 +1,10 @@
-#include "tier_rig.hpp"
+#include "tier_bench_common.hpp"
 
 #include <chrono>
+#include <cstdio>
+#include <cstring>
 #include <optional>
+#include <random>
 #include <span>
 
 #include "kvoffload/error.hpp"
@@ -9,6 +12,32 @@
 namespace kvbench {
 
 using namespace kvoffload;
+
+std::optional<std::string> capture(const std::string& command) {
+  FILE* p = ::popen(command.c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  std::string out;
+  char buf[4096];
+  for (std::size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
+  return ::pclose(p) == 0 ? std::optional(out) : std::nullopt;
+}
+
+HostPool::HostPool(std::int64_t blocks, std::uint64_t bytes_per_block)
+    : block_bytes(bytes_per_block), bytes(static_cast<std::size_t>(blocks) * bytes_per_block) {
+  std::mt19937_64 rng(7);
+  for (std::byte& b : bytes) b = static_cast<std::byte>(rng());
+}
+
+std::span<std::byte> HostPool::block(HostBlockId id) {
+  return {bytes.data() + static_cast<std::size_t>(id) * block_bytes, block_bytes};
+}
+
+Key bench_key(std::int64_t i, std::uint64_t salt) {
+  std::uint8_t b[16] = {};
+  std::memcpy(b, &i, sizeof i);
+  std::memcpy(b + 8, &salt, sizeof salt);
+  return Key{BlockHash::from_bytes(b), 0};
+}
 
 TierRig::TierRig(std::uint64_t page_bytes, const std::function<void(WorkerConfig&)>& add_tier,
                  const std::function<TierConfig(Worker&)>& scheduler_tier,

@@ -1,17 +1,17 @@
 #pragma once
 
-// One engine for the tier benchmarks' "lookup to loaded block" measurement: a scheduler with
-// one tier below host memory (a disk or a shared tier) and a worker (host backend) whose "GPU"
-// cache is ordinary memory; one full-attention group, factor 1, a prefix of kBlocks blocks.
-// A fresh rig is another engine (or a restart): empty host cache, the tier as it was.
+// What the disk and shared tier benchmarks share: running the baseline tool, a host pool for timing
+// tier jobs, their keys, and one engine (TierRig) for the "lookup to loaded block" measurement.
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+#include <span>
 
 #include "bench_common.hpp"
 #include "kvoffload/config.hpp"
@@ -20,6 +20,25 @@
 
 namespace kvbench {
 
+/// Runs a shell command (a baseline tool) and returns its standard output (nullopt if it
+/// failed).
+std::optional<std::string> capture(const std::string& command);
+
+/// A host pool of `blocks` blocks in ordinary memory, filled with random bytes.
+struct HostPool {
+  HostPool(std::int64_t blocks, std::uint64_t bytes_per_block);
+  std::span<std::byte> block(kvoffload::HostBlockId id);
+  std::uint64_t block_bytes;
+  std::vector<std::byte> bytes;
+};
+
+/// Block i's key (group 0); another salt gives other keys.
+kvoffload::Key bench_key(std::int64_t i, std::uint64_t salt);
+
+/// One engine: a scheduler with one tier below host memory (a disk or a shared tier) and a
+/// worker (host backend) whose "GPU" cache is ordinary memory; one full-attention group,
+/// factor 1, a prefix of kBlocks blocks. A fresh rig is another engine (or a restart): empty
+/// host cache, the tier as it was.
 struct TierRig {
   static constexpr std::int64_t kBlocks = 16;
 
