@@ -7,11 +7,11 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
-#include <span>
 
 #include "bench_common.hpp"
 #include "kvoffload/config.hpp"

@@ -188,9 +188,8 @@ struct Scheduler::Impl {
   bool plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit);
   /// build_step: takes host blocks for the planned promotions and emits their jobs.
   void start_promotions(StepResult& out);
-  /// Write-through: queues tier writes of these ready host blocks, subject to each tier's
-  /// admission and write queue.
-  /// Write-through of host blocks to tiers 0..nearer_than-1 (default: every tier).
+  /// Write-through: queues tier writes of these ready host blocks to tiers 0..nearer_than-1
+  /// (default: every tier), subject to each tier's admission and write queue.
   void queue_tier_writes(std::span<const HostBlockId> host_ids,
                          std::uint32_t nearer_than = UINT32_MAX);
   /// One write job of `keys` (from host blocks `sources`) to tier t; false if the tier had no

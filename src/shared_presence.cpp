@@ -103,10 +103,6 @@ class ClusterPresence final : public PresenceCheck {
 std::shared_ptr<PresenceCheck> make_cluster_presence(const SharedTierConfig& config,
                                                      std::int64_t block_size_factor) {
   KVOFFLOAD_EXPECTS(!config.name.empty(), "shared tier: name is empty");
-  KVOFFLOAD_EXPECTS(config.tp_size >= 1, "shared tier: tp_size must be >= 1, got {}",
-                    config.tp_size);
-  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
-                    block_size_factor);
   return std::make_shared<ClusterPresence>(config, block_size_factor);
 }
 

@@ -33,6 +33,9 @@ T get(const char* at, std::size_t off) {
 }  // namespace
 
 std::string shared_namespace(std::string_view name, int tp_size, std::int64_t block_size_factor) {
+  KVOFFLOAD_EXPECTS(tp_size >= 1, "shared tier: tp_size must be >= 1, got {}", tp_size);
+  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
+                    block_size_factor);
   const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}\nfactor={}\n",
                                        name, tp_size, block_size_factor);
   return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
@@ -55,16 +58,14 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   KVOFFLOAD_EXPECTS(c.tp_size >= 1 && c.tp_rank >= 0 && c.tp_rank < c.tp_size,
                     "shared tier: tp_rank {} is not in 0..tp_size-1 (tp_size {})", c.tp_rank,
                     c.tp_size);
-  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
-                    block_size_factor);
   KVOFFLOAD_EXPECTS(c.in_flight >= 1 && c.in_flight <= 1024,
                     "shared tier: in_flight must be 1 to 1024, got {}", c.in_flight);
   ClusterClientConfig cc;
   cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
   cc.connect_timeout_ms = c.connect_timeout_ms;
   cc.reply_timeout_ms = c.reply_timeout_ms;
+  namespace_ = shared_namespace(c.name, c.tp_size, block_size_factor);  // checks the factor
   client_ = std::make_unique<ClusterClient>(cc);
-  namespace_ = shared_namespace(c.name, c.tp_size, block_size_factor);
   const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());

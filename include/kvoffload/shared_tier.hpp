@@ -44,7 +44,8 @@ struct SharedTierConfig {
 /// The keys' namespace: 16 hex digits of XXH3 of the name, tp_size and block_size_factor.
 /// The factor is in it because a key names the hash of a host block's last hash block: with
 /// factors 2 and 4, host block 1 of one and host block 0 of the other have the same key but
-/// hold different tokens, so engines with different factors must not share keys.
+/// hold different tokens, so engines with different factors must not share keys. Throws
+/// invalid_argument for a tp_size or factor below 1.
 KVOFFLOAD_EXPORT std::string shared_namespace(std::string_view name, int tp_size,
                                               std::int64_t block_size_factor);
 /// The cluster key of `key`'s row of rank `rank`: "kvo:{<namespace>:<group>:<hash>}:<rank>"

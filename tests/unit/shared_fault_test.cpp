@@ -1,8 +1,8 @@
 // The shared tier under faults, end to end: the synthetic engine (every loaded block verified,
 // the reliability invariants checked every step) runs on the cluster ctest starts while one of
 // its masters is stopped (SIGSTOP), then killed (SIGKILL), then started again; alone, and
-// below a small disk tier (which evicts, so the shared tier still serves, and takes the
-// shared tier's promoted blocks).
+// below a small disk tier (which evicts, so the shared tier still serves some hits, and
+// takes the blocks promoted from it).
 
 #include <signal.h>
 
