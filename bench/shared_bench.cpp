@@ -197,7 +197,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
   return {{"baseline", tool.empty() ? "none found" : tool},
           {"baseline_node", base_node.host + ":" + std::to_string(base_node.port)},
           {"note",
-           "payload bytes per second; kvoffload also moves a 72-byte header per value and its "
+           "payload bytes per second; kvoffload also moves an 80-byte header per value and its "
            "XXH3, one thread, one connection per node, in_flight commands per pipelined batch. "
            "The baseline moves same-size values over one connection to one master with the "
            "same pipeline depth (-t set,get -d <block> -r 1: SET rewrites one key, GET reads "

@@ -27,12 +27,15 @@ static_assert(std::endian::native == std::endian::little, "the slot format is li
 constexpr std::uint64_t kHeaderBytes = 4096;
 constexpr std::uint64_t kAlign = 4096;
 constexpr char kMagic[8] = {'K', 'V', 'O', 'F', 'S', 'L', 'T', '1'};
-constexpr std::uint32_t kVersion = 1;
+// Version 2 added valid_from (SEMANTICS 6.8): slots of version 1 predate the written-sub-block
+// rule, may hold partly written blocks, and are refused as invalid.
+constexpr std::uint32_t kVersion = 2;
 
-// Field offsets in the header.
+// Field offsets in the header. valid_from is the block's first written sub-block; only whole
+// blocks go below host memory, so a slot whose valid_from is not 0 is invalid.
 constexpr std::size_t kOffVersion = 8, kOffKeySize = 12, kOffKey = 16, kOffGroup = 48,
-                      kOffDigest = 56, kOffLength = 64, kOffPayloadSum = 72, kOffHeaderSum = 80,
-                      kHeaderFields = 88;
+                      kOffValidFrom = 52, kOffDigest = 56, kOffLength = 64, kOffPayloadSum = 72,
+                      kOffHeaderSum = 80, kHeaderFields = 88;
 
 template <class T>
 void put(std::uint8_t* p, std::size_t at, T v) {
@@ -112,7 +115,7 @@ HeaderState decode(const std::uint8_t* h, std::uint64_t digest, std::uint64_t pa
     return HeaderState::invalid;
   const auto size = get<std::uint32_t>(h, kOffKeySize);
   if (get<std::uint32_t>(h, kOffVersion) != kVersion || size < 1 || size > BlockHash::max_size ||
-      get<std::uint64_t>(h, kOffDigest) != digest ||
+      get<std::uint32_t>(h, kOffValidFrom) != 0 || get<std::uint64_t>(h, kOffDigest) != digest ||
       get<std::uint64_t>(h, kOffLength) != payload_bytes) {
     return HeaderState::invalid;
   }
@@ -258,6 +261,7 @@ SlotIo DiskSlots::prepare_write(std::int64_t slot, const Key& key,
   put<std::uint32_t>(h, kOffKeySize, static_cast<std::uint32_t>(key.hash.size()));
   std::memcpy(h + kOffKey, key.hash.data(), key.hash.size());
   put<std::uint32_t>(h, kOffGroup, key.group);
+  put<std::uint32_t>(h, kOffValidFrom, 0);  // whole blocks only (the scheduler's rule)
   put<std::uint64_t>(h, kOffDigest, config_.layout_digest);
   put<std::uint64_t>(h, kOffLength, config_.payload_bytes);
   put<std::uint64_t>(h, kOffPayloadSum, XXH3_64bits(payload.data(), payload.size()));

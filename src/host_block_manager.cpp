@@ -56,8 +56,20 @@ LookupResult HostBlockManager::peek(const Key& key) const {
 }
 
 LookupResult HostBlockManager::lookup(const Key& key) {
+  std::uint16_t valid_from = 0;
+  return lookup(key, valid_from);
+}
+
+LookupResult HostBlockManager::lookup(const Key& key, std::uint16_t& valid_from) {
   if (store_threshold_ > 0) count_lookup(key);
-  const LookupResult r = peek(key);
+  const HostBlockId id = block_of(key);
+  LookupResult r = LookupResult::miss;
+  valid_from = 0;
+  if (id >= 0) {
+    const Block& b = blocks_[static_cast<std::size_t>(id)];
+    r = b.state == State::writing ? LookupResult::pending : LookupResult::hit;
+    valid_from = b.valid_from;
+  }
   switch (r) {
     case LookupResult::miss: ++stats_.misses; break;
     case LookupResult::pending: ++stats_.pending; break;
@@ -78,6 +90,7 @@ void HostBlockManager::free_id(HostBlockId id) {
   Block& block = blocks_[static_cast<std::size_t>(id)];
   index_.erase(detail::KeyIndex::hash(keys_[static_cast<std::size_t>(id)]), id);
   block.state = State::free;
+  block.valid_from = 0;
   block.readers = 0;
   freed_.push_back(id);
 }
@@ -178,6 +191,7 @@ bool HostBlockManager::prepare_store(std::span<const Key> keys, PreparedStore& o
     keys_[static_cast<std::size_t>(id)] = key;
     Block& block = blocks_[static_cast<std::size_t>(id)];
     block.state = State::writing;
+    block.valid_from = 0;
     block.readers = 0;
     policy_->insert(id, key);
     block_ids.push_back(id);
@@ -217,6 +231,19 @@ void HostBlockManager::complete_store_blocks(std::span<const HostBlockId> ids, b
     }
   }
   if (enable_events_ && !stored.keys.empty()) events_.push_back(std::move(stored));
+}
+
+void HostBlockManager::set_valid_from(HostBlockId id, std::uint16_t valid_from) {
+  KVOFFLOAD_EXPECTS(
+      id >= 0 && id < capacity_ && blocks_[static_cast<std::size_t>(id)].state == State::writing,
+      "set_valid_from: host block {} is not being written", id);
+  blocks_[static_cast<std::size_t>(id)].valid_from = valid_from;
+}
+
+std::uint16_t HostBlockManager::valid_from(HostBlockId id) const noexcept {
+  if (id < 0 || id >= capacity_) return 0;
+  const Block& b = blocks_[static_cast<std::size_t>(id)];
+  return b.state == State::free ? std::uint16_t{0} : b.valid_from;
 }
 
 bool HostBlockManager::all_ready(std::span<const Key> keys) const {
@@ -369,6 +396,7 @@ std::int64_t HostBlockManager::restore(std::span<const std::optional<Key>> block
     if (!index_.insert(key, detail::KeyIndex::hash(key), id, keys_.data()).second) continue;
     keys_[i] = key;
     blocks_[i].state = State::ready;
+    blocks_[i].valid_from = 0;  // tiers hold only whole blocks (SEMANTICS 6.8, tiers)
     blocks_[i].readers = 0;
     policy_->insert(id, key);
     if (enable_events_) stored.keys.push_back(key);

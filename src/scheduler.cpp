@@ -173,7 +173,7 @@ bool Scheduler::Impl::collect_candidates(const RequestState& r,
 }
 
 void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
-                                      const StoreScratch& scratch, TransferJob& job) const {
+                                      StoreScratch& scratch, TransferJob& job) const {
   const std::size_t G = layouts.size();
   job.gpu.group_sizes.assign(G, 0);
   job.gpu.block_indices.assign(G, 0);
@@ -182,6 +182,7 @@ void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std
   // Read through a local pointer: the job's vectors grow in the loop, and the compiler cannot
   // tell that they never alias the scratch.
   const std::uint8_t* const stored = scratch.prepared.key_stored.data();
+  scratch.valid_from.clear();
   for (std::size_t g = 0; g < G; ++g) {
     const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
     bool first = true;
@@ -196,6 +197,7 @@ void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std
       const GpuBlockId* sub = ids.data() + i * f;
       std::int64_t j = 0;
       while (sub[j] == null_block) ++j;  // the last sub-block is real: this stops
+      scratch.valid_from.push_back(static_cast<std::uint16_t>(j));  // SEMANTICS 6.8
       job.gpu.block_ids.insert(job.gpu.block_ids.end(), sub + j, sub + f);
       if (first) {
         job.gpu.block_indices[g] = i * f + j;
@@ -246,6 +248,13 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   scratch.prepared.keys_to_store.clear();
   job.host_block_ids = scratch.prepared.block_ids;
   emit_sub_blocks(r, blocks, scratch, job);
+  // Blocks whose leading sub-blocks were null keep what the host block held before there:
+  // the lookup never serves those sub-blocks (SEMANTICS 6.8).
+  for (std::size_t k = 0; k < scratch.valid_from.size(); ++k) {
+    if (scratch.valid_from[k] == 0) continue;
+    manager.set_valid_from(job.host_block_ids[k], scratch.valid_from[k]);
+    ++stats.partial_stores;
+  }
   advance();
 
   JobState& state = add_job(job.id, JobKind::store, r);
@@ -548,6 +557,8 @@ CacheStats Scheduler::cache_stats() const noexcept {
   c.store_jobs = s.store_jobs;
   c.failed_loads = s.failed_loads;
   c.failed_stores = s.failed_stores;
+  c.partial_stores = s.partial_stores;
+  c.partial_misses = s.partial_misses;
   return c;
 }
 

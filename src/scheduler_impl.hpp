@@ -116,6 +116,12 @@ struct PlannedPromotion {
   std::vector<HostBlockId> slots;
 };
 
+/// A key's answer for the lookup's scan, with the first sub-block its store wrote.
+struct Probe {
+  LookupResult result = LookupResult::miss;
+  std::uint16_t valid_from = 0;
+};
+
 /// A key the lookup's scan missed in host memory and found in a tier.
 struct TierFind {
   std::uint32_t group = 0;
@@ -158,6 +164,7 @@ struct StoreScratch {
   std::vector<std::size_t> first_candidate;  // per group: its first entry in candidates
   PreparedStore prepared;                    // prepare_store(candidates)
   std::vector<HostBlockId> touch_ids;        // touch_stored's list, last group first
+  std::vector<std::uint16_t> valid_from;     // per stored key: its first written sub-block
 };
 
 struct Scheduler::Impl {
@@ -180,7 +187,13 @@ struct Scheduler::Impl {
   /// are recorded in tier_found). Fills `hit`; returns false for retry later.
   bool scan(RequestState& r, std::int64_t nct, std::int64_t& hit);
   /// The key's answer for the scan: the host cache's, else (with tiers probed) a tier's hit.
-  LookupResult probe(const RequestState& r, std::size_t g, std::int64_t i);
+  Probe probe(const RequestState& r, std::size_t g, std::int64_t i);
+  /// SEMANTICS 6.8: for a windowed group's key i at the front of a run of `run` keys, the
+  /// first of its sub-blocks that the engine reads at the run's end (j0); a key stored from
+  /// sub-block valid_from on may count as a hit only if valid_from <= j0.
+  [[nodiscard]] std::int64_t first_needed_sub_block(std::size_t g, std::int64_t i, std::int64_t run,
+                                                    std::int64_t nct,
+                                                    std::int64_t max_hit) const noexcept;
 
   // scheduler_tiers.cpp
   /// After a lookup found `hit` tokens: plans the promotion of the keys it uses that are only
@@ -220,7 +233,7 @@ struct Scheduler::Impl {
   /// The store job's GPU side: the stored candidates' sub-blocks, leading nulls skipped and
   /// counted nowhere (SEMANTICS 6.3).
   void emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
-                       const StoreScratch& scratch, TransferJob& job) const;
+                       StoreScratch& scratch, TransferJob& job) const;
   /// Fences the job's window-group sources at once (full-attention ones at finish).
   void register_window_sources(JobState& state);
   void complete(JobState& job, std::vector<CompletedJob>& done);

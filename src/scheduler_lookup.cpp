@@ -17,14 +17,19 @@ struct ScanResult {
 };
 
 /// Full attention: keys from the front up to the first miss; a pending key counts as a hit
-/// but defers the answer.
+/// but defers the answer. A key stored without its leading sub-blocks is a miss (SEMANTICS
+/// 6.8): a prefix needs all of them.
 ScanResult prefix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
                        std::int64_t end) {
   ScanResult res;
   for (std::int64_t i = start; i < end; ++i) {
-    const LookupResult found = s.probe(r, g, i);
-    if (found == LookupResult::miss) break;
-    if (found == LookupResult::pending) res.deferred = true;
+    const Probe found = s.probe(r, g, i);
+    if (found.result == LookupResult::miss) break;
+    if (found.valid_from > 0) {
+      ++s.stats.partial_misses;
+      break;
+    }
+    if (found.result == LookupResult::pending) res.deferred = true;
     ++res.count;
   }
   return res;
@@ -32,20 +37,30 @@ ScanResult prefix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g,
 
 /// Sliding window and mamba: from the back, the rightmost run of window_blocks consecutive
 /// hits; without one, the run that reaches the front. A pending key breaks a run and defers.
+/// A key stored without its leading sub-blocks may only be the run's front, and only if the
+/// window at the run's end needs none of its unwritten sub-blocks (SEMANTICS 6.8).
 ScanResult suffix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
-                       std::int64_t end) {
+                       std::int64_t end, std::int64_t nct, std::int64_t max_hit) {
   const std::int64_t window = s.layouts[g].window_blocks;
   ScanResult res;
   std::int64_t run = 0;
   for (std::int64_t i = end - 1; i >= start; --i) {
-    const LookupResult found = s.probe(r, g, i);
-    if (found == LookupResult::hit) {
+    const Probe found = s.probe(r, g, i);
+    if (found.result == LookupResult::hit) {
+      if (found.valid_from > 0) {
+        const bool front = run + 1 == window || i == start;
+        if (!front || found.valid_from > s.first_needed_sub_block(g, i, run + 1, nct, max_hit)) {
+          ++s.stats.partial_misses;
+          run = 0;  // a miss: the run restarts below it
+          continue;
+        }
+      }
       if (++run == window) {
         res.count = (i - start) + window;
         return res;
       }
     } else {
-      if (found == LookupResult::pending) res.deferred = true;
+      if (found.result == LookupResult::pending) res.deferred = true;
       run = 0;
     }
   }
@@ -55,10 +70,24 @@ ScanResult suffix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g,
 
 }  // namespace
 
-LookupResult Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i) {
+std::int64_t Scheduler::Impl::first_needed_sub_block(std::size_t g, std::int64_t i,
+                                                     std::int64_t run, std::int64_t nct,
+                                                     std::int64_t max_hit) const noexcept {
+  const GroupLayout& layout = layouts[g];
+  const std::int64_t end = std::min(layout.offloaded_block_size * (i + run), max_hit);
+  // The tokens the engine reads at `end`: a sliding window's last `sliding_window`, mamba's
+  // last state only; none below what it computed itself.
+  const std::int64_t back =
+      layout.kind == GroupKind::sliding_window ? config.groups[g].sliding_window - 1 : 1;
+  const std::int64_t need_from = std::max({nct, end - back, std::int64_t{0}});
+  return std::max<std::int64_t>(0, need_from / layout.gpu_block_size - i * f);
+}
+
+Probe Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i) {
   const Key k = key(r, g, i);
-  const LookupResult host = manager.lookup(k);
-  if (tiers.empty()) return host;
+  std::uint16_t valid_from = 0;
+  const LookupResult host = manager.lookup(k, valid_from);
+  if (tiers.empty()) return {host, valid_from};
   if (host != LookupResult::miss) {
     // Admission counts every lookup of the key, also while the host cache has it; a host hit
     // that brings a key to a tier's threshold is written through now (it was stored earlier).
@@ -71,24 +100,25 @@ LookupResult Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::i
         catch_up_writes.push_back(manager.block_of(k));
       }
     }
-    return host;
+    return {host, valid_from};
   }
-  if (!probe_tiers) return host;
-  if (promoting.contains(k)) return LookupResult::pending;  // its promotion starts next step
+  if (!probe_tiers) return {host, 0};
+  // Below the host cache every block is whole (partly written ones are never written there).
+  if (promoting.contains(k)) return {LookupResult::pending, 0};  // promotion starts next step
   for (std::size_t t = 0; t < tiers.size(); ++t) {
     HostBlockManager& index = tiers[t]->index;
     if (index.lookup(k) == LookupResult::hit) {
       tier_found.push_back(
           TierFind{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(t), i});
-      return LookupResult::hit;
+      return {LookupResult::hit, 0};
     }
   }
   // Not known to be in a shared tier: asked once per request, "retry later" meanwhile.
   if (any_shared && r.shared_check != RequestState::SharedCheck::done) {
     if (r.shared_check == RequestState::SharedCheck::none) shared_unknown.push_back(k);
-    return LookupResult::pending;
+    return {LookupResult::pending, 0};
   }
-  return LookupResult::miss;
+  return {LookupResult::miss, 0};
 }
 
 bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_out) {
@@ -112,7 +142,7 @@ bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_
       if (max_hit - nct < obs) return true;
       const std::int64_t start = nct / obs;
       const std::int64_t end = std::min(cdiv(max_hit, obs), nk);
-      const ScanResult res = layout.windowed() ? suffix_scan(*this, r, g, start, end)
+      const ScanResult res = layout.windowed() ? suffix_scan(*this, r, g, start, end, nct, max_hit)
                                                : prefix_scan(*this, r, g, start, end);
       if (res.deferred) {
         defer = true;

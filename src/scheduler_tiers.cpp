@@ -209,6 +209,10 @@ void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids,
     for (const HostBlockId id : host_ids) {
       const Key* k = manager.key_of(id);
       if (k == nullptr || manager.peek(*k) != LookupResult::hit) continue;
+      if (manager.valid_from(id) > 0) {  // partly written: host memory only (SEMANTICS 6.8)
+        ++tier.stats.writes_partial;
+        continue;
+      }
       if (skip_write(tier, *k, keys.size())) continue;
       keys.push_back(*k);
       sources.push_back(id);
@@ -229,9 +233,10 @@ void Scheduler::Impl::write_back() {
     manager.eviction_candidates(static_cast<std::size_t>(want), candidates);
     for (const HostBlockId id : candidates) {
       const Key k = *manager.key_of(id);
-      // Already in the tier, or not admitted or no queue room: evicted at once (a full cache
-      // would evict it at the next store anyway).
-      if (skip_write(tier, k, keys.size())) {
+      // Partly written (never below host memory), already in the tier, or not admitted or no
+      // queue room: evicted at once (a full cache would evict it at the next store anyway).
+      if (manager.valid_from(id) > 0) ++tier.stats.writes_partial;
+      if (manager.valid_from(id) > 0 || skip_write(tier, k, keys.size())) {
         evict_now.push_back(id);
         continue;
       }

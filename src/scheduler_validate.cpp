@@ -85,6 +85,14 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                         "ready to load",
                         r.id, g, to_string(k), i,
                         found == LookupResult::miss ? "not in the host cache" : "being stored");
+      // SEMANTICS 6.8: a load never reads a sub-block that no store wrote.
+      const std::int64_t first_read = std::max<std::int64_t>(0, local - i * f);
+      const std::uint16_t valid_from = manager.valid_from(manager.block_of(k));
+      KVOFFLOAD_EXPECTS(first_read >= valid_from,
+                        "alloc: request \"{}\" group {}: key {} (offloaded block {}) was stored "
+                        "from sub-block {} on; loading from sub-block {} would read sub-blocks "
+                        "nobody wrote",
+                        r.id, g, to_string(k), i, valid_from, first_read);
     }
   }
 }

@@ -15,9 +15,13 @@ namespace {
 
 // The value header, little-endian (what every supported host is):
 //   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 key hash bytes [32] |
-//   48 key hash size u32 | 52 group u32 | 56 payload length u64 | 64 XXH3 of the payload u64
+//   48 key hash size u32 | 52 group u32 | 56 payload length u64 | 64 XXH3 of the payload u64 |
+//   72 valid_from u32 (SEMANTICS 6.8: first written sub-block) | 76 zero u32
+// Only whole blocks go below host memory (valid_from 0); a reader refuses any other value.
+// Version 2 added valid_from: values of version 1 predate the rule (some may be partly
+// written) and are refused as foreign.
 constexpr std::uint32_t kMagic = 0x53564b4b;  // "KKVS"
-constexpr std::uint32_t kVersion = 1;
+constexpr std::uint32_t kVersion = 2;
 
 template <typename T>
 void put(std::byte* at, std::size_t off, T v) {
@@ -178,6 +182,7 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
       put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
       put<std::uint32_t>(h, 52, k.group);
       put<std::uint64_t>(h, 56, payload_bytes_);
+      put<std::uint32_t>(h, 72, 0);  // valid_from: the scheduler writes whole blocks only
       commands[i] = ClusterCommand{
           .key = keys[i],
           .args = {"SET", keys[i]},
@@ -220,6 +225,7 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
           get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
           std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
           get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
+          get<std::uint32_t>(v, 72) == 0 && get<std::uint32_t>(v, 76) == 0 &&
           get<std::uint64_t>(v, 64) == XXH3_64bits(payload, payload_bytes_);
       if (!valid) {
         ++delta.bad_values;

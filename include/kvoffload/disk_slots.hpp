@@ -7,7 +7,8 @@
 //
 // Slot layout (all integers little-endian):
 //   [0, 4096)           header: magic "KVOFSLT1", format version, key (hash bytes, size,
-//                       group), layout digest, payload length, XXH3-64 of the payload, XXH3-64
+//                       group), valid_from (0: whole blocks only, SEMANTICS 6.8),
+//                       layout digest, payload length, XXH3-64 of the payload, XXH3-64
 //                       of the header fields before it; zero padding
 //   [4096, slot_bytes)  payload, padded to a multiple of 4096 (O_DIRECT-ready)
 // Files: <directory>/<layout digest, 16 hex digits>/slab-<n>.kvo, `slots_per_file` slots each.

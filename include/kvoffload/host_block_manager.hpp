@@ -61,6 +61,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// Miss if absent, pending if being written, hit if ready. Counts in stats() and, with a
   /// store threshold, towards the key's admission.
   LookupResult lookup(const Key& key);
+  /// lookup() that also gives the block's valid_from (0 when the key is absent).
+  LookupResult lookup(const Key& key, std::uint16_t& valid_from);
   /// Like lookup() but counts nothing.
   [[nodiscard]] LookupResult peek(const Key& key) const;
 
@@ -78,6 +80,13 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   /// complete_store for the blocks prepare_store returned, without looking the keys up again
   /// (a writing block can be neither evicted nor reused). Ids not writing are ignored.
   void complete_store_blocks(std::span<const HostBlockId> ids, bool ok);
+
+  /// SEMANTICS 6.8: the index of the first sub-block a store wrote into block `id` (0: all
+  /// of them). New blocks start at 0; the scheduler sets it for a store whose leading
+  /// sub-blocks were null. Only a `writing` block can be changed (invalid_argument otherwise).
+  void set_valid_from(HostBlockId id, std::uint16_t valid_from);
+  /// valid_from of block `id` (0 for a free or out-of-range block).
+  [[nodiscard]] std::uint16_t valid_from(HostBlockId id) const noexcept;
 
   /// True if every key is ready (what prepare_load requires).
   [[nodiscard]] bool all_ready(std::span<const Key> keys) const;
@@ -144,8 +153,9 @@ class KVOFFLOAD_EXPORT HostBlockManager {
 
  private:
   enum class State : std::uint8_t { free, writing, ready };
-  struct Block {  // a block's key is keys_[id]
+  struct Block {  // a block's key is keys_[id]; 12 bytes
     State state = State::free;
+    std::uint16_t valid_from = 0;  // SEMANTICS 6.8: first written sub-block
     std::int32_t readers = 0;
     std::uint32_t protect_epoch = 0;
   };

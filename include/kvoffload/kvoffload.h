@@ -256,9 +256,13 @@ typedef struct kvoffload_tier_stats {
   uint64_t blocks_written, failed_writes, writes_skipped, writes_queue_full, writes_without_room;
   uint64_t evictions, promote_jobs, write_jobs;
   uint64_t presence_checks, presence_hits, presence_misses, presence_failures;
+  uint64_t writes_partial; /* not written: stored without leading sub-blocks (host only) */
 } kvoffload_tier_stats_t;
-#define KVOFFLOAD_TIER_STATS_INIT \
-  { sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0 }
+#define KVOFFLOAD_TIER_STATS_INIT                                                                  \
+  {                                                                                                \
+    sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
+        0                                                                                          \
+  }
 
 /* The result of one build_step; free it with kvoffload_step_destroy. */
 typedef struct kvoffload_step_s* kvoffload_step_t;
@@ -288,11 +292,14 @@ typedef struct kvoffload_scheduler_stats {
   uint64_t hits, misses, deferrals, evictions, stores_skipped, stores_without_room;
   uint64_t blocks_stored, blocks_loaded, bytes_stored, bytes_loaded;
   uint64_t lookups, hit_tokens, load_jobs, store_jobs, failed_loads, failed_stores;
+  /* Blocks stored without their leading (null) sub-blocks, and key lookups that found such a
+   * block but missed because the answer needed an unwritten sub-block (never loaded). */
+  uint64_t partial_stores, partial_misses;
 } kvoffload_scheduler_stats_t;
 #define KVOFFLOAD_SCHEDULER_STATS_INIT                                                            \
   {                                                                                               \
     sizeof(kvoffload_scheduler_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0                                                                                      \
+        0, 0, 0, 0                                                                                \
   }
 
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_create(

@@ -62,8 +62,10 @@ struct SchedulerStats {
   std::uint64_t deferrals = 0;  ///< lookups answered "retry later"
   std::uint64_t load_jobs = 0;
   std::uint64_t store_jobs = 0;
-  std::uint64_t failed_loads = 0;   ///< load jobs
-  std::uint64_t failed_stores = 0;  ///< store jobs
+  std::uint64_t failed_loads = 0;    ///< load jobs
+  std::uint64_t failed_stores = 0;   ///< store jobs
+  std::uint64_t partial_stores = 0;  ///< blocks stored without their leading sub-blocks
+  std::uint64_t partial_misses = 0;  ///< present keys refused: a sub-block needed was not written
 };
 
 /// One tier's counters (Scheduler::tier_stats): its index and the jobs the scheduler made.
@@ -82,6 +84,7 @@ struct TierStats {
   std::uint64_t writes_skipped = 0;           ///< below the tier's store_threshold
   std::uint64_t writes_queue_full = 0;        ///< skipped: the write queue was full
   std::uint64_t writes_without_room = 0;      ///< skipped: no slot could be freed
+  std::uint64_t writes_partial = 0;  ///< skipped: a block stored without its leading sub-blocks
   std::uint64_t evictions = 0;
   std::uint64_t promote_jobs = 0;
   std::uint64_t write_jobs = 0;
@@ -118,6 +121,11 @@ struct CacheStats {
   std::uint64_t store_jobs = 0;
   std::uint64_t failed_loads = 0;   ///< load jobs that failed
   std::uint64_t failed_stores = 0;  ///< store jobs that failed
+  /// SEMANTICS 6.8: blocks stored with valid_from > 0 (leading sub-blocks null, unwritten),
+  /// and key lookups that found such a block but treated it as a miss because the answer
+  /// would have needed one of its unwritten sub-blocks.
+  std::uint64_t partial_stores = 0;
+  std::uint64_t partial_misses = 0;
 };
 
 /// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are

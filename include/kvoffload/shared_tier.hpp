@@ -52,7 +52,7 @@ KVOFFLOAD_EXPORT std::string shared_namespace(std::string_view name, int tp_size
 /// (the hash tag keeps a key's ranks in one slot).
 KVOFFLOAD_EXPORT std::string shared_key(std::string_view ns, const Key& key, int rank);
 /// The bytes before the payload in a value.
-inline constexpr std::size_t shared_value_header_bytes = 72;
+inline constexpr std::size_t shared_value_header_bytes = 80;
 
 /// A shared tier's counters (SharedTier::stats).
 struct SharedTierStats {

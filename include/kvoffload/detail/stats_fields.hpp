@@ -25,7 +25,9 @@
   X(load_jobs)                          \
   X(store_jobs)                         \
   X(failed_loads)                       \
-  X(failed_stores)
+  X(failed_stores)                      \
+  X(partial_stores)                     \
+  X(partial_misses)
 
 // TierStats's fields (Scheduler::tier_stats), for the front ends likewise.
 #define KVOFFLOAD_TIER_STATS_FIELDS(X) \
@@ -49,4 +51,5 @@
   X(presence_checks)                   \
   X(presence_hits)                     \
   X(presence_misses)                   \
-  X(presence_failures)
+  X(presence_failures)                 \
+  X(writes_partial)
