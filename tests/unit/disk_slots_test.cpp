@@ -9,10 +9,12 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <set>
+#include <span>
 
 #include "kvoffload/disk_slots.hpp"
 #include "kvoffload/error.hpp"
@@ -261,4 +263,44 @@ TEST_CASE("A tier's index is a block manager restored from the slots' scan", "[d
   CHECK(index.peek(key_of(0)) == LookupResult::miss);
   // Only an empty manager can be restored.
   CHECK_THROWS_WITH(index.restore(d.scanned()), ContainsSubstring("already holds blocks"));
+}
+
+TEST_CASE(
+    "Disk slots: a slot marked partly written or of format 1 is refused, even with a "
+    "good checksum",
+    "[disk]") {
+  // Another writer (an older kvoffload, or a forger who recomputes the unkeyed header sum)
+  // cannot make a slot holding a partly written block, or one written before the
+  // written-sub-block rule, read back as a hit (SEMANTICS 6.8: tiers hold whole blocks only).
+  TempDir dir;
+  const DiskSlotsConfig c = config_in(dir.path);
+  {
+    DiskSlots d(c);
+    for (int i = 0; i < 3; ++i) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
+  }
+  const std::uint64_t slot = 4096 + (c.payload_bytes + 4095) / 4096 * 4096;
+  const std::string file = (dir.path / "1234abcd5678ef90" / "slab-0.kvo").string();
+  const auto patch = [&](std::uint64_t at, std::size_t field, std::uint32_t value) {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    REQUIRE(f.good());
+    std::uint8_t h[88];
+    f.seekg(static_cast<std::streamoff>(at));
+    f.read(reinterpret_cast<char*>(h), sizeof h);
+    std::memcpy(h + field, &value, sizeof value);
+    const std::uint64_t sum = disk_checksum(std::span<const std::uint8_t>(h, 80));
+    std::memcpy(h + 80, &sum, sizeof sum);
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write(reinterpret_cast<const char*>(h), sizeof h);
+  };
+  patch(0, 52, 1);         // slot 0: valid_from 1
+  patch(slot, 8, 1);       // slot 1: format version 1
+  patch(2 * slot, 52, 0);  // slot 2: rewritten unchanged (the patching itself is sound)
+  DiskSlots d(c);
+  CHECK(d.scan_report().valid == 1);
+  CHECK(d.scan_report().invalid == 2);
+  std::vector<std::uint8_t> out(c.payload_bytes);
+  CHECK_FALSE(d.read(0, key_of(0), out));
+  CHECK_FALSE(d.read(1, key_of(1), out));
+  REQUIRE(d.read(2, key_of(2), out));
+  CHECK(out == payload_of(2, c.payload_bytes));
 }

@@ -85,6 +85,17 @@ TEST_CASE("Replay reproduces the tier traces, derived by hand from docs/semantic
   check_trace("tier-eviction", 0);
 }
 
+TEST_CASE("Replay follows the written-sub-block rule, traces derived by hand", "[replay]") {
+  // SEMANTICS 6.8. partial-window (sliding window 48, f = 2): a key stored from sub-block 1 is
+  // a miss where the window needs sub-block 0 (C), a hit as the front of a run whose window
+  // starts inside its written part (E, loaded from sub-block 1), a miss inside a run (H falls
+  // back to the run below it), and again a miss after reset_cache stored it partly again.
+  // partial-full-mamba: a full-attention key stored from sub-block 1 is a miss (B); a mamba
+  // key stored from its last sub-block is a hit, loaded from that sub-block only (B2).
+  check_trace("partial-window", 0);
+  check_trace("partial-full-mamba", 0);
+}
+
 TEST_CASE("Replay rejects malformed traces with status 2 and the line number", "[replay]") {
   struct Case {
     std::string trace;
@@ -203,6 +214,8 @@ TEST_CASE("Replay answers the stats op", "[replay]") {
                                {"load_jobs", 1},
                                {"store_jobs", 1},
                                {"failed_loads", 0},
-                               {"failed_stores", 0}};
+                               {"failed_stores", 0},
+                               {"partial_stores", 0},
+                               {"partial_misses", 0}};
   CHECK(lines[3] == want);
 }

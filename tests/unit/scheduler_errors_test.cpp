@@ -275,3 +275,29 @@ TEST_CASE("A request update that does not extend its hashes, or for a finished r
   rejects([](Scheduler& s) { s.lookup("ghost", 0); }, "\"ghost\"");
   rejects([](Scheduler& s) { s.lookup("c", -5); }, "num_computed_tokens");
 }
+
+TEST_CASE("on_allocated refuses a load of sub-blocks no store wrote (SEMANTICS 6.8)",
+          "[scheduler][errors]") {
+  // f = 2, window 48 (2 offloaded blocks): key 1 is stored from sub-block 1 on. A lookup
+  // promises 96 tokens with the window reading from sub-block 3; an engine that then asks to
+  // load from sub-block 2 would get a sub-block nobody wrote.
+  Harness h(make_config({window(48)}, 2, 8));
+  const auto a = chain_hashes("a", 8);
+  REQUIRE(h.lookup("a", a, 128, 96) == 0);
+  const StepResult st = h.step("a", 96, 32, {{0, 0, 0, 4, 5, 6, 7, 8}});
+  h.complete(st.store_jobs.at(0).id);
+  const auto e = extend_hashes(std::vector<BlockHash>(a.begin(), a.begin() + 6), "e", 8);
+  REQUIRE(h.lookup("e", e, 128, 0) == 96);
+  std::vector<AllocatedGroup> too_low{{ids(31, 4, 2), 2}};
+  CHECK_THROWS_WITH(h.s.on_allocated("e", too_low, 96),
+                    ContainsSubstring("request \"e\" group 0") &&
+                        ContainsSubstring("stored from sub-block 1 on") &&
+                        ContainsSubstring("nobody wrote"));
+  CHECK(h.s.num_jobs_in_flight() == 0);  // nothing planned
+  std::vector<AllocatedGroup> right{{ids(31, 3, 3), 3}};
+  h.s.on_allocated("e", right, 96);
+  const StepResult load = h.s.build_step({});
+  REQUIRE(load.load_jobs.size() == 1);
+  CHECK(load.load_jobs[0].gpu.block_indices == std::vector<std::int64_t>{3});
+  CHECK(load.load_jobs[0].gpu.group_sizes == std::vector<std::int64_t>{3});
+}

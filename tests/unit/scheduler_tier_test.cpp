@@ -397,3 +397,30 @@ TEST_CASE("Write-back evicts at once what the tier has or does not admit", "[sch
   CHECK(t.h.s.cache_stats().blocks_free == 1);  // evicted without a write
   CHECK(t.h.s.tier_stats(0).writes_skipped == 1);
 }
+
+TEST_CASE("A block stored without its leading sub-blocks stays in host memory (SEMANTICS 6.8)",
+          "[scheduler][tier]") {
+  // f = 2, window 48: a request whose first three GPU blocks are null (outside its window)
+  // stores key 1 from sub-block 1 on. It is a host block like any other, but no tier gets it:
+  // a tier's index cannot say which sub-blocks a promoted block would lack.
+  SchedulerConfig c = make_config({window(48)}, 2, 8);
+  TierConfig t;
+  t.blocks = 16;
+  c.tiers.push_back(t);
+  Harness h(c);
+  const auto a = chain_hashes("a", 8);
+  REQUIRE(h.lookup("a", a, 128, 96) == 0);
+  StepResult st = h.step("a", 96, 32, {{0, 0, 0, 4, 5, 6, 7, 8}});
+  REQUIRE(st.store_jobs.size() == 1);
+  const TransferJob& job = st.store_jobs[0];
+  REQUIRE(job.keys.size() == 3);  // keys 1, 2, 3 (key 0 is entirely null)
+  CHECK(h.s.manager().valid_from(job.host_block_ids[0]) == 1);
+  CHECK(h.s.manager().valid_from(job.host_block_ids[1]) == 0);
+  CHECK(h.s.cache_stats().partial_stores == 1);
+  h.complete(job.id);
+  const std::vector<TierJob> writes = h.s.build_step({}).tier_jobs;
+  REQUIRE(writes.size() == 1);
+  CHECK(writes[0].keys == std::vector<Key>{job.keys[1], job.keys[2]});
+  CHECK(h.s.tier_stats(0).writes_partial == 1);
+  CHECK(h.s.tier_index(0).peek(job.keys[0]) == LookupResult::miss);
+}

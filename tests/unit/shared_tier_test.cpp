@@ -163,6 +163,11 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   CHECK_FALSE(run(factor4, job(6, TierJobKind::promote, {keys[0]}, {14})).ok);
   CHECK(factor4.stats().read_misses == 1);
   CHECK(factor4.stats().bad_values == 0);
+  // A value marked partly written (valid_from at header offset 72 not 0), its payload sum
+  // still right: refused, the tier holds whole blocks only (SEMANTICS 6.8).
+  REQUIRE(cli("-c SETRANGE '" + name_of(0) + "' 72 1") != "");
+  CHECK_FALSE(run(tier, job(7, TierJobKind::promote, {keys[0]}, {15})).ok);
+  CHECK(tier.stats().bad_values == 3);
   // Jobs with lists that do not match are refused before anything runs.
   CHECK_THROWS_AS(tier.submit(job(4, TierJobKind::promote, keys, {1})), invalid_argument);
   CHECK_THROWS_AS(tier.submit(job(5, TierJobKind::promote, {keys[0]}, {99})), invalid_argument);

@@ -297,16 +297,25 @@ struct SyntheticEngine::Impl {
     for (std::size_t g = 0; g < groups.size(); ++g) {
       const GroupLayout& L = layouts[g];
       const std::int64_t n_gpu = (cached + L.gpu_block_size - 1) / L.gpu_block_size;
-      const std::int64_t n_off = (cached + L.offloaded_block_size - 1) / L.offloaded_block_size;
-      // Window groups load only their window; blocks before it are null.
+      // Like vLLM, window groups hold only the blocks the next token reads: those wholly
+      // before the window (mamba: before its last state) are null, with or without a load.
+      // A local GPU hit not aligned to the host block thus leaves a host block's leading
+      // sub-blocks null when it is stored (SEMANTICS 6.8).
       std::int64_t local = nct / L.gpu_block_size;
-      if (h > 0 && L.windowed()) {
-        local = std::max(local, (n_off - L.window_blocks) * config.block_size_factor);
+      std::int64_t null_below = 0;
+      if (L.windowed()) {
+        const std::int64_t back =
+            L.kind == GroupKind::sliding_window ? config.groups[g].sliding_window - 1 : 1;
+        null_below = std::min(std::max<std::int64_t>(0, cached - back) / L.gpu_block_size, n_gpu);
+        local = std::max(local, null_below);
+        // SEMANTICS 5: a window group loads at most window_blocks host blocks' worth.
+        if (h > 0) local = std::max(local, n_gpu - L.window_blocks * config.block_size_factor);
+        local = std::min(local, n_gpu);
+        null_below = h > 0 ? local : null_below;
       }
-      local = std::min(local, n_gpu);
       r.table[g].clear();
       for (std::int64_t k = 0; k < n_gpu; ++k) {
-        const bool null = h > 0 && L.windowed() && k < local;
+        const bool null = k < null_below;
         r.table[g].push_back(null ? null_block : alloc_block());
         if (!null && k < nct / L.gpu_block_size) r.local_data.emplace_back(g, k, r.table[g].back());
       }
@@ -370,11 +379,17 @@ struct SyntheticEngine::Impl {
         const HostBlockId host =
             job.host_block_ids[first_key + static_cast<std::size_t>((skip + p) / f)];
         const auto written = host_written.find(host);
-        if (config.groups[g].kind != GroupKind::full_attention && written != host_written.end() &&
+        if (written != host_written.end() &&
             !written->second[static_cast<std::size_t>((skip + p) % f)]) {
-          // SEMANTICS counts the key as a hit although its store skipped this sub-block; the
-          // GPU block now holds that gap (a store of it passes it on).
+          // A sub-block no store wrote (SEMANTICS 6.8 forbids it, in every group kind): a
+          // mismatch. The GPU block now holds that gap (a store of it passes it on).
           ++report.unwritten_reads;
+          if (report.mismatches++ == 0) {
+            report.first_mismatch = "step " + std::to_string(report.steps) + ", load job " +
+                                    std::to_string(job.id) + " (" + r.id + "), group " +
+                                    std::to_string(g) + ", GPU block index " +
+                                    std::to_string(block) + ": a host sub-block no store wrote";
+          }
           gpu_unwritten.insert(job.gpu.block_ids[at]);
           continue;
         }
@@ -839,6 +854,8 @@ struct SyntheticEngine::Impl {
     report.bytes_stored = ts.bytes_stored;
     report.bytes_loaded = ts.bytes_loaded;
     report.evictions = scheduler->cache_stats().evictions;
+    report.partial_stores = scheduler->cache_stats().partial_stores;
+    report.partial_misses = scheduler->cache_stats().partial_misses;
     report.seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   }

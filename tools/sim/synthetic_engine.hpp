@@ -117,10 +117,13 @@ struct SimReport {
   std::int64_t invariant_violations = 0;  ///< must be 0
   std::int64_t local_hits = 0;            ///< starts with a GPU prefix-cache hit
   std::int64_t resets = 0;
-  /// Pages a load brought from host sub-blocks that their store skipped (a window block
-  /// stored after reset_cache, with its leading sub-blocks already null); window groups only,
-  /// else a mismatch.
+  /// Pages a load brought from host sub-blocks that their store skipped (leading null
+  /// sub-blocks): each is also a mismatch (SEMANTICS 6.8 forbids them in every group kind).
   std::int64_t unwritten_reads = 0;
+  /// The scheduler's counts of blocks stored from a sub-block > 0 and of lookups that refused
+  /// one (the run exercised the rule).
+  std::uint64_t partial_stores = 0;
+  std::uint64_t partial_misses = 0;
   std::string first_violation;
   // The disk tier (disk_dir set).
   std::int64_t disk_slots = 0;
