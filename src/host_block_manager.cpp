@@ -42,7 +42,10 @@ std::uint32_t HostBlockManager::lookup_count(const Key& key) const noexcept {
   return 0;
 }
 
-HostBlockManager::~HostBlockManager() = default;
+HostBlockManager::~HostBlockManager() {
+  // valid_from (SEMANTICS 6.8) lives in the padding: a block's state stays 12 bytes.
+  static_assert(sizeof(Block) == 12);
+}
 
 std::int64_t HostBlockManager::num_used() const noexcept {
   return static_cast<std::int64_t>(index_.size());

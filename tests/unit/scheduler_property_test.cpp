@@ -68,7 +68,7 @@ kvsim::SimConfig random_config(std::uint64_t seed, std::int64_t steps, const cha
   c.max_running = 6;
   c.prefix_families = 3;
   c.preempt_probability = 0.02;
-  c.local_hit_probability = 0.2;
+  c.local_hit_probability = 0.4;
   c.reset_probability = 0.002;
   c.report_failure_probability = 0.03;
   c.staggered_reports = true;
