@@ -10,6 +10,12 @@ where 1 is real, and GPULoadStoreSpec asserts sum(group_sizes) == len(block_ids)
 scheduler process. KvoffloadConnector, fed the same calls by the same Scheduler, emits the one
 real block with its sub-block index.
 
+That store leaves the window block's sub-blocks 0 and 1 unwritten (valid_from 2). The contract
+as vLLM would have it with the counting fixed then serves the block: a new request with r0's
+prompt would get 48 tokens and load sub-blocks 1-2 of it, sub-block 1 holding whatever the host
+block held before. kvoffload's written-sub-block rule (docs/semantics.md 6.8) answers 0 there:
+the intended difference, checked on the same scheduler state.
+
     python straddle_check.py        (exit 0: vLLM asserted and kvoffload's jobs were right)
 """
 
@@ -31,7 +37,8 @@ from vllm.v1.structured_output import StructuredOutputManager
 
 
 def drive(connector):
-    """Runs the scenario; returns the store jobs as (gpu ids, group sizes, block indices)."""
+    """Runs the scenario; returns the store jobs as (gpu ids, group sizes, block indices), the
+    scheduler and the block hasher."""
     host_blocks = 8  # r0 takes 2 (one per group); the filler needs all 8, evicting them
     vc, kcc, _ = make_setup(hybrid=True, factor=3, prefix_caching=True)
     kvt = vc.kv_transfer_config
@@ -78,7 +85,25 @@ def drive(connector):
             kv_connector_output=KVConnectorOutput(kv_connector_worker_meta=done)))
         if step > 8 and not sched.has_unfinished_requests():
             break
-    return stores
+    return stores, sched, hasher
+
+
+def partly_written_is_a_miss(sched, hasher):
+    """A lookup that would read r1's partly written window block from sub-block 1 on."""
+    conn = sched.connector
+    core = conn._sched
+    probe = Request("probe", list(range(1, 65)), SamplingParams(max_tokens=1), None,
+                    block_hasher=hasher)
+    before = core.stats()
+    core.update_request("probe", probe.num_tokens, [bytes(h) for h in probe.block_hashes])
+    hit = core.lookup("probe", 0)
+    after = core.stats()
+    print(f"straddle: a new request with r0's prompt: kvoffload answers {hit} tokens (vLLM's "
+          f"rule would serve 48, reading an unwritten sub-block); partial_stores "
+          f"{after['partial_stores']}, partial_misses {before['partial_misses']} -> "
+          f"{after['partial_misses']}")
+    return (hit == 0 and after["partial_stores"] >= 1
+            and after["partial_misses"] > before["partial_misses"])
 
 
 def main():
@@ -91,7 +116,7 @@ def main():
         where = traceback.extract_tb(sys.exc_info()[2])[-1]
         print(f"straddle: vLLM 0.21.0 asserted at {where.filename.split('site-packages/')[-1]}:"
               f"{where.lineno} ({where.line})")
-    stores = drive("kvoffload")
+    stores, sched, hasher = drive("kvoffload")
     straddled = False
     for rid, ids, sizes, indices in stores:
         if sum(sizes) != len(ids):
@@ -107,6 +132,9 @@ def main():
     if not straddled:
         print("straddle: kvoffload emitted no store starting inside an offloaded block "
               "(the scenario did not happen)")
+        ok = False
+    if not partly_written_is_a_miss(sched, hasher):
+        print("straddle: the partly written window block was not refused")
         ok = False
     print(f"straddle: {'PASS' if ok else 'FAIL'}")
     return 0 if ok else 1
