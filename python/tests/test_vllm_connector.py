@@ -56,3 +56,72 @@ def test_connector_class_needs_vllm():
         kvv.KvoffloadConnector  # noqa: B018
     with pytest.raises(AttributeError):
         kvv.NoSuchThing  # noqa: B018
+
+
+@pytest.fixture
+def connector_classes(monkeypatch):
+    """kvoffload.vllm's classes over vLLM's base classes: the real ones when vLLM is installed,
+    else a stub of the one module they come from. The classes are dropped afterwards, so the
+    other tests see the module as imported."""
+    import enum
+    import sys
+    import types
+
+    if not HAVE_VLLM:
+        base = types.ModuleType("vllm.distributed.kv_transfer.kv_connector.v1.base")
+
+        class KVConnectorBase_V1:  # noqa: N801 (vLLM's name)
+            def __init__(self, vllm_config, role, kv_cache_config):
+                pass
+
+        base.KVConnectorBase_V1 = KVConnectorBase_V1
+        base.KVConnectorMetadata = type("KVConnectorMetadata", (), {})
+        base.KVConnectorWorkerMetadata = type("KVConnectorWorkerMetadata", (), {})
+        base.SupportsHMA = type("SupportsHMA", (), {})
+        base.KVConnectorRole = enum.Enum("KVConnectorRole", "SCHEDULER WORKER")
+        names = ["vllm", "vllm.distributed", "vllm.distributed.kv_transfer",
+                 "vllm.distributed.kv_transfer.kv_connector",
+                 "vllm.distributed.kv_transfer.kv_connector.v1"]
+        for name in names:
+            monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+        monkeypatch.setitem(sys.modules, base.__name__, base)
+    defined = "KvoffloadConnector" in vars(kvv)
+    yield kvv.KvoffloadConnectorMetadata, kvv.KvoffloadWorkerMetadata
+    if not defined:
+        for name in kvv._CLASSES:
+            vars(kvv).pop(name, None)
+
+
+def test_metadata_pickles_between_processes(connector_classes, hashes):
+    """vLLM's engine-core process pickles the step's metadata to its workers and the workers'
+    metadata back; classes local to a function would not pickle (vllm serve's first request)."""
+    import pickle
+
+    Meta, WorkerMeta = connector_classes
+    for cls in (Meta, WorkerMeta, kvv.KvoffloadConnector):
+        assert (cls.__module__, cls.__qualname__) == ("kvoffload.vllm", cls.__name__)
+    s = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8)
+    h = hashes("pickle", 4)
+    s.update_request("a", 64, h)
+    s.lookup("a", 0)
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    store = s.build_step([kv.ScheduledRequest("a", 0, 64, [[1, 2, 3, 4]])]).store_jobs
+    s.on_completed([kv.JobReport(j.id) for j in store])
+    s.on_finished("a")
+    s.update_request("b", 64, h)
+    hit = s.lookup("b", 0)
+    s.on_allocated("b", [kv.AllocatedGroup([5, 6, 7, 8])], hit)
+    load = s.build_step([kv.ScheduledRequest("b", hit, 64 - hit, [[]])]).load_jobs
+    assert store and load
+
+    meta = pickle.loads(pickle.dumps(Meta(load, store, [store[0].id])))
+    assert type(meta) is Meta and meta.flush == [store[0].id]
+    for got, want in ((meta.load_jobs, load), (meta.store_jobs, store)):
+        assert [(j.id, j.kind, j.request_id, j.keys, list(j.gpu_block_ids),
+                 list(j.host_block_ids)) for j in got] == \
+               [(j.id, j.kind, j.request_id, j.keys, list(j.gpu_block_ids),
+                 list(j.host_block_ids)) for j in want]
+    done = WorkerMeta({load[0].id: (1, True), store[0].id: (1, False)})
+    back = pickle.loads(pickle.dumps(done))
+    assert type(back) is WorkerMeta and back.completed == done.completed
+    assert back.aggregate(WorkerMeta({load[0].id: (1, True)})).completed[load[0].id] == (2, True)
