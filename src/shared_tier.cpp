@@ -36,11 +36,14 @@ T get(const char* at, std::size_t off) {
 
 }  // namespace
 
+// "v2": the value format of version 2 (valid_from). Values of version 1 live in another
+// namespace, so an engine of either version sees the other's values as absent (a plain miss)
+// rather than finding them and failing their promotion again at every request.
 std::string shared_namespace(std::string_view name, int tp_size, std::int64_t block_size_factor) {
   KVOFFLOAD_EXPECTS(tp_size >= 1, "shared tier: tp_size must be >= 1, got {}", tp_size);
   KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
                     block_size_factor);
-  const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}\nfactor={}\n",
+  const std::string text = fmt::format("kvoffload shared tier v2\nname={}\ntp={}\nfactor={}\n",
                                        name, tp_size, block_size_factor);
   return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
 }
@@ -70,7 +73,7 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   cc.reply_timeout_ms = c.reply_timeout_ms;
   namespace_ = shared_namespace(c.name, c.tp_size, block_size_factor);  // checks the factor
   client_ = std::make_unique<ClusterClient>(cc);
-  const std::string text = fmt::format("kvoffload shared tier v1\nname={}\ntp={}/{}\nlayout={}\n",
+  const std::string text = fmt::format("kvoffload shared tier v2\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());
   thread_ = std::thread([this] { run(); });

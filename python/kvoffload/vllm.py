@@ -89,6 +89,26 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events)
 
 
+def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
+    """(kind, GPU block size, sliding window in tokens) of vLLM's KV-cache group `g`.
+
+    The window is the one vLLM's block manager keeps: ``sliding_window`` plus the
+    ``extra_retained_tokens`` (vLLM 0.32+, multi-token prediction) it keeps below it. The
+    written-sub-block rule (docs/semantics.md 6.8) assumes the engine reads nothing below
+    that window; a smaller one would have kvoffload refuse the engine's own allocation."""
+    name = type(spec).__name__
+    window = getattr(spec, "sliding_window", None)
+    if name == "SlidingWindowSpec" or (name == "FullAttentionSpec" and window):
+        extra = int(getattr(spec, "extra_retained_tokens", 0) or 0)
+        return ("sliding_window", spec.block_size, int(window) + extra)
+    if name == "FullAttentionSpec":
+        return ("full_attention", spec.block_size, 0)
+    if name == "MambaSpec":
+        return ("mamba", spec.block_size, 0)
+    raise kv.InvalidArgument(f"KV-cache group {g}: {name} is not supported "
+                             "(full attention, sliding window, mamba)")
+
+
 def __getattr__(name: str):
     if name in _CLASSES:
         _define_classes()
@@ -136,20 +156,8 @@ def _define_classes() -> None:
         def __init__(self, vllm_config, role, kv_cache_config):
             super().__init__(vllm_config, role, kv_cache_config)
             extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
-            groups = []
-            for g, group in enumerate(kv_cache_config.kv_cache_groups):
-                spec = group.kv_cache_spec
-                name = type(spec).__name__
-                window = getattr(spec, "sliding_window", None)
-                if name == "SlidingWindowSpec" or (name == "FullAttentionSpec" and window):
-                    groups.append(("sliding_window", spec.block_size, int(window)))
-                elif name == "FullAttentionSpec":
-                    groups.append(("full_attention", spec.block_size, 0))
-                elif name == "MambaSpec":
-                    groups.append(("mamba", spec.block_size, 0))
-                else:
-                    raise kv.InvalidArgument(f"KV-cache group {g}: {name} is not supported "
-                                             "(full attention, sliding window, mamba)")
+            groups = [group_of_spec(g, group.kv_cache_spec)
+                      for g, group in enumerate(kv_cache_config.kv_cache_groups)]
             num_blocks = kv_cache_config.num_blocks
             total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
             world = vllm_config.parallel_config.world_size

@@ -51,6 +51,28 @@ def test_scheduler_config_errors_name_the_key(extra, message):
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="checks the message shown without vLLM")
+def test_groups_from_vllm_specs_keep_the_retained_window():
+    # vLLM's KV-cache specs are matched by class name; these stand-ins carry the same fields.
+    class SlidingWindowSpec:
+        block_size, sliding_window, extra_retained_tokens = 32, 64, 3
+
+    class FullAttentionSpec:
+        block_size, sliding_window = 16, None
+
+    class MambaSpec:
+        block_size = 16
+
+    class ChunkedLocalAttentionSpec:
+        block_size = 16
+
+    # The window vLLM's block manager keeps: 64 plus the 3 tokens retained below it.
+    assert kvv.group_of_spec(0, SlidingWindowSpec()) == ("sliding_window", 32, 67)
+    assert kvv.group_of_spec(1, FullAttentionSpec()) == ("full_attention", 16, 0)
+    assert kvv.group_of_spec(2, MambaSpec()) == ("mamba", 16, 0)
+    with pytest.raises(kv.InvalidArgument, match="KV-cache group 3: ChunkedLocalAttentionSpec"):
+        kvv.group_of_spec(3, ChunkedLocalAttentionSpec())
+
+
 def test_connector_class_needs_vllm():
     with pytest.raises(ImportError, match="needs vLLM"):
         kvv.KvoffloadConnector  # noqa: B018
