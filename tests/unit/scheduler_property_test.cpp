@@ -55,7 +55,10 @@ kvsim::SimConfig random_config(std::uint64_t seed, std::int64_t steps, const cha
     gc.kind = k == 0 ? GroupKind::full_attention
                      : (k == 1 ? GroupKind::sliding_window : GroupKind::mamba);
     gc.gpu_block_size = chance(0.7) ? 16 : 32;
-    if (gc.kind == GroupKind::sliding_window) gc.sliding_window = rand(1, 4) * 16 * rand(1, 8);
+    // Windows of whole blocks and of any length (17, 2047: an off-by-one in the window's
+    // first token shows only there).
+    if (gc.kind == GroupKind::sliding_window)
+      gc.sliding_window = chance(0.5) ? rand(1, 4) * 16 * rand(1, 8) : rand(1, 600);
     c.groups.push_back(gc);
   }
   c.num_workers = rand(1, 3);
