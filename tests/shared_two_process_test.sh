@@ -37,6 +37,8 @@ run "$work/b.log" "$name" --shared-threshold 1000000000
 promoted=$(field "$work/b.log" "keys; ([0-9]+) blocks promoted")
 b_written=$(field "$work/b.log" "promoted into host memory .* ([0-9]+) written")
 echo "B (read only) promoted $promoted blocks written by A, wrote $b_written"
+b_done=$(grep "requests done" "$work/b.log" | tail -1 | sed -nE 's/.* ([0-9]+) requests done.*/\1/p')
+[ "${b_done:-0}" -gt 0 ] || { cat "$work/b.log"; echo "FAILED: B finished no request"; exit 1; }
 [ "${promoted:-0}" -gt 0 ] || { cat "$work/b.log"; echo "FAILED: B hit nothing of A's"; exit 1; }
 [ "$b_written" -eq 0 ] || { echo "FAILED: B wrote although read only"; exit 1; }
 
