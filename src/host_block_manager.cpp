@@ -52,10 +52,17 @@ std::int64_t HostBlockManager::num_used() const noexcept {
 }
 
 LookupResult HostBlockManager::peek(const Key& key) const {
+  std::uint16_t valid_from = 0;
+  return peek(key, valid_from);
+}
+
+LookupResult HostBlockManager::peek(const Key& key, std::uint16_t& valid_from) const {
   const HostBlockId id = block_of(key);
+  valid_from = 0;
   if (id < 0) return LookupResult::miss;
-  return blocks_[static_cast<std::size_t>(id)].state == State::writing ? LookupResult::pending
-                                                                       : LookupResult::hit;
+  const Block& b = blocks_[static_cast<std::size_t>(id)];
+  valid_from = b.valid_from;
+  return b.state == State::writing ? LookupResult::pending : LookupResult::hit;
 }
 
 LookupResult HostBlockManager::lookup(const Key& key) {
@@ -65,14 +72,7 @@ LookupResult HostBlockManager::lookup(const Key& key) {
 
 LookupResult HostBlockManager::lookup(const Key& key, std::uint16_t& valid_from) {
   if (store_threshold_ > 0) count_lookup(key);
-  const HostBlockId id = block_of(key);
-  LookupResult r = LookupResult::miss;
-  valid_from = 0;
-  if (id >= 0) {
-    const Block& b = blocks_[static_cast<std::size_t>(id)];
-    r = b.state == State::writing ? LookupResult::pending : LookupResult::hit;
-    valid_from = b.valid_from;
-  }
+  const LookupResult r = peek(key, valid_from);
   switch (r) {
     case LookupResult::miss: ++stats_.misses; break;
     case LookupResult::pending: ++stats_.pending; break;

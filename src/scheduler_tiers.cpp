@@ -235,8 +235,9 @@ void Scheduler::Impl::write_back() {
       const Key k = *manager.key_of(id);
       // Partly written (never below host memory), already in the tier, or not admitted or no
       // queue room: evicted at once (a full cache would evict it at the next store anyway).
-      if (manager.valid_from(id) > 0) ++tier.stats.writes_partial;
-      if (manager.valid_from(id) > 0 || skip_write(tier, k, keys.size())) {
+      const bool partial = manager.valid_from(id) > 0;
+      if (partial) ++tier.stats.writes_partial;
+      if (partial || skip_write(tier, k, keys.size())) {
         evict_now.push_back(id);
         continue;
       }

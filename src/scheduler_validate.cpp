@@ -79,7 +79,8 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
     }
     for (std::int64_t i = local / f; i < n_off; ++i) {
       const Key k = key(r, g, i);
-      const LookupResult found = manager.peek(k);
+      std::uint16_t valid_from = 0;
+      const LookupResult found = manager.peek(k, valid_from);
       KVOFFLOAD_EXPECTS(found == LookupResult::hit,
                         "alloc: request \"{}\" group {}: key {} (offloaded block {}) is {}, not "
                         "ready to load",
@@ -87,7 +88,6 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                         found == LookupResult::miss ? "not in the host cache" : "being stored");
       // SEMANTICS 6.8: a load never reads a sub-block that no store wrote.
       const std::int64_t first_read = std::max<std::int64_t>(0, local - i * f);
-      const std::uint16_t valid_from = manager.valid_from(manager.block_of(k));
       KVOFFLOAD_EXPECTS(first_read >= valid_from,
                         "alloc: request \"{}\" group {}: key {} (offloaded block {}) was stored "
                         "from sub-block {} on; loading from sub-block {} would read sub-blocks "

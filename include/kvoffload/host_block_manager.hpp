@@ -65,6 +65,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   LookupResult lookup(const Key& key, std::uint16_t& valid_from);
   /// Like lookup() but counts nothing.
   [[nodiscard]] LookupResult peek(const Key& key) const;
+  /// peek() that also gives the block's valid_from (0 when the key is absent).
+  LookupResult peek(const Key& key, std::uint16_t& valid_from) const;
 
   /// Prepares blocks for storing `keys`. Keys already present are dropped, and so, with a
   /// store threshold, are keys looked up fewer times than it; a key given twice is stored
