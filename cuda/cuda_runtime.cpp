@@ -5,6 +5,7 @@
 #include <cuda.h>  // driver types for cuMemcpyBatchAsync, resolved at run time
 #include <cuda_runtime_api.h>
 
+#include <array>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -28,22 +29,63 @@ static_assert(dev::ok == cudaSuccess && dev::invalid_value == cudaErrorInvalidVa
 static_assert(per_thread_default_stream == 0x2);
 static_assert(sizeof(CopyDescriptor) == sizeof(detail::DevicePiece));
 
+int I(cudaError_t e) {
+  return static_cast<int>(e);
+}
+static_assert(CUDA_ERROR_INVALID_VALUE == 1 && CUDA_ERROR_OUT_OF_MEMORY == 2 &&
+              CUDA_ERROR_INVALID_HANDLE == 400 && CUDA_ERROR_ILLEGAL_ADDRESS == 700 &&
+              CUDA_ERROR_NOT_SUPPORTED == 801);
+
 // cuMemcpyBatchAsync as the 12.8 driver ABI defines it (with failIdx): requesting that version
 // keeps a build with CUDA 13 headers working on any 12.8+ driver.
 using BatchFn = CUresult (*)(CUdeviceptr*, CUdeviceptr*, std::size_t*, std::size_t,
                              CUmemcpyAttributes*, std::size_t*, std::size_t, std::size_t*,
                              CUstream);
 
-BatchFn resolve_batch() noexcept {
+/// A driver function at the ABI of driver version `version` (the runtime resolves it; the
+/// library never links libcuda itself), or null.
+template <class Fn>
+Fn resolve(const char* name, int version) noexcept {
   void* fn = nullptr;
   cudaDriverEntryPointQueryResult status{};
-  if (cudaGetDriverEntryPointByVersion("cuMemcpyBatchAsync", &fn, 12080, cudaEnableDefault,
-                                       &status) != cudaSuccess ||
+  if (cudaGetDriverEntryPointByVersion(name, &fn, version, cudaEnableDefault, &status) !=
+          cudaSuccess ||
       status != cudaDriverEntryPointSuccess) {
     (void)cudaGetLastError();
     return nullptr;
   }
-  return reinterpret_cast<BatchFn>(fn);
+  return reinterpret_cast<Fn>(fn);
+}
+
+/// The driver functions the runtime API has no twin for.
+struct Driver {
+  using DeviceGet = CUresult (*)(CUdevice*, int);
+  using PrimaryRetain = CUresult (*)(CUcontext*, CUdevice);
+  using Push = CUresult (*)(CUcontext);
+  using Pop = CUresult (*)(CUcontext*);
+  using ErrorText = CUresult (*)(CUresult, const char**);
+  using PrimaryState = CUresult (*)(CUdevice, unsigned*, int*);
+  DeviceGet device_get = resolve<DeviceGet>("cuDeviceGet", 12000);
+  PrimaryRetain primary_retain = resolve<PrimaryRetain>("cuDevicePrimaryCtxRetain", 12000);
+  Push push = resolve<Push>("cuCtxPushCurrent", 12000);
+  Pop pop = resolve<Pop>("cuCtxPopCurrent", 12000);
+  ErrorText error_name = resolve<ErrorText>("cuGetErrorName", 12000);
+  PrimaryState primary_state = resolve<PrimaryState>("cuDevicePrimaryCtxGetState", 12000);
+  ErrorText error_string = resolve<ErrorText>("cuGetErrorString", 12000);
+};
+
+/// A CUresult as a DeviceRuntime status: the values CUresult and cudaError_t share, else
+/// dev::driver_base + r (describe names those with the driver's names).
+int from_driver(CUresult r) noexcept {
+  switch (r) {
+    case CUDA_SUCCESS: return I(cudaSuccess);
+    case CUDA_ERROR_INVALID_VALUE: return I(cudaErrorInvalidValue);
+    case CUDA_ERROR_OUT_OF_MEMORY: return I(cudaErrorMemoryAllocation);
+    case CUDA_ERROR_INVALID_HANDLE: return I(cudaErrorInvalidResourceHandle);
+    case CUDA_ERROR_ILLEGAL_ADDRESS: return I(cudaErrorIllegalAddress);
+    case CUDA_ERROR_NOT_SUPPORTED: return I(cudaErrorNotSupported);
+    default: return dev::driver_base + static_cast<int>(r);
+  }
 }
 
 cudaStream_t S(StreamHandle h) {
@@ -51,9 +93,6 @@ cudaStream_t S(StreamHandle h) {
 }
 cudaEvent_t E(EventHandle h) {
   return reinterpret_cast<cudaEvent_t>(h);
-}
-int I(cudaError_t e) {
-  return static_cast<int>(e);
 }
 
 class CudaRuntime final : public DeviceRuntime {
@@ -68,6 +107,47 @@ class CudaRuntime final : public DeviceRuntime {
   }
   int get_device(int* device) noexcept override { return I(cudaGetDevice(device)); }
   int set_device(int device) noexcept override { return I(cudaSetDevice(device)); }
+  int push_device(int device) noexcept override {
+    const Driver& d = driver();
+    if (d.device_get == nullptr || d.primary_retain == nullptr || d.push == nullptr) {
+      return I(cudaErrorNotSupported);
+    }
+    CUcontext ctx = nullptr;
+    {
+      // Retained once per device for the process's life: the runtime shares the primary
+      // context, so the backend's streams and events live in it.
+      std::lock_guard lock(primary_mutex_);
+      if (device < 0 || device >= static_cast<int>(primary_.size())) {
+        return I(cudaErrorInvalidDevice);
+      }
+      ctx = primary_[static_cast<std::size_t>(device)];
+      if (ctx == nullptr) {
+        CUdevice dev = 0;
+        CUresult r = d.device_get(&dev, device);
+        if (r == CUDA_SUCCESS) r = d.primary_retain(&ctx, dev);
+        if (r != CUDA_SUCCESS) return from_driver(r);
+        primary_[static_cast<std::size_t>(device)] = ctx;
+      }
+    }
+    return from_driver(d.push(ctx));
+  }
+  int primary_context_active(int device, bool* active) noexcept override {
+    const Driver& d = driver();
+    if (d.device_get == nullptr || d.primary_state == nullptr) return I(cudaErrorNotSupported);
+    CUdevice dev = 0;
+    unsigned flags = 0;
+    int on = 0;
+    CUresult r = d.device_get(&dev, device);
+    if (r == CUDA_SUCCESS) r = d.primary_state(dev, &flags, &on);
+    *active = on != 0;
+    return from_driver(r);
+  }
+  int pop_device() noexcept override {
+    const Driver& d = driver();
+    if (d.pop == nullptr) return I(cudaErrorNotSupported);
+    CUcontext ctx = nullptr;
+    return from_driver(d.pop(&ctx));
+  }
   int stream_priority_range(int* least, int* greatest) noexcept override {
     return I(cudaDeviceGetStreamPriorityRange(least, greatest));
   }
@@ -113,6 +193,9 @@ class CudaRuntime final : public DeviceRuntime {
   int stream_synchronize(StreamHandle stream) noexcept override {
     return I(cudaStreamSynchronize(S(stream)));
   }
+  int stream_device(StreamHandle stream, int* device) noexcept override {
+    return I(cudaStreamGetDevice(S(stream), device));
+  }
   int event_create(EventHandle* event) noexcept override {
     cudaEvent_t ev = nullptr;
     const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
@@ -155,7 +238,7 @@ class CudaRuntime final : public DeviceRuntime {
     return I(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, S(stream)));
   }
   bool batch_available() noexcept override {
-    std::call_once(batch_once_, [this] { batch_ = resolve_batch(); });
+    std::call_once(batch_once_, [this] { batch_ = resolve<BatchFn>("cuMemcpyBatchAsync", 12080); });
     return batch_ != nullptr;
   }
   int memcpy_batch_async(const CopyDescriptor* copies, std::size_t count, bool src_in_stream_order,
@@ -179,9 +262,7 @@ class CudaRuntime final : public DeviceRuntime {
     std::size_t index = 0;
     const CUresult r = batch_(dsts.data(), srcs.data(), sizes.data(), count, &attr, &index, 1,
                               fail_index, reinterpret_cast<CUstream>(stream));
-    if (r == CUDA_SUCCESS) return I(cudaSuccess);
-    // CUresult and cudaError_t share the values the backend tells apart.
-    return r == CUDA_ERROR_INVALID_VALUE ? I(cudaErrorInvalidValue) : static_cast<int>(r);
+    return from_driver(r);
   }
   int launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64_t count, int ctas,
                          int threads, StreamHandle stream) noexcept override {
@@ -206,11 +287,28 @@ class CudaRuntime final : public DeviceRuntime {
   }
   int get_last_error() noexcept override { return I(cudaGetLastError()); }
   std::string describe(int status) const override {
+    if (status >= dev::driver_base) {
+      const auto r = static_cast<CUresult>(status - dev::driver_base);
+      const Driver& d = driver();
+      const char* name = nullptr;
+      const char* text = nullptr;
+      if (d.error_name == nullptr || d.error_name(r, &name) != CUDA_SUCCESS) name = nullptr;
+      if (d.error_string == nullptr || d.error_string(r, &text) != CUDA_SUCCESS) text = nullptr;
+      return fmt::format("{} ({}, driver API)",
+                         name != nullptr ? name : fmt::format("CUresult {}", static_cast<int>(r)),
+                         text != nullptr ? text : "no description");
+    }
     const auto e = static_cast<cudaError_t>(status);
     return fmt::format("{} ({})", cudaGetErrorName(e), cudaGetErrorString(e));
   }
 
  private:
+  static const Driver& driver() noexcept {
+    static const Driver d;
+    return d;
+  }
+  std::mutex primary_mutex_;
+  std::array<CUcontext, 64> primary_{};
   std::once_flag batch_once_;
   BatchFn batch_ = nullptr;
 };

@@ -12,7 +12,9 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -59,6 +61,10 @@ struct SimDevice::State {
     Stream* wait_on = nullptr;  // a stream_wait_event
     std::uint64_t wait_seq = 0;
     std::vector<SimAccess> accesses;  // known at enqueue
+    // A batch copy with source order "any": these reads may happen as early as the call, so
+    // they are ordered only after what the host knew was done then (early_vc).
+    std::vector<SimAccess> early_reads;
+    Clock early_vc;
     // Computes the data-dependent accesses (kernels) under the lock; non-ok poisons.
     std::function<int(std::vector<SimAccess>&)> plan;
     std::function<void()> run;
@@ -110,17 +116,33 @@ struct SimDevice::State {
   bool poisoned = false;
   int sticky = dev::ok;
   std::map<std::string, std::pair<int, int>> failures;  // call -> (status, calls to let pass)
+  std::set<int> contexts;                               // devices whose primary context exists
+  std::atomic<bool> throw_in_describe{false};
 
-  static std::unordered_map<std::uint64_t, int>& current_devices() {
-    thread_local std::unordered_map<std::uint64_t, int> current;  // per instance
-    return current;
+  /// A host thread's contexts: a stack of pushed primary contexts over the runtime's device
+  /// (set by set_device; -1 until a device is chosen or implicitly initialised).
+  struct ThreadContexts {
+    std::vector<int> stack;
+    int runtime_device = -1;
+  };
+  static ThreadContexts& thread_contexts(std::uint64_t inst) {
+    thread_local std::unordered_map<std::uint64_t, ThreadContexts> per_instance;
+    return per_instance[inst];
   }
+  /// What cudaGetDevice says: the current context's device, or 0 with none.
   int current_device() const {
-    const auto& current = current_devices();
-    const auto it = current.find(instance);
-    return it == current.end() ? 0 : it->second;
+    const ThreadContexts& t = thread_contexts(instance);
+    if (!t.stack.empty()) return t.stack.back();
+    return t.runtime_device >= 0 ? t.runtime_device : 0;
   }
-  static void set_current(std::uint64_t inst, int device) { current_devices()[inst] = device; }
+  /// A call that needs a context: on a thread with none, CUDA initialises the primary
+  /// context of device 0 (caller holds m).
+  void need_context() {
+    ThreadContexts& t = thread_contexts(instance);
+    if (!t.stack.empty() || t.runtime_device >= 0) return;
+    t.runtime_device = 0;
+    contexts.insert(0);
+  }
 
   void violate(std::string what) { violations.push_back(std::move(what)); }
 
@@ -138,6 +160,7 @@ struct SimDevice::State {
   }
 
   Stream* find_stream(StreamHandle h, const char* call) {
+    need_context();
     if (h == 0 || h == 1) return legacy[static_cast<std::size_t>(current_device())];
     const auto it = live_streams.find(h);
     if (it == live_streams.end()) {
@@ -182,6 +205,7 @@ struct SimDevice::State {
   /// What a kernel launch checks before it is queued, as CUDA does: a healthy context, the
   /// stream (of the current device) and the launch shape. Caller holds m.
   int kernel_stream(const char* call, StreamHandle stream, int ctas, int threads, Stream** out) {
+    need_context();
     if (poisoned) return sticky;
     if (const int e = injected(call)) return e;
     Stream* st = find_stream(stream, call);
@@ -233,6 +257,26 @@ struct SimDevice::State {
     }
   }
 
+  /// The early reads against every write the host had not seen finish at the call, on any
+  /// stream, this one included.
+  void check_early_reads(const Stream* st, const Op& op) {
+    for (const LogEntry& e : log) {
+      if (at(op.early_vc, e.stream) >= e.seq) continue;
+      for (const SimAccess& a : op.early_reads) {
+        for (const SimAccess& b : e.accesses) {
+          if (b.write && overlaps(a, b)) {
+            violate(fmt::format(
+                "race: {} (stream {}, op {}, source order any) reads [{:#x}, {:#x}) which {} "
+                "(stream {}, op {}) writes: with source order any the source may be read at the "
+                "call, before earlier work on the stream has run",
+                op.name, st->index, op.seq, a.begin, a.end, e.name, e.stream, e.seq));
+            return;
+          }
+        }
+      }
+    }
+  }
+
   void record(const Stream* st, const Op& op, std::vector<SimAccess> acc) {
     if (acc.empty()) return;
     log.push_back({st->index, op.seq, op.name, std::move(acc)});
@@ -275,6 +319,8 @@ struct SimDevice::State {
           poison(op, status);
         } else {
           check_races(st, op, acc);
+          check_early_reads(st, op);
+          acc.insert(acc.end(), op.early_reads.begin(), op.early_reads.end());
           record(st, op, std::move(acc));
           if (op.run) {
             lock.unlock();
@@ -379,11 +425,38 @@ int SimDevice::get_device(int* device) noexcept {
 
 int SimDevice::set_device(int device) noexcept {
   if (device < 0 || device >= s_->config.devices) return dev::invalid_device;
-  State::set_current(s_->instance, device);
+  std::lock_guard lock(s_->m);
+  State::ThreadContexts& t = State::thread_contexts(s_->instance);
+  // cudaSetDevice binds the device's primary context in place of the current one.
+  (t.stack.empty() ? t.runtime_device : t.stack.back()) = device;
+  s_->contexts.insert(device);
+  return dev::ok;
+}
+
+int SimDevice::push_device(int device) noexcept {
+  if (device < 0 || device >= s_->config.devices) return dev::invalid_device;
+  std::lock_guard lock(s_->m);
+  State::thread_contexts(s_->instance).stack.push_back(device);
+  s_->contexts.insert(device);
+  return dev::ok;
+}
+
+int SimDevice::pop_device() noexcept {
+  State::ThreadContexts& t = State::thread_contexts(s_->instance);
+  if (t.stack.empty()) {
+    std::lock_guard lock(s_->m);
+    s_->violate("pop_device: the thread has no pushed context");
+    return dev::invalid_value;
+  }
+  t.stack.pop_back();
   return dev::ok;
 }
 
 int SimDevice::stream_priority_range(int* least, int* greatest) noexcept {
+  {
+    std::lock_guard lock(s_->m);
+    s_->need_context();
+  }
   *least = 0;
   *greatest = -5;
   return dev::ok;
@@ -397,6 +470,7 @@ int SimDevice::can_map_host_memory(int device, bool* yes) noexcept {
 
 int SimDevice::host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   AllocKind kind{};
   *yes = s_->config.map_host_memory &&
          s_->locate(reinterpret_cast<std::uintptr_t>(ptr), bytes, &kind) == State::Where::inside &&
@@ -406,6 +480,7 @@ int SimDevice::host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexce
 
 int SimDevice::stream_create(int /*priority*/, StreamHandle* stream) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   if (s_->poisoned) return s_->sticky;
   if (const int e = s_->injected("stream_create")) return e;
   State::Stream* st = s_->make_stream(s_->current_device());
@@ -431,8 +506,17 @@ int SimDevice::stream_synchronize(StreamHandle stream) noexcept {
   return s_->host_wait(st, st->enqueued, vc, lock);
 }
 
+int SimDevice::stream_device(StreamHandle stream, int* device) noexcept {
+  std::lock_guard lock(s_->m);
+  State::Stream* st = s_->find_stream(stream, "stream_device");
+  if (st == nullptr) return dev::invalid_resource_handle;
+  *device = st->device;
+  return dev::ok;
+}
+
 int SimDevice::event_create(EventHandle* event) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   if (s_->poisoned) return s_->sticky;
   if (const int e = s_->injected("event_create")) return e;
   const EventHandle h = s_->next_handle;
@@ -444,6 +528,7 @@ int SimDevice::event_create(EventHandle* event) noexcept {
 
 int SimDevice::event_destroy(EventHandle event) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   if (s_->find_event(event, "event_destroy") == nullptr) return dev::invalid_resource_handle;
   s_->events.erase(event);
   return dev::ok;
@@ -486,6 +571,7 @@ int SimDevice::stream_wait_event(StreamHandle stream, EventHandle event) noexcep
 
 int SimDevice::event_query(EventHandle event) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   State::Event* ev = s_->find_event(event, "event_query");
   if (ev == nullptr) return dev::invalid_resource_handle;
   if (s_->poisoned) return s_->sticky;
@@ -497,6 +583,7 @@ int SimDevice::event_query(EventHandle event) noexcept {
 
 int SimDevice::event_synchronize(EventHandle event) noexcept {
   std::unique_lock lock(s_->m);
+  s_->need_context();
   State::Event* ev = s_->find_event(event, "event_synchronize");
   if (ev == nullptr) return dev::invalid_resource_handle;
   if (ev->stream == nullptr) return s_->poisoned ? s_->sticky : dev::ok;
@@ -508,12 +595,14 @@ int SimDevice::event_synchronize(EventHandle event) noexcept {
 
 int SimDevice::device_synchronize() noexcept {
   std::unique_lock lock(s_->m);
+  s_->need_context();
   s_->drain_all(lock);
   return s_->poisoned ? s_->sticky : dev::ok;
 }
 
 int SimDevice::malloc_device(void** ptr, std::size_t bytes) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   if (s_->poisoned) return s_->sticky;
   if (const int e = s_->injected("malloc_device")) return e;
   return s_->allocate(ptr, bytes, AllocKind::device);
@@ -521,6 +610,7 @@ int SimDevice::malloc_device(void** ptr, std::size_t bytes) noexcept {
 
 int SimDevice::malloc_host(void** ptr, std::size_t bytes) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   if (s_->poisoned) return s_->sticky;
   if (const int e = s_->injected("malloc_host")) return e;
   return s_->allocate(ptr, bytes, AllocKind::pinned);
@@ -528,11 +618,13 @@ int SimDevice::malloc_host(void** ptr, std::size_t bytes) noexcept {
 
 int SimDevice::free_device(void* ptr) noexcept {
   std::unique_lock lock(s_->m);
+  s_->need_context();
   return s_->free_now(ptr, lock, false);
 }
 
 int SimDevice::free_host(void* ptr) noexcept {
   std::unique_lock lock(s_->m);
+  s_->need_context();
   return s_->free_now(ptr, lock, true);
 }
 
@@ -594,7 +686,7 @@ bool SimDevice::batch_available() noexcept {
 }
 
 int SimDevice::memcpy_batch_async(const CopyDescriptor* copies, std::size_t count,
-                                  bool /*src_in_stream_order*/, StreamHandle stream,
+                                  bool src_in_stream_order, StreamHandle stream,
                                   std::size_t* fail_index) noexcept {
   std::lock_guard lock(s_->m);
   if (s_->poisoned) return s_->sticky;
@@ -611,9 +703,11 @@ int SimDevice::memcpy_batch_async(const CopyDescriptor* copies, std::size_t coun
       *fail_index = i;
       return dev::invalid_value;
     }
-    op.accesses.push_back({list[i].src, list[i].src + list[i].bytes, false});
+    const SimAccess read{list[i].src, list[i].src + list[i].bytes, false};
+    (src_in_stream_order ? op.accesses : op.early_reads).push_back(read);
     op.accesses.push_back({list[i].dst, list[i].dst + list[i].bytes, true});
   }
+  if (!src_in_stream_order) op.early_vc = s_->host_vc;
   op.run = [list = std::move(list)] {
     for (const CopyDescriptor& c : list) {
       std::memcpy(reinterpret_cast<void*>(c.dst), reinterpret_cast<const void*>(c.src), c.bytes);
@@ -629,7 +723,7 @@ int SimDevice::launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64
   State::Stream* st = nullptr;
   if (const int e = s_->kernel_stream("launch_copy_pieces", stream, ctas, threads, &st)) return e;
   if (count == 0) return dev::ok;
-  const unsigned warps = static_cast<unsigned>(ctas) * static_cast<unsigned>(threads / 32);
+  const auto warps = static_cast<std::uint64_t>(ctas) * static_cast<std::uint64_t>(threads / 32);
   State::Op op;
   op.name = "copy_pieces kernel";
   op.plan = [this, pieces, count](std::vector<SimAccess>& acc) {
@@ -650,7 +744,7 @@ int SimDevice::launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64
     return dev::ok;
   };
   op.run = [pieces, count, warps] {
-    for (unsigned w = 0; w < warps; ++w) {
+    for (std::uint64_t w = 0; w < warps; ++w) {
       for (unsigned lane = 0; lane < 32; ++lane)
         detail::copy_pieces(pieces, count, w, warps, lane, 32);
     }
@@ -697,6 +791,10 @@ int SimDevice::launch_build_pieces(const detail::DeviceJobLayout& layout, const 
 
 int SimDevice::compaction_temp_bytes(std::int64_t max_ids, int /*max_groups*/,
                                      std::size_t* bytes) noexcept {
+  {
+    std::lock_guard lock(s_->m);
+    s_->need_context();  // CUB's size query asks the device for its occupancy
+  }
   *bytes = static_cast<std::size_t>(std::max<std::int64_t>(max_ids, 1)) * 4 + 256;
   return dev::ok;
 }
@@ -755,6 +853,7 @@ int SimDevice::get_last_error() noexcept {
 }
 
 std::string SimDevice::describe(int status) const {
+  if (s_->throw_in_describe.exchange(false)) throw std::bad_alloc();
   switch (status) {
     case dev::ok: return "cudaSuccess (simulated)";
     case dev::invalid_value: return "cudaErrorInvalidValue (simulated: invalid argument)";
@@ -790,7 +889,9 @@ void SimDevice::host_access(const void* ptr, std::size_t bytes, bool write) noex
   }
   for (const auto& st : s_->streams) {
     for (const State::Op& op : st->ops) {
-      for (const SimAccess& a : op.accesses) {
+      std::vector<SimAccess> all = op.accesses;
+      all.insert(all.end(), op.early_reads.begin(), op.early_reads.end());
+      for (const SimAccess& a : all) {
         if (clash(a)) {
           s_->violate(
               fmt::format("race: the host {} [{:#x}, {:#x}) which queued {} (stream "
@@ -806,6 +907,7 @@ void SimDevice::host_access(const void* ptr, std::size_t bytes, bool write) noex
 
 int SimDevice::host_register(void* ptr, std::size_t bytes) noexcept {
   std::lock_guard lock(s_->m);
+  s_->need_context();
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   if (s_->locate(p, bytes) != State::Where::outside) return dev::invalid_value;
   s_->allocs[p] = {bytes, AllocKind::registered, true};
@@ -841,6 +943,10 @@ int SimDevice::launch(StreamHandle stream, std::string name, std::vector<SimAcce
   return dev::ok;
 }
 
+void SimDevice::inject_throw_in_describe() {
+  s_->throw_in_describe = true;
+}
+
 void SimDevice::inject_failure(const std::string& call, int status, int after) {
   std::lock_guard lock(s_->m);
   s_->failures[call] = {status, after};
@@ -866,6 +972,13 @@ std::size_t SimDevice::live_allocations() const {
   return static_cast<std::size_t>(
       std::count_if(s_->allocs.begin(), s_->allocs.end(),
                     [](const auto& a) { return a.second.kind != AllocKind::registered; }));
+}
+
+int SimDevice::primary_context_active(int device, bool* active) noexcept {
+  if (device < 0 || device >= s_->config.devices) return dev::invalid_device;
+  std::lock_guard lock(s_->m);
+  *active = s_->contexts.count(device) != 0;
+  return dev::ok;
 }
 
 bool SimDevice::poisoned() const {

@@ -37,6 +37,9 @@ inline constexpr int not_ready = 600;
 inline constexpr int illegal_address = 700;
 inline constexpr int not_supported = 801;
 inline constexpr int unknown = 999;
+/// A driver-API status (CUresult) r that has no runtime twin is reported as driver_base + r,
+/// so describe() names it with the driver's own names.
+inline constexpr int driver_base = 1 << 20;
 }  // namespace dev
 
 /// cudaStreamPerThread's handle value: it names a different stream on every host thread, so
@@ -66,9 +69,18 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
   virtual ~DeviceRuntime();
 
   [[nodiscard]] virtual int device_count() noexcept = 0;
-  /// The calling thread's current device.
+  /// The calling thread's current device (0 when it has none, as CUDA says).
   virtual int get_device(int* device) noexcept = 0;
+  /// Makes `device` current for the calling thread, creating its primary context.
   virtual int set_device(int device) noexcept = 0;
+  /// Pushes `device`'s primary context onto the calling thread's context stack (cuCtxPush),
+  /// and pops it again: a library switching devices for a call this way leaves the thread
+  /// exactly as it found it, and never creates a context on a device the thread never used
+  /// (set_device to restore device 0 would, on a thread that had no context at all).
+  virtual int push_device(int device) noexcept = 0;
+  virtual int pop_device() noexcept = 0;
+  /// Whether `device`'s primary context exists (in this process), without creating it.
+  virtual int primary_context_active(int device, bool* active) noexcept = 0;
   virtual int stream_priority_range(int* least, int* greatest) noexcept = 0;
   /// Whether `device` can use registered host pointers directly (the kernel modes need it).
   virtual int can_map_host_memory(int device, bool* yes) noexcept = 0;
@@ -80,6 +92,9 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
   virtual int stream_create(int priority, StreamHandle* stream) noexcept = 0;
   virtual int stream_destroy(StreamHandle stream) noexcept = 0;
   virtual int stream_synchronize(StreamHandle stream) noexcept = 0;
+  /// The device `stream` belongs to (cudaStreamGetDevice); the legacy stream 0 is the current
+  /// device's.
+  virtual int stream_device(StreamHandle stream, int* device) noexcept = 0;
   virtual int event_create(EventHandle* event) noexcept = 0;
   virtual int event_destroy(EventHandle event) noexcept = 0;
   /// Captures the work queued on `stream` so far (stream and event of one device).
@@ -105,8 +120,9 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
                            StreamHandle stream) noexcept = 0;
   [[nodiscard]] virtual bool batch_available() noexcept = 0;
   /// One batched copy (cuMemcpyBatchAsync). Sources are read in stream order when
-  /// `src_in_stream_order`, else whenever (pinned host blocks nobody writes). On failure
-  /// *fail_index names the copy.
+  /// `src_in_stream_order`; else at any time after the call, even before work queued earlier
+  /// on the stream has run (for pinned host blocks nobody writes). On failure *fail_index names
+  /// the copy.
   virtual int memcpy_batch_async(const CopyDescriptor* copies, std::size_t count,
                                  bool src_in_stream_order, StreamHandle stream,
                                  std::size_t* fail_index) noexcept = 0;

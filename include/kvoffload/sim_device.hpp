@@ -10,6 +10,8 @@
 //     writes (or writes bytes it reads): a data race between streams (vector clocks);
 //   - a host access (host_access) to bytes that queued or unordered device work still uses;
 //   - use of a destroyed stream or event, or a stream and event of different devices;
+//   - a batch copy with source order "any" whose sources another operation writes after the
+//     host last synchronized with it (CUDA may read them at the call);
 //   - a kernel touching memory that is neither device memory nor mapped pinned host memory,
 //     which, as on a GPU, also poisons the context: every later call fails with
 //     illegal_address.
@@ -52,12 +54,18 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   int device_count() noexcept override;
   int get_device(int* device) noexcept override;
   int set_device(int device) noexcept override;
+  int push_device(int device) noexcept override;
+  int pop_device() noexcept override;
+  /// Created by set_device, push_device, or a call on a thread with no context (which CUDA
+  /// runs on device 0).
+  int primary_context_active(int device, bool* active) noexcept override;
   int stream_priority_range(int* least, int* greatest) noexcept override;
   int can_map_host_memory(int device, bool* yes) noexcept override;
   int host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept override;
   int stream_create(int priority, StreamHandle* stream) noexcept override;
   int stream_destroy(StreamHandle stream) noexcept override;
   int stream_synchronize(StreamHandle stream) noexcept override;
+  int stream_device(StreamHandle stream, int* device) noexcept override;
   int event_create(EventHandle* event) noexcept override;
   int event_destroy(EventHandle event) noexcept override;
   int event_record(EventHandle event, StreamHandle stream) noexcept override;
@@ -101,6 +109,9 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   /// The `after`+1-th next call named `call` ("memcpy_async", "malloc_host", "event_record",
   /// "launch_copy_pieces", ...) fails synchronously with `status`.
   void inject_failure(const std::string& call, int status, int after = 0);
+  /// The next describe() throws std::bad_alloc: an allocation failing on a caller's error
+  /// path (formatting a message), which no status code reports.
+  void inject_throw_in_describe();
   /// Everything reported so far (see the file comment); empty for a correct program.
   [[nodiscard]] std::vector<std::string> violations() const;
   /// Live streams, events and allocations the program created (leak checks).
