@@ -45,10 +45,12 @@ int compaction_temp_bytes(std::int64_t max_ids, int max_groups, std::size_t* byt
                             static_cast<std::int32_t*>(nullptr),
                             static_cast<std::int64_t*>(nullptr), max_ids, NotNullBlock{});
   if (e != cudaSuccess) return static_cast<int>(e);
+  // The size query reads no pointer, but arithmetic on a null one is undefined: the segment
+  // ends are passed as null too.
   auto flags = thrust::make_transform_iterator(static_cast<const std::int32_t*>(nullptr), IsReal{});
+  const auto* no_offsets = static_cast<const std::int64_t*>(nullptr);
   e = cub::DeviceSegmentedReduce::Sum(nullptr, reduce, flags, static_cast<std::int64_t*>(nullptr),
-                                      max_groups, static_cast<const std::int64_t*>(nullptr),
-                                      static_cast<const std::int64_t*>(nullptr) + 1);
+                                      max_groups, no_offsets, no_offsets);
   if (e != cudaSuccess) return static_cast<int>(e);
   *bytes = std::max(select, reduce);
   return static_cast<int>(cudaSuccess);

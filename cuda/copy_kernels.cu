@@ -8,8 +8,8 @@ namespace {
 __global__ void copy_pieces_kernel(const DevicePiece* __restrict__ pieces, std::uint64_t count) {
   const unsigned lanes = warpSize;
   const unsigned lane = threadIdx.x % lanes;
-  const unsigned warps_per_cta = blockDim.x / lanes;
-  const unsigned warp = blockIdx.x * warps_per_cta + threadIdx.x / lanes;
+  const std::uint64_t warps_per_cta = blockDim.x / lanes;
+  const std::uint64_t warp = blockIdx.x * warps_per_cta + threadIdx.x / lanes;
   copy_pieces(pieces, count, warp, gridDim.x * warps_per_cta, lane, lanes);
 }
 

@@ -2,6 +2,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string_view>
 #include <vector>
@@ -142,20 +143,24 @@ KVOFFLOAD_EXPORT CudaBackendConfig calibrate(const CudaBackendConfig& config,
 /// GPU compaction of a device-resident block table (the per-offloaded-block GPU ids of a job,
 /// null blocks included): CUB DeviceSelect drops the nulls and a segmented reduction counts
 /// each group's real ids, checked against the job's group sizes, all on the stream with no
-/// host round trip. Temporary storage is sized once, at construction. Thread-safety: one
-/// thread at a time (its temporary storage is shared by the calls).
+/// host round trip. Temporary storage is sized once, at construction, on one device. CUB keeps
+/// state in it that it initialises asynchronously on each call's stream, so each call waits
+/// (on the device, through an event) for the one before it, whatever streams they use.
+/// Thread-safe.
 class KVOFFLOAD_EXPORT DeviceCompactor {
  public:
-  /// `runtime` null: the CUDA runtime (throws cuda_error in a build without CUDA).
+  /// `runtime` null: the CUDA runtime (throws cuda_error in a build without CUDA). `device`
+  /// -1: the calling thread's current device. Streams passed to compact() must belong to it.
   DeviceCompactor(std::int64_t max_ids, int max_groups,
-                  std::shared_ptr<DeviceRuntime> runtime = nullptr);
+                  std::shared_ptr<DeviceRuntime> runtime = nullptr, int device = -1);
   ~DeviceCompactor();
   DeviceCompactor(const DeviceCompactor&) = delete;
   DeviceCompactor& operator=(const DeviceCompactor&) = delete;
 
   /// All pointers are device memory: ids (n), offsets (groups + 1), expected (groups), out (n),
   /// count (1), group_counts (groups), mismatch (1 int, set to 1 if a group's count differs).
-  /// Throws invalid_argument beyond the sizes given at construction, cuda_error on failure.
+  /// Throws invalid_argument beyond the sizes given at construction or for a stream of another
+  /// device, cuda_error on failure.
   void compact(const std::int32_t* ids, std::int64_t n, const std::int64_t* offsets, int groups,
                const std::int64_t* expected, std::int32_t* out, std::int64_t* count,
                std::int64_t* group_counts, int* mismatch, std::uintptr_t stream);
@@ -164,8 +169,12 @@ class KVOFFLOAD_EXPORT DeviceCompactor {
   std::shared_ptr<DeviceRuntime> rt_;
   std::int64_t max_ids_;
   int max_groups_;
+  int device_ = 0;
   void* temp_ = nullptr;
   std::size_t temp_bytes_ = 0;
+  std::uintptr_t last_ = 0;  // an event: the previous call's work, recorded on its stream
+  bool recorded_ = false;
+  std::mutex mutex_;
 };
 
 }  // namespace kvoffload

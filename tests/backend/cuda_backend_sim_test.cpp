@@ -17,6 +17,7 @@
 #include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "backend/device_rig.hpp"
+#include "backend/sim_engine.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/sim_device.hpp"
@@ -27,70 +28,10 @@ using namespace kvoffload;
 using Catch::Matchers::ContainsSubstring;
 using kvtest::DeviceRig;
 
-namespace {
-
-std::shared_ptr<SimDevice> sim_with(std::uint64_t seed, int devices = 1, int delay_us = 30,
-                                    bool map_host = true) {
-  SimConfig c;
-  c.seed = seed;
-  c.devices = devices;
-  c.max_delay_us = delay_us;
-  c.map_host_memory = map_host;
-  return std::make_shared<SimDevice>(c);
-}
-
-/// One store job of `n` GPU blocks of group 0 (f = 1) into host blocks 0..n-1.
-TransferJob store_job(JobId id, std::int64_t first_block, std::int64_t n) {
-  TransferJob job;
-  job.id = id;
-  job.gpu.group_sizes = {n, 0};
-  job.gpu.block_indices = {0, 0};
-  for (std::int64_t i = 0; i < n; ++i) {
-    job.gpu.block_ids.push_back(static_cast<GpuBlockId>(first_block + i));
-    job.keys.push_back(Key{BlockHash::from_hex("aa"), 0});
-    job.host_block_ids.push_back(static_cast<HostBlockId>(i));
-  }
-  return job;
-}
-
-/// The engine's forward pass on `stream`: writes `value` into blocks [first, first + n) of
-/// tensors 0 and 1, slowly (a chunk at a time), so an unordered reader sees torn data.
-void forward_pass(SimDevice& sim, StreamHandle stream, DeviceRig& rig, std::int64_t first,
-                  std::int64_t n, std::uint8_t value, bool write = true) {
-  std::vector<SimAccess> acc;
-  for (std::size_t t = 0; t < 2; ++t) {
-    const auto b = reinterpret_cast<std::uintptr_t>(rig.device[t]) +
-                   static_cast<std::uintptr_t>(first * rig.page);
-    acc.push_back({b, b + static_cast<std::uintptr_t>(n * rig.page), write});
-  }
-  void* t0 = rig.device[0];
-  void* t1 = rig.device[1];
-  const std::int64_t page = rig.page;
-  REQUIRE(sim.launch(stream, "forward pass", acc, [=] {
-    if (!write) return;
-    for (void* t : {t0, t1}) {
-      auto* p = static_cast<std::uint8_t*>(t) + first * page;
-      for (std::int64_t i = 0; i < n * page; i += 64) {
-        std::memset(p + i, value,
-                    static_cast<std::size_t>(std::min<std::int64_t>(64, n * page - i)));
-        if (i % 1024 == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
-      }
-    }
-  }) == dev::ok);
-}
-
-bool host_blocks_hold(const DeviceRig& rig, std::int64_t n, std::uint8_t value) {
-  const auto pool = rig.pool();
-  for (std::int64_t h = 0; h < n; ++h) {
-    const auto* b = pool.data() + h * rig.region.block_stride_bytes;
-    for (std::int64_t i = 0; i < 2 * rig.page; ++i) {
-      if (b[i] != value) return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
+using kvtest::forward_pass;
+using kvtest::host_blocks_hold;
+using kvtest::sim_with;
+using kvtest::store_job;
 
 TEST_CASE("sim: stores wait for the compute stream, and the test catches it when they do not",
           "[sim][cuda_backend][ordering]") {
@@ -478,6 +419,7 @@ TEST_CASE("sim: a Worker with a compute stream on the simulated device", "[sim][
   wc.backend = BackendKind::cuda;
   wc.runtime = sim;
   wc.compute_stream = 0;
+  wc.copy_mode = CopyMode::batch;
   {
     Worker w(wc);
     StreamHandle compute = 0;
@@ -500,6 +442,10 @@ TEST_CASE("sim: a Worker with a compute stream on the simulated device", "[sim][
     const auto block = w.host_block(2);
     CHECK(std::all_of(block.begin(), block.begin() + 512,
                       [](std::byte x) { return x == std::byte{0x3c}; }));
+    const auto stats = w.cuda_stats();  // the mode asked for is the mode that ran
+    REQUIRE(stats.has_value());
+    CHECK(stats->jobs_batch == 1);
+    CHECK(stats->jobs_batch + stats->jobs_memcpy + stats->jobs_kernel + stats->jobs_staged == 1);
     REQUIRE(sim->stream_destroy(compute) == dev::ok);
   }
   REQUIRE(sim->free_device(kv) == dev::ok);

@@ -295,6 +295,121 @@ void compaction_matches_reference(const std::shared_ptr<DeviceRuntime>& rt) {
   require_clean(rt);
 }
 
+/// Two compactions in flight at once on two streams, one compactor: each call's CUB state in
+/// the shared temporary storage must not be overwritten by the other's. A good table must
+/// still compact exactly (mismatch 0) and a bad one must still be caught (mismatch 1).
+void compaction_on_two_streams(const std::shared_ptr<DeviceRuntime>& rt) {
+  const std::int64_t n = 1 << 16;
+  DeviceCompactor compactor(n, 1, rt);
+  struct Side {
+    StreamHandle stream = 0;
+    void* buf = nullptr;
+    std::vector<std::int32_t> ids, want;
+    std::int64_t expected = 0;
+  };
+  std::mt19937 rng(5);
+  Side sides[2];
+  const std::size_t N = static_cast<std::size_t>(n);
+  for (int k = 0; k < 2; ++k) {
+    Side& side = sides[k];
+    REQUIRE(rt->stream_create(0, &side.stream) == dev::ok);
+    side.ids.resize(N);
+    for (auto& id : side.ids) id = rng() % 4 == 0 ? 0 : static_cast<std::int32_t>(1 + rng() % 999);
+    for (const std::int32_t id : side.ids) {
+      if (id != 0) side.want.push_back(id);
+    }
+    // Side 1 expects one id too many: the device must say mismatch.
+    side.expected = static_cast<std::int64_t>(side.want.size()) + k;
+    REQUIRE(rt->malloc_device(&side.buf, 8 * N + 256) == dev::ok);
+    auto* small = reinterpret_cast<std::int64_t*>(static_cast<char*>(side.buf) + 8 * N);
+    const std::int64_t head[3] = {0, n, side.expected};  // offsets, then expected
+    REQUIRE(rt->memcpy_async(side.buf, side.ids.data(), 4 * N, side.stream) == dev::ok);
+    REQUIRE(rt->memcpy_async(small, head, sizeof head, side.stream) == dev::ok);
+    REQUIRE(rt->stream_synchronize(side.stream) == dev::ok);
+  }
+  for (int round = 0; round < 8; ++round) {
+    for (Side& side : sides) {  // no host synchronization between the two
+      auto* ids = static_cast<std::int32_t*>(side.buf);
+      auto* small = reinterpret_cast<std::int64_t*>(static_cast<char*>(side.buf) + 8 * N);
+      compactor.compact(ids, n, small, 1, small + 2, ids + N, small + 3, small + 4,
+                        reinterpret_cast<int*>(small + 5), side.stream);
+    }
+    for (int k = 0; k < 2; ++k) {
+      Side& side = sides[k];
+      auto* ids = static_cast<std::int32_t*>(side.buf);
+      auto* small = reinterpret_cast<std::int64_t*>(static_cast<char*>(side.buf) + 8 * N);
+      std::int64_t count = 0;
+      int mismatch = -1;
+      std::vector<std::int32_t> got(N);
+      REQUIRE(rt->memcpy_async(&count, small + 3, 8, side.stream) == dev::ok);
+      REQUIRE(rt->memcpy_async(&mismatch, small + 5, 4, side.stream) == dev::ok);
+      REQUIRE(rt->memcpy_async(got.data(), ids + N, 4 * N, side.stream) == dev::ok);
+      REQUIRE(rt->stream_synchronize(side.stream) == dev::ok);
+      INFO("round " << round << " stream " << k);
+      CHECK(mismatch == k);
+      REQUIRE(count == static_cast<std::int64_t>(side.want.size()));
+      got.resize(static_cast<std::size_t>(count));
+      CHECK(got == side.want);
+    }
+  }
+  for (Side& side : sides) {
+    REQUIRE(rt->free_device(side.buf) == dev::ok);
+    REQUIRE(rt->stream_destroy(side.stream) == dev::ok);
+  }
+  require_clean(rt);
+}
+
+/// A backend on the last device, driven from a thread that never chose a device (a C API
+/// caller's, a multi-GPU engine's): it must leave no primary context on device 0 (on a GPU,
+/// hundreds of MiB of device 0's memory per process, seen in nvidia-smi --query-compute-apps).
+void no_context_on_device_0(const std::shared_ptr<DeviceRuntime>& rt, CopyMode mode) {
+  const int last = rt->device_count() - 1;
+  REQUIRE(last >= 1);
+  REQUIRE(rt->set_device(last) == dev::ok);  // this thread: the last device only
+  bool before = true;
+  REQUIRE(rt->primary_context_active(0, &before) == dev::ok);
+  REQUIRE_FALSE(before);  // nothing in this process has touched device 0 yet
+  DeviceRig rig(rt, 1, 4096, 16, 16);
+  bool ok = false;
+  int current = -1;
+  std::string error;
+  std::thread fresh([&] {
+    try {
+      CudaBackendConfig c;
+      c.device = last;
+      c.mode = mode;
+      c.host_base = rig.region.base;
+      c.host_bytes = rig.pool_bytes;
+      CudaBackend backend(c, rt);
+      backend.set_compute_stream(0);
+      CopyPlan plan;
+      plan.job = 1;
+      plan.kind = JobKind::store;
+      plan.descriptors = {{reinterpret_cast<std::uintptr_t>(rig.device[0]), rig.region.base, 4096}};
+      plan.total_bytes = 4096;
+      backend.wait(backend.submit(plan));
+      std::vector<BackendResult> done;
+      backend.poll(done);
+      ok = done.size() == 1 && done[0].ok;
+      backend.shutdown(true);
+      (void)rt->get_device(&current);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+  });
+  fresh.join();
+  CHECK(error.empty());
+  CHECK(ok);
+  CHECK(current == 0);  // what cudaGetDevice says on a thread without a context
+  bool after = true;
+  REQUIRE(rt->primary_context_active(0, &after) == dev::ok);
+  CHECK_FALSE(after);
+  bool mine = false;
+  REQUIRE(rt->primary_context_active(last, &mine) == dev::ok);
+  CHECK(mine);
+  require_clean(rt);
+}
+
 const char* mode_name(CopyMode m) {
   return to_string(m).data();
 }
@@ -326,6 +441,17 @@ TEST_CASE("sim: the compaction equals the host filter", "[sim][compaction]") {
   compaction_matches_reference(make_sim(7, 1, 5));
 }
 
+TEST_CASE("sim: a backend on device 1 used from a thread with no context creates none on 0",
+          "[sim][cuda_backend][devices]") {
+  const CopyMode mode = GENERATE(CopyMode::kernel, CopyMode::batch);
+  no_context_on_device_0(make_sim(9, 2, 10), mode);
+}
+
+TEST_CASE("sim: one compactor on two streams at once keeps each call's results",
+          "[sim][compaction]") {
+  compaction_on_two_streams(make_sim(8, 1, 5));
+}
+
 // ---- on a real GPU ([gpu]: skipped without one) -----------------------------------------------
 
 TEST_CASE("gpu: every copy mode round-trips random jobs byte-exactly", "[gpu][cuda_backend]") {
@@ -339,8 +465,15 @@ TEST_CASE("gpu: every copy mode round-trips random jobs byte-exactly", "[gpu][cu
 
 TEST_CASE("gpu: a copy refused at the call fails its job and nothing else", "[gpu][cuda_backend]") {
   if (!CudaBackend::available()) SKIP("no CUDA device");
-  const CopyMode mode = GENERATE(CopyMode::batch, CopyMode::memcpy);
-  refused_copy_fails_its_job(cuda_runtime(), mode);
+  refused_copy_fails_its_job(cuda_runtime(), CopyMode::memcpy);
+}
+
+// Whether cuMemcpyBatchAsync checks ranges at the call (as the simulator assumes) is only
+// known on a GPU: if it does not, this job faults later instead of failing alone.
+TEST_CASE("gpu: an out-of-range batch copy is refused at the call", "[gpu][cuda_backend]") {
+  if (!CudaBackend::available()) SKIP("no CUDA device");
+  if (!cuda_runtime()->batch_available()) SKIP("no cuMemcpyBatchAsync in this driver");
+  refused_copy_fails_its_job(cuda_runtime(), CopyMode::batch);
 }
 
 TEST_CASE("gpu: the device-table path copies like the planner and never copies a failed check",
@@ -352,4 +485,17 @@ TEST_CASE("gpu: the device-table path copies like the planner and never copies a
 TEST_CASE("gpu: the compaction equals the host filter", "[gpu][compaction]") {
   if (!CudaBackend::available()) SKIP("no CUDA device");
   compaction_matches_reference(cuda_runtime());
+}
+
+TEST_CASE("gpu: a backend on the last device used from a fresh thread makes no context on 0",
+          "[gpu][cuda_backend][devices]") {
+  if (!CudaBackend::available()) SKIP("no CUDA device");
+  if (cuda_device_count() < 2) SKIP("one GPU: the context cost on device 0 needs two");
+  no_context_on_device_0(cuda_runtime(), CopyMode::automatic);
+}
+
+TEST_CASE("gpu: one compactor on two streams at once keeps each call's results",
+          "[gpu][compaction]") {
+  if (!CudaBackend::available()) SKIP("no CUDA device");
+  compaction_on_two_streams(cuda_runtime());
 }

@@ -68,18 +68,19 @@ KVOFFLOAD_HOST_DEVICE inline void copy_piece(const DevicePiece p, unsigned lane,
   for (std::uint64_t i = tail + lane; i < n; i += lanes) d[i] = s[i];
 }
 
-/// Which pieces warp `warp` of `warps` handles: piece i goes to warp i % warps.
+/// Which pieces warp `warp` of `warps` handles: piece i goes to warp i % warps. Warp indices
+/// are 64-bit: a grid's warp count does not fit 32 bits for every launch shape.
 KVOFFLOAD_HOST_DEVICE inline void copy_pieces(const DevicePiece* pieces, std::uint64_t count,
-                                              unsigned warp, unsigned warps, unsigned lane,
-                                              unsigned lanes) {
+                                              std::uint64_t warp, std::uint64_t warps,
+                                              unsigned lane, unsigned lanes) {
   for (std::uint64_t i = warp; i < count; i += warps) {
     const DevicePiece p = pieces[i];
     if (p.bytes != 0) copy_piece(p, lane, lanes);
   }
 }
 
-/// The staged store: piece i's bytes go to staging + offsets[i] (the exclusive prefix sum of
-/// the sizes, which the host computes), so the pieces lie back to back for one large copy.
+/// The staged store: piece i's bytes go to staging + offsets[i] (the host packs them back to
+/// back, each at a 16-byte boundary so every piece keeps the vector path), for one large copy.
 KVOFFLOAD_HOST_DEVICE inline DevicePiece staged_piece(const DevicePiece& p, std::uint64_t staging,
                                                       std::uint64_t offset) {
   return DevicePiece{p.src, staging + offset, p.bytes};

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+"""Mutation check for the CUDA backend's simulated-device tests (issue 26).
+
+Each mutation puts back one bug a review found (or one ordering mistake the simulator must
+see) into the source, rebuilds the debug build, and runs the [sim] test that must catch it.
+A mutation is "caught" when that test fails. The sources are restored after each one.
+
+    tests/backend/sim_mutations.py [NAME...]
+
+Builds in build/mutations (the debug preset). Not part of scripts/test: each mutation rebuilds
+the library and relinks the test binary (about a minute here).
+"""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.join(ROOT, "build/mutations")  # its own build: the sources change under it
+TESTS = os.path.join(BUILD, "tests/kvoffload_tests")
+
+# name, file, text to find, replacement, the test that must fail
+MUTATIONS = [
+    ("compactor-shared-temp", "src/device_compactor.cpp",
+     "  if (recorded_) fail(rt_->stream_wait_event(stream, last_), \"stream_wait_event\");\n", "",
+     "sim: one compactor on two streams at once keeps each call's results"),
+    ("thrown-submission-ok", "src/cuda_backend_impl.hpp",
+     "    bool failed = true;\n", "    bool failed = false;\n",
+     "sim: a submission that throws after its job is queued reports the job failed"),
+    ("unpolled-pinned-leak", "src/cuda_backend_impl.hpp",
+     "        for (JobPtr& j : queue) release(*j);\n", "",
+     "sim: a backend destroyed with jobs nobody polled frees their pinned buffers"),
+    ("scope-set-device", "src/device_scope.hpp",
+     "    const int e = rt.push_device(device);\n",
+     # the old restore: set_device(previous), previous being 0 on a thread with no context
+     "    int previous = 0;\n    (void)rt.get_device(&previous);\n"
+     "    (void)rt.set_device(previous);\n    const int e = rt.push_device(device);\n",
+     "sim: a backend on device 1 used from a thread with no context creates none on 0"),
+    ("trusted-total-bytes", "src/cuda_backend.cpp",
+     "  KVOFFLOAD_EXPECTS(sum == plan.total_bytes,", "  KVOFFLOAD_EXPECTS(true || sum == plan.total_bytes,",
+     "sim: a plan whose total_bytes disagrees with its copies is refused at submit"),
+    ("unbounded-ctas", "src/cuda_backend.cpp",
+     "config.kernel_ctas <= detail::kMaxKernelCtas,", "config.kernel_ctas <= INT32_MAX,",
+     "sim: kernel launch shapes are bounded so the warp count cannot wrap"),
+    ("batch-store-any-order", "src/cuda_backend_impl.hpp",
+     "plan.descriptors.size(),\n                                             store, stream, &fail);",
+     "plan.descriptors.size(),\n                                             false, stream, &fail);",
+     "sim: stores after one forward pass wait for it on every stream they land on"),
+    ("compute-event-wrong-device", "src/cuda_backend_impl.hpp",
+     "    Scope scope(*rt, config.device);  // the event belongs to the backend's device\n", "",
+     "sim: a compute stream set from a thread on another device orders the stores"),
+    ("device-table-no-compute-wait", "src/cuda_device_table.cpp",
+     "if (e == dev::ok) e = s.wait_for_compute(stream, true);", "",
+     "sim: the device-table path reads a table the engine writes on its compute stream"),
+    ("compute-wait-first-stream-only", "src/cuda_backend_impl.hpp",
+     "if (e == dev::ok) e = rt->stream_wait_event(stream, compute_ready);",
+     "if (e == dev::ok) e = rt->stream_wait_event(streams[0], compute_ready);",
+     "sim: stores after one forward pass wait for it on every stream they land on"),
+    ("compute-stream-any-device", "src/cuda_backend_impl.hpp",
+     "KVOFFLOAD_EXPECTS(device == config.device,", "KVOFFLOAD_EXPECTS(true || device == config.device,",
+     "sim: compute streams of another device are refused, once and clearly"),
+]
+
+
+def build():
+    if not os.path.exists(os.path.join(BUILD, "build.ninja")):
+        subprocess.run(["cmake", "--preset", "debug", "-B", BUILD], cwd=ROOT, check=True,
+                       stdout=subprocess.DEVNULL)
+    r = subprocess.run(["cmake", "--build", BUILD, "--target", "kvoffload_tests"],
+                       cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return r.returncode == 0, r.stdout[-3000:]
+
+
+def run_test(name):
+    spec = "".join("\\" + c if c in "[],\\*~" else c for c in name)
+    r = subprocess.run([TESTS, spec], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=300,
+                       env=dict(os.environ, KVOFFLOAD_LOG_LEVEL="error"))
+    return r.returncode, r.stdout
+
+
+def main(names):
+    os.environ["PATH"] = "/usr/local/cuda/bin:" + os.environ.get("PATH", "")
+    chosen = [m for m in MUTATIONS if not names or m[0] in names]
+    ok, log = build()  # unmutated: every chosen test must pass first
+    if not ok:
+        print(log)
+        return 1
+    for test in sorted({m[4] for m in chosen}):
+        rc, out = run_test(test)
+        if rc != 0:
+            print(f"unmutated, this test fails already: {test}\n{out[-2000:]}")
+            return 1
+    results = []
+    for name, path, find, replace, test in chosen:
+        full = os.path.join(ROOT, path)
+        with open(full) as f:
+            original = f.read()
+        if original.count(find) != 1:
+            results.append((name, "NOT APPLIED (text not found once)", test))
+            continue
+        try:
+            with open(full, "w") as f:
+                f.write(original.replace(find, replace))
+            ok, log = build()
+            if not ok:
+                results.append((name, "BUILD FAILED", test))
+                print(log)
+                continue
+            rc, out = run_test(test)
+            if "No test cases matched" in out:
+                results.append((name, "NO SUCH TEST", test))
+            else:
+                results.append((name, "caught" if rc != 0 else "MISSED", test))
+        finally:
+            with open(full, "w") as f:
+                f.write(original)
+        print(f"{results[-1][0]:32s} {results[-1][1]:8s} {test}", flush=True)
+    build()
+    missed = [r for r in results if r[1] != "caught"]
+    print(f"{len(results) - len(missed)}/{len(results)} mutations caught")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
