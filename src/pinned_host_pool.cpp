@@ -13,6 +13,7 @@
 
 #include "expects.hpp"
 #include "kvoffload/device.hpp"
+#include "kvoffload/device_runtime.hpp"
 #include "logging.hpp"
 
 #if defined(KVOFFLOAD_HAVE_CUDA)
@@ -155,8 +156,31 @@ void PinnedHostPool::prefault(int threads) {
   report_.fault_seconds = seconds_since(start);
 }
 
+#if defined(KVOFFLOAD_HAVE_CUDA)
+namespace {
+/// `device`'s primary context pushed for a scope (nothing for -1, the current device).
+class DeviceContext {
+ public:
+  explicit DeviceContext(int device) : device_(device) {
+    if (device >= 0) status_ = cuda_runtime()->push_device(device);
+  }
+  ~DeviceContext() {
+    if (device_ >= 0 && status_ == 0) (void)cuda_runtime()->pop_device();
+  }
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+  [[nodiscard]] int status() const noexcept { return status_; }
+
+ private:
+  int device_;
+  int status_ = 0;
+};
+}  // namespace
+#endif
+
 void PinnedHostPool::register_region(const PoolConfig& config) {
   if (config.pinning == Pinning::off) return;
+  device_ = config.device;
   const bool have_device = cuda_device_count() > 0;
   if (!have_device) {
     if (config.pinning == Pinning::require) {
@@ -170,6 +194,14 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   }
 #if defined(KVOFFLOAD_HAVE_CUDA)
   const auto start = std::chrono::steady_clock::now();
+  const DeviceContext context(config.device);
+  if (context.status() != 0) {
+    const std::string what = fmt::format("host pool: making device {} current failed: {}",
+                                         config.device, detail::cuda_error_name(context.status()));
+    if (!config.allow_unpinned) throw cuda_error(what);
+    detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned)", what);
+    return;
+  }
   // Whole blocks per registration: a block never straddles two.
   const std::size_t blocks_per_chunk = std::max<std::size_t>(
       1, static_cast<std::size_t>(config.register_chunk_bytes) / block_bytes_);
@@ -207,7 +239,10 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
 
 void PinnedHostPool::release() noexcept {
 #if defined(KVOFFLOAD_HAVE_CUDA)
-  for (const auto& [ptr, n] : registered_) (void)detail::cuda_host_unregister(ptr);
+  if (!registered_.empty()) {
+    const DeviceContext context(device_);
+    for (const auto& [ptr, n] : registered_) (void)detail::cuda_host_unregister(ptr);
+  }
 #endif
   registered_.clear();
   if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);

@@ -31,6 +31,7 @@ std::unique_ptr<Backend> make_backend(const WorkerConfig& c, const PinnedHostPoo
     cc.device = c.cuda_device;
     cc.compute_stream = c.compute_stream;
     cc.loads_wait_for_compute = c.loads_wait_for_compute;
+    cc.mode = c.copy_mode;
     cc.host_base = reinterpret_cast<std::uintptr_t>(pool.data());
     cc.host_bytes = pool.size_bytes();
     if (c.runtime != nullptr) return std::make_unique<CudaBackend>(cc, c.runtime);
@@ -67,6 +68,7 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   // Pinned (and mapped) for the CUDA runtime; a simulated device registers it itself.
   pc.pinning =
       c.backend == BackendKind::cuda && c.runtime == nullptr ? Pinning::require : Pinning::off;
+  if (pc.pinning == Pinning::require) pc.device = c.cuda_device;  // no context on device 0
   pool_ = std::make_unique<PinnedHostPool>(pc);
   if (auto* sim = dynamic_cast<SimDevice*>(c.runtime.get()); sim != nullptr) {
     if (sim->host_register(pool_->data(), pool_->size_bytes()) != dev::ok) {
@@ -158,6 +160,12 @@ void Worker::set_compute_stream(std::optional<std::uintptr_t> stream) {
   KVOFFLOAD_EXPECTS(cuda != nullptr,
                     "worker: set_compute_stream needs the CUDA backend (this worker's is not)");
   cuda->set_compute_stream(stream);
+}
+
+std::optional<CudaBackendStats> Worker::cuda_stats() const {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&engine_->backend());
+  if (cuda == nullptr) return std::nullopt;
+  return cuda->stats();
 }
 
 void Worker::submit(const TransferJob& job) {

@@ -450,7 +450,10 @@ typedef struct kvoffload_worker_config {
    * unless loads_wait_for_compute is 0) wait on the device for the work queued on
    * compute_stream when they are submitted. compute_stream is a cudaStream_t's value; 0 is the
    * legacy default stream (PyTorch's default). cudaStreamPerThread is refused. Without it,
-   * nothing is waited for: only right if the engine synchronizes before submitting. */
+   * nothing is waited for: only right if the engine synchronizes before submitting. This is
+   * the stream at creation only: an engine whose current stream can change (micro-batching,
+   * dual-batch overlap, a side stream) calls kvoffload_worker_set_compute_stream each step
+   * before submitting that step's jobs. */
   int has_compute_stream;
   uintptr_t compute_stream;
   int loads_wait_for_compute; /* default 1 */
@@ -503,7 +506,12 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_submit(kvoffload_worker_t wo
                                                            const kvoffload_job_t* job);
 /* Changes the compute stream for jobs submitted from now on (see kvoffload_worker_config_t);
  * has_stream = 0 turns the waits off. KVOFFLOAD_INVALID_ARGUMENT for a host-backend worker or
- * cudaStreamPerThread. */
+ * cudaStreamPerThread. A job waits for the stream set when it starts: with defer_stores, when
+ * kvoffload_worker_start_step (or a wait on it) starts it. An engine whose current stream can
+ * change calls this each step, before submitting the step's jobs, with the stream the step's
+ * forward pass runs on; with defer_stores, after kvoffload_worker_start_step, so the previous
+ * step's stores still wait for the stream their pass ran on. Cheap when the stream is
+ * unchanged. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_set_compute_stream(kvoffload_worker_t worker,
                                                                        int has_stream,
                                                                        uintptr_t stream);

@@ -29,6 +29,10 @@ struct PoolConfig {
   /// Registrations cover at most this many bytes, rounded down to whole blocks, so no block
   /// spans two registrations.
   std::uint64_t register_chunk_bytes = std::uint64_t{1} << 30;
+  /// The device whose primary context registers (and unregisters) the pool; registered
+  /// Portable, it serves every device. -1: the calling thread's current one, which on a thread
+  /// that never chose a device creates a context on device 0.
+  int device = -1;
 };
 
 /// How the pool was allocated, for logs and the benchmark.
@@ -90,6 +94,7 @@ class KVOFFLOAD_EXPORT PinnedHostPool {
   std::int64_t num_rows_ = 1;
   std::int64_t num_blocks_ = 0;
   std::vector<std::pair<std::byte*, std::size_t>> registered_;
+  int device_ = -1;  // whose context registered the pool
   PoolReport report_;
 };
 

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/disk_tier.hpp"
 #include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
@@ -37,6 +38,8 @@ struct WorkerConfig {
   /// The host backend refuses it.
   std::optional<std::uintptr_t> compute_stream;
   bool loads_wait_for_compute = true;
+  /// CUDA backend: how copies run (CudaBackendConfig::mode); auto picks per job.
+  CopyMode copy_mode = CopyMode::automatic;
   /// CUDA backend: where its CUDA calls go. Null: the CUDA runtime; a SimDevice runs the
   /// backend on the CPU (the pool is then registered with the simulated device).
   std::shared_ptr<DeviceRuntime> runtime;
@@ -92,6 +95,8 @@ class KVOFFLOAD_EXPORT Worker {
   /// nullopt turns the waits off. Throws invalid_argument for a backend other than CUDA or for
   /// cudaStreamPerThread.
   void set_compute_stream(std::optional<std::uintptr_t> stream);
+  /// The CUDA backend's counts of the modes its jobs really used; nullopt for another backend.
+  [[nodiscard]] std::optional<CudaBackendStats> cuda_stats() const;
 
   /// Host block `id` of the pool (throws invalid_argument if out of range).
   [[nodiscard]] std::span<std::byte> host_block(HostBlockId id) const;

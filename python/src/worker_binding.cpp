@@ -35,6 +35,7 @@ void bind_worker(nb::module_& m) {
         d["defer_stores"] = c.defer_stores;
         d["compute_stream"] = c.compute_stream ? nb::cast(*c.compute_stream) : nb::none();
         d["loads_wait_for_compute"] = c.loads_wait_for_compute;
+        d["copy_mode"] = std::string(to_string(c.copy_mode));
         d["disk_tiers"] = nb::list();
         d["shared_tiers"] = nb::list();
         return d;
@@ -65,7 +66,7 @@ void bind_worker(nb::module_& m) {
              std::int64_t block_size_factor, std::int64_t host_blocks, const std::string& backend,
              int threads, int cuda_device, bool defer_stores,
              std::optional<std::uintptr_t> compute_stream, bool loads_wait_for_compute,
-             const std::vector<nb::tuple>& disk_tiers,
+             const std::string& copy_mode, const std::vector<nb::tuple>& disk_tiers,
              const std::vector<SharedTuple>& shared_tiers) {
             WorkerConfig c;
             for (const SharedTuple& t : shared_tiers) c.shared_tiers.push_back(shared_config(t));
@@ -101,11 +102,13 @@ void bind_worker(nb::module_& m) {
             c.defer_stores = defer_stores;
             c.compute_stream = compute_stream;
             c.loads_wait_for_compute = loads_wait_for_compute;
+            c.copy_mode = parse_copy_mode(copy_mode, "worker: copy_mode");
             new (self) Worker(c);
           },
           "tensors"_a, "groups"_a, "block_size_factor"_a, "host_blocks"_a, "backend"_a, "threads"_a,
           "cuda_device"_a, "defer_stores"_a, "compute_stream"_a.none(), "loads_wait_for_compute"_a,
-          "disk_tiers"_a = std::vector<nb::tuple>{}, "shared_tiers"_a = std::vector<SharedTuple>{})
+          "copy_mode"_a = "auto", "disk_tiers"_a = std::vector<nb::tuple>{},
+          "shared_tiers"_a = std::vector<SharedTuple>{})
       .def(
           "shared_tier_stats",
           [](const Worker& w, std::size_t t) {
@@ -123,6 +126,22 @@ void bind_worker(nb::module_& m) {
           },
           "tier"_a)
       .def("set_compute_stream", &Worker::set_compute_stream, "stream"_a.none())
+      .def(
+          "cuda_stats",
+          [](const Worker& w) -> nb::object {
+            const auto s = w.cuda_stats();
+            if (!s) return nb::none();
+            nb::dict d;
+            d["jobs_batch"] = s->jobs_batch;
+            d["jobs_memcpy"] = s->jobs_memcpy;
+            d["jobs_kernel"] = s->jobs_kernel;
+            d["jobs_staged"] = s->jobs_staged;
+            d["jobs_device_table"] = s->jobs_device_table;
+            d["staged_fell_back"] = s->staged_fell_back;
+            d["ring_fell_back"] = s->ring_fell_back;
+            return d;
+          },
+          "The CUDA backend's counts of the modes its jobs used; None for the host backend.")
       .def("submit", &Worker::submit, "job"_a)
       .def("submit_tier", &Worker::submit_tier, "job"_a)
       .def("clear_tiers", &Worker::clear_tiers)

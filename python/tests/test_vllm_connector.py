@@ -94,7 +94,15 @@ def connector_classes(monkeypatch):
 
         class KVConnectorBase_V1:  # noqa: N801 (vLLM's name)
             def __init__(self, vllm_config, role, kv_cache_config):
-                pass
+                self._kv_cache_config = kv_cache_config
+                self._connector_metadata = None
+
+            def bind_connector_metadata(self, metadata):
+                self._connector_metadata = metadata
+
+            def _get_connector_metadata(self):
+                assert self._connector_metadata is not None
+                return self._connector_metadata
 
         base.KVConnectorBase_V1 = KVConnectorBase_V1
         base.KVConnectorMetadata = type("KVConnectorMetadata", (), {})
@@ -147,3 +155,118 @@ def test_metadata_pickles_between_processes(connector_classes, hashes):
     back = pickle.loads(pickle.dumps(done))
     assert type(back) is WorkerMeta and back.completed == done.completed
     assert back.aggregate(WorkerMeta({load[0].id: (1, True)})).completed[load[0].id] == (2, True)
+
+
+class _RecordingWorker:
+    """Stands in for kv.Worker in the connector's worker role: records what it is asked."""
+
+    def __init__(self, config):
+        self.config = config
+        self.calls = [("create", config.backend, kv.stream_handle(config.compute_stream))]
+
+    def set_compute_stream(self, stream):
+        self.calls.append(("set_compute_stream", stream))
+
+    def start_step(self):
+        self.calls.append(("start_step",))
+
+    def wait(self, jobs):
+        self.calls.append(("wait", list(jobs)))
+
+    def submit(self, job):
+        self.calls.append((job.kind, job.id))
+
+    def get_finished(self):
+        return []
+
+
+def _worker_connector(monkeypatch, cuda, current_stream):
+    """A worker-role KvoffloadConnector over one fake KV tensor of 8 blocks (on a "GPU" when
+    ``cuda``), with kv.Worker and torch.cuda.current_stream faked; current_stream(device)
+    gives the handle of the engine's current stream."""
+    import sys
+    import types
+
+    import numpy as np
+    from conftest import TorchLike
+
+    torch = types.ModuleType("torch")
+    torch.cuda = types.SimpleNamespace(
+        current_stream=lambda device: types.SimpleNamespace(cuda_stream=current_stream(device)))
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(kv, "Worker", _RecordingWorker)
+    role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
+    FullAttentionSpec = type("FullAttentionSpec", (), {"block_size": 16, "sliding_window": None})
+    ns = types.SimpleNamespace
+    kv_cache_config = ns(num_blocks=8, kv_cache_tensors=[ns(size=8 * 256)],
+                         kv_cache_groups=[ns(kv_cache_spec=FullAttentionSpec(),
+                                             layer_names=["layer0"])])
+    vllm_config = ns(kv_transfer_config=ns(kv_connector_extra_config={"host_blocks": 4}),
+                     parallel_config=ns(world_size=1), kv_events_config=None,
+                     cache_config=ns(block_size=16))
+    c = kvv.KvoffloadConnector(vllm_config, role.WORKER, kv_cache_config)
+    cache = np.zeros((8, 256), dtype=np.uint8)
+    c.register_kv_caches({"layer0": TorchLike(cache, cuda=cuda, device_index=1)})
+    return c
+
+
+def _job(kind, id):
+    import types
+
+    return types.SimpleNamespace(kind=kind, id=id, request_id=f"r{id}", gpu_block_ids=[id])
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_connector_follows_the_current_stream_each_step(connector_classes, monkeypatch):
+    """The compute stream is the engine's current stream when a step's jobs are submitted, not
+    the one at register_kv_caches: when the forward pass moves to another stream (between
+    steps, or between start_load_kv and wait_for_save), the worker gets the new handle before
+    that step's loads or stores, once; a step's deferred stores start (start_step) before the
+    next step's stream is set, so they still wait for the pass that wrote their KV."""
+    Meta, _ = connector_classes
+    current = {"stream": 0x100}
+    devices = []
+
+    def current_stream(device):
+        devices.append((device.type, device.index))
+        return current["stream"]
+
+    c = _worker_connector(monkeypatch, True, current_stream)
+    w = c._worker
+    assert w.calls == [("create", "cuda", 0x100)] and w.config.cuda_device == 1
+
+    def step(load, store, switch_after_load=None):
+        c.bind_connector_metadata(Meta([_job("load", load)], [_job("store", store)], []))
+        c.start_load_kv(None)
+        if switch_after_load is not None:
+            current["stream"] = switch_after_load
+        c.wait_for_save()
+
+    step(1, 2)  # unchanged: no call
+    current["stream"] = 0x200  # the next forward pass runs on another stream
+    step(3, 4)
+    step(5, 6, switch_after_load=0x300)  # this step's forward pass runs on a third stream
+    step(7, 8)
+    assert w.calls[1:] == [
+        ("start_step",), ("load", 1), ("store", 2),
+        ("start_step",), ("set_compute_stream", 0x200), ("load", 3), ("store", 4),
+        ("start_step",), ("load", 5), ("set_compute_stream", 0x300), ("store", 6),
+        ("start_step",), ("load", 7), ("store", 8),
+    ]
+    assert all(isinstance(call[1], int) for call in w.calls if call[0] == "set_compute_stream")
+    assert set(devices) == {("cuda", 1)}  # the KV tensors' device, not the current one
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_connector_on_cpu_tensors_asks_for_no_stream(connector_classes, monkeypatch):
+    Meta, _ = connector_classes
+
+    def current_stream(device):
+        raise AssertionError("CPU KV tensors: no CUDA stream is asked for")
+
+    c = _worker_connector(monkeypatch, False, current_stream)
+    c.bind_connector_metadata(Meta([_job("load", 1)], [_job("store", 2)], []))
+    c.start_load_kv(None)
+    c.wait_for_save()
+    assert c._worker.calls == [("create", "host", None), ("start_step",), ("load", 1),
+                               ("store", 2)]

@@ -2,7 +2,7 @@ import pytest
 import numpy as np
 
 import kvoffload as kv
-from conftest import block_hashes
+from conftest import TorchLike, block_hashes
 
 
 def test_round_trip_through_the_host_pool():
@@ -59,6 +59,36 @@ def test_tensor_of_reads_numpy_layouts():
     assert (t.page_bytes, t.block_stride_bytes) == (64, 96)
 
 
+@pytest.mark.parametrize("wrap", [lambda a: a, TorchLike], ids=["numpy", "torch"])
+def test_tensor_of_refuses_pages_that_are_not_their_bytes(wrap):
+    """A page is copied as page_bytes bytes at base + i * stride: a view whose pages have gaps
+    (t[:, :, :half]: the copy would take the other half's bytes too) or overlap is refused;
+    padding between whole pages and pages whose dimensions are permuted (vLLM's HND
+    stride order) are the page's bytes and accepted."""
+    a = np.zeros((10, 4, 8), dtype=np.float16)
+    t = kv.tensor_of(wrap(a))
+    assert (t.base, t.num_blocks, t.page_bytes, t.block_stride_bytes) == \
+        (a.__array_interface__["data"][0], 10, 64, 64)
+    t = kv.tensor_of(wrap(np.zeros((10, 96), dtype=np.uint8)[:, :64]))  # padding between pages
+    assert (t.page_bytes, t.block_stride_bytes) == (64, 96)
+    t = kv.tensor_of(wrap(a[:, :2]))  # the first rows of each page: still whole bytes
+    assert (t.page_bytes, t.block_stride_bytes) == (32, 64)
+    t = kv.tensor_of(wrap(np.zeros((10, 8, 4), dtype=np.float16).transpose(0, 2, 1)))
+    assert (t.page_bytes, t.block_stride_bytes) == (64, 64)
+    t = kv.tensor_of(wrap(np.zeros((2, 10, 4, 8), dtype=np.float16)[1]))  # V of stacked K/V
+    assert (t.num_blocks, t.page_bytes, t.block_stride_bytes) == (10, 64, 64)
+
+    for bad in (a[:, :, :4], a[:, ::2], a[:, :, ::-1]):
+        with pytest.raises(kv.InvalidArgument, match="pages t\\[i\\].*not contiguous"):
+            kv.tensor_of(wrap(bad))
+    for bad in (np.broadcast_to(np.zeros((1, 64), dtype=np.uint8), (10, 64)),  # stride 0
+                np.zeros((10, 64), dtype=np.uint8)[::-1]):
+        with pytest.raises(kv.InvalidArgument, match="pages overlap"):
+            kv.tensor_of(wrap(bad))
+    with pytest.raises(kv.InvalidArgument, match="no block dimension"):
+        kv.tensor_of(wrap(np.zeros((), dtype=np.uint8)))
+
+
 class _FakeTorchStream:
     """Stands in for torch.cuda.Stream: only the cuda_stream attribute is read."""
 
@@ -91,6 +121,14 @@ def test_compute_stream_is_checked_by_the_worker():
     w = kv.Worker(kv.WorkerConfig(**base))
     with pytest.raises(kv.InvalidArgument, match="needs the CUDA backend"):
         w.set_compute_stream(0)
+
+
+def test_copy_mode_is_checked_and_the_host_backend_has_no_cuda_stats():
+    gpu = np.zeros((4, 64), dtype=np.uint8)
+    base = dict(tensors=[kv.tensor_of(gpu)], groups=[[(0, 64)]], host_blocks=2, threads=1)
+    with pytest.raises(kv.InvalidArgument, match='copy_mode: unknown copy mode "fast"'):
+        kv.Worker(kv.WorkerConfig(**base, copy_mode="fast"))
+    assert kv.Worker(kv.WorkerConfig(**base, copy_mode="batch")).cuda_stats() is None
 
 
 def test_build_facts():
