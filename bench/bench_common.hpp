@@ -40,11 +40,11 @@ class Progress {
 
 /// Options every scenario shares.
 struct Options {
-  bool quick = false;            ///< small sizes and few runs (CI smoke test)
-  std::size_t runs = 0;          ///< 0: the scenario's default
-  std::string json_path;         ///< write the result document here
-  std::uint64_t copy_total = 0;  ///< copy --backend cuda: bytes per run (0: 1 GiB, quick 64 MiB)
-  std::uint64_t copy_piece_max = 0;  ///< copy --backend cuda: largest piece (0: 16 MiB)
+  bool quick = false;                ///< small sizes and few runs (CI smoke test)
+  std::size_t runs = 0;              ///< 0: the scenario's default
+  std::string json_path;             ///< write the result document here
+  std::uint64_t copy_total = 0;      ///< copy cuda, source-order: run bytes (0: 1GiB, 256MiB)
+  std::uint64_t copy_piece_max = 0;  ///< the same: largest piece (0: 16MiB, 1MiB)
   std::int64_t compact_max_ids = 0;  ///< compact: largest id count (0: 16 M, quick 64 Ki)
 };
 

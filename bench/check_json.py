@@ -12,6 +12,7 @@ REQUIRED = {
     "copy_cuda": ["backend"],
     "calibrate": [],
     "compact": [],
+    "source_order": [],
     "pool": ["results", "speedup_all_threads_vs_one"],
     "e2e": ["steps_per_second"],
     "disk": ["throughput", "lookup_to_loaded"],

@@ -1,16 +1,20 @@
-// The CUDA half of kvoffload-bench copy and compact (compiled with the CUDA toolkit).
+// The CUDA half of kvoffload-bench copy, calibrate, compact and source-order (compiled with the
+// CUDA toolkit).
 
 #include <cuda_runtime_api.h>
 
 #include <thrust/copy.h>
 #include <thrust/execution_policy.h>
+#include <cstring>
 #include <random>
 #include <stdexcept>
 
 #include "bench_common.hpp"
 #include "kvoffload/byte_size.hpp"
+#include "kvoffload/copy_planner.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/detail/copy_body.hpp"
+#include "kvoffload/device_runtime.hpp"
 #include "scenarios.hpp"
 
 namespace kvbench {
@@ -223,6 +227,139 @@ nlohmann::json run_compact(const Options& opt) {
     (void)cudaFree(d_flag);
   }
   return {{"gpu", gpu}, {"results", rows}};
+}
+
+nlohmann::json run_source_order(const Options& opt) {
+  if (!CudaBackend::available()) return {{"skipped", "no CUDA device"}};
+  const std::shared_ptr<DeviceRuntime> rt = cuda_runtime();
+  if (!rt->batch_available()) {
+    return {{"skipped", "no cuMemcpyBatchAsync (driver older than CUDA 12.8)"}};
+  }
+  auto ok = [&](int e, const char* what) {
+    if (e != dev::ok)
+      throw std::runtime_error(std::string("source-order: ") + what + ": " + rt->describe(e));
+  };
+  const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 2 : 5);
+  const std::uint64_t total =
+      opt.copy_total > 0 ? opt.copy_total
+                         : (opt.quick ? (std::uint64_t{64} << 20) : (std::uint64_t{256} << 20));
+  const std::uint64_t max_piece =
+      opt.copy_piece_max > 0 ? opt.copy_piece_max : (std::uint64_t{1} << 20);
+  // One batch call per job of at most job_bytes, as the backend makes one per load job.
+  const std::uint64_t job_bytes = std::min<std::uint64_t>(total, std::uint64_t{64} << 20);
+  ok(rt->set_device(0), "set_device");
+  void* gpu = nullptr;
+  void* host = nullptr;
+  ok(rt->malloc_device(&gpu, total), "malloc_device");
+  ok(rt->malloc_host(&host, total), "malloc_host");
+  int least = 0, greatest = 0;
+  ok(rt->stream_priority_range(&least, &greatest), "stream_priority_range");
+  StreamHandle stream = 0;
+  ok(rt->stream_create(greatest, &stream), "stream_create");  // loads: the highest priority
+  auto* h = static_cast<std::uint8_t*>(host);
+  for (std::uint64_t i = 0; i + 8 <= total; i += 8) {  // no two pieces alike
+    const std::uint64_t word = (i + 1) * 0x9E3779B97F4A7C15ull;
+    std::memcpy(h + i, &word, 8);
+  }
+  std::vector<std::uint8_t> back(total);
+  const auto timed = [&](std::uint64_t bytes, auto&& queue) {
+    ok(rt->stream_synchronize(stream), "sync");
+    const auto t0 = Clock::now();
+    queue();
+    ok(rt->stream_synchronize(stream), "sync");
+    return static_cast<double>(bytes) / seconds_since(t0) / 1e9;
+  };
+  const auto one_copy = [&] { ok(rt->memcpy_async(gpu, host, total, stream), "one copy"); };
+  (void)timed(total, one_copy);  // warm-up
+  nlohmann::json rows = nlohmann::json::array();
+  std::vector<std::uint64_t> sizes;
+  for (std::uint64_t s = 4096; s <= max_piece && s <= total; s *= opt.quick ? 16 : 2)
+    sizes.push_back(s);
+  std::vector<double> ceiling;
+  bool all_right = true;
+  Progress progress("source-order", sizes.size());
+  for (const std::uint64_t piece : sizes) {
+    // Loads: scattered host blocks (slot (i * 7) % n) into consecutive device pages.
+    std::vector<std::vector<CopyDescriptor>> jobs;
+    const std::uint64_t n = total / piece, per_job = std::max<std::uint64_t>(1, job_bytes / piece);
+    for (std::uint64_t i = 0; i < n; ++i) {
+      if (i % per_job == 0) jobs.emplace_back();
+      const std::uint64_t slot = (i * 7) % n;
+      jobs.back().push_back({reinterpret_cast<std::uintptr_t>(h + slot * piece),
+                             reinterpret_cast<std::uintptr_t>(gpu) + i * piece, piece});
+    }
+    const auto batches = [&](bool in_stream_order) {
+      for (const auto& j : jobs) {
+        std::size_t fail = 0;
+        const int e = rt->memcpy_batch_async(j.data(), j.size(), in_stream_order, stream, &fail);
+        if (e != dev::ok) {
+          throw std::runtime_error("source-order: batch copy " + std::to_string(fail) + " of " +
+                                   std::to_string(j.size()) + " refused: " + rt->describe(e));
+        }
+      }
+    };
+    const std::uint64_t bytes = n * piece;
+    const auto any_order = [&] { batches(false); };
+    const auto stream_order = [&] { batches(true); };
+    (void)timed(bytes, any_order);  // warm-up, both orders
+    (void)timed(bytes, stream_order);
+    std::vector<double> any, in_order, ratio, one;
+    for (std::size_t r = 0; r < runs; ++r) {
+      // Interleaved, the first of each pair alternating: both see the same machine state.
+      const bool any_first = r % 2 == 0;
+      one.push_back(timed(total, one_copy));
+      ceiling.push_back(one.back());
+      const double a_first = any_first ? timed(bytes, any_order) : 0;
+      const double s = timed(bytes, stream_order);
+      const double a = any_first ? a_first : timed(bytes, any_order);
+      any.push_back(a);
+      in_order.push_back(s);
+      ratio.push_back(a / s);
+    }
+    // Every byte where it belongs, in both orders, each after a contiguous copy that puts other
+    // bytes there (a batch reordered before it would show): a wrong copy has no speed.
+    std::uint64_t wrong[2] = {0, 0};
+    for (const bool in_stream_order : {false, true}) {
+      (void)timed(bytes, [&] {
+        one_copy();
+        batches(in_stream_order);
+        ok(rt->memcpy_async(back.data(), gpu, bytes, stream), "read back");
+      });
+      for (std::uint64_t i = 0; i < n; ++i) {
+        wrong[in_stream_order ? 1 : 0] +=
+            std::memcmp(back.data() + i * piece, h + ((i * 7) % n) * piece, piece) != 0;
+      }
+    }
+    all_right = all_right && wrong[0] == 0 && wrong[1] == 0;
+    const Summary sa = summarize(any), ss = summarize(in_order);
+    rows.push_back({{"piece_bytes", piece},
+                    {"pieces", n},
+                    {"batch_calls", jobs.size()},
+                    {"wrong_pieces_any", wrong[0]},
+                    {"wrong_pieces_stream", wrong[1]},
+                    {"any_gbps", to_json(sa, "gbps")},
+                    {"stream_gbps", to_json(ss, "gbps")},
+                    {"ratio_any_to_stream_median", summarize(ratio).median},
+                    {"any_ratio_to_one_copy_median", sa.median / summarize(one).median},
+                    {"stream_ratio_to_one_copy_median", ss.median / summarize(one).median}});
+    progress.step(format_bytes(piece));
+  }
+  progress.done();
+  ok(rt->stream_destroy(stream), "stream_destroy");
+  ok(rt->free_device(gpu), "free_device");
+  ok(rt->free_host(host), "free_host");
+  cudaDeviceProp prop{};
+  (void)cudaGetDeviceProperties(&prop, 0);
+  return {{"device", std::string(prop.name)},
+          {"direction", "h2d (loads): pinned host to device"},
+          {"total_bytes", total},
+          {"job_bytes", job_bytes},
+          {"one_copy_h2d_gbps", to_json(summarize(ceiling), "gbps")},
+          {"all_bytes_right", all_right},
+          {"baseline",
+           "the same batches with source order stream (CU_MEMCPY_SRC_ACCESS_ORDER_STREAM), "
+           "interleaved with any (CU_MEMCPY_SRC_ACCESS_ORDER_ANY); ratio > 1: any is faster"},
+          {"results", rows}};
 }
 
 }  // namespace kvbench

@@ -13,5 +13,8 @@ nlohmann::json run_calibrate(const Options& /*opt*/) {
 nlohmann::json run_compact(const Options& /*opt*/) {
   return {{"skipped", "built without CUDA"}};
 }
+nlohmann::json run_source_order(const Options& /*opt*/) {
+  return {{"skipped", "built without CUDA"}};
+}
 
 }  // namespace kvbench

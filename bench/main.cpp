@@ -36,6 +36,11 @@ int main(int argc, char** argv) {
   auto* compact =
       app.add_subcommand("compact", "null block id compaction, CPU (Thrust) and GPU (CUB)");
   compact->add_option("--max-ids", opt.compact_max_ids, "largest id count (default 16M)");
+  auto* source_order = app.add_subcommand(
+      "source-order",
+      "batched loads (pinned host to GPU, many pieces): source order any vs stream (GPU)");
+  source_order->add_option("--total", copy_total, "bytes per run (default 256MiB)");
+  source_order->add_option("--max-piece", copy_piece_max, "the largest piece size (default 1MiB)");
   std::string pool_size = "8GiB";
   auto* pool = app.add_subcommand("pool", "host pool allocation time: 1 thread vs all cores");
   pool->add_option("--size", pool_size, "pool size (e.g. 8GiB)");
@@ -89,6 +94,7 @@ int main(int argc, char** argv) {
       doc["copy_cuda"] = kvbench::run_copy_cuda(opt);
     if (calibrate->parsed() || every) doc["calibrate"] = kvbench::run_calibrate(opt);
     if (compact->parsed() || every) doc["compact"] = kvbench::run_compact(opt);
+    if (source_order->parsed() || every) doc["source_order"] = kvbench::run_source_order(opt);
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
     if (disk->parsed() || every) doc["disk"] = kvbench::run_disk(opt, disk_dir, disk_size);

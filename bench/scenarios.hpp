@@ -18,6 +18,7 @@ nlohmann::json run_copy_cuda(const Options& opt);
 nlohmann::json run_copy_cuda_sweep(const Options& opt);
 nlohmann::json run_calibrate(const Options& opt);
 nlohmann::json run_compact(const Options& opt);
+nlohmann::json run_source_order(const Options& opt);
 nlohmann::json run_pool(const Options& opt, const std::string& size);
 nlohmann::json run_e2e(const Options& opt);
 nlohmann::json run_disk(const Options& opt, const std::string& directory, const std::string& size);

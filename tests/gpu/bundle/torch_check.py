@@ -10,6 +10,9 @@ request with the same prompt loads them into other blocks, compared with torch.e
   side-stream     a torch.cuda.Stream
   many-streams    three streams in turn, switched with Worker.set_compute_stream
   hybrid          two groups (full attention and a 32-token sliding window), f = 4
+  batch-store     side-stream with the copy mode forced to batch (WorkerConfig copy_mode):
+                  the automatic mode stages these 32 KiB pages, so only this part shows that a
+                  batched store reads the KV in stream order, after the forward pass
   control         no compute stream: the stores are expected to race the writes (reported,
                   never failed: it shows the check can see the race this library prevents)
 
@@ -18,6 +21,7 @@ request with the same prompt loads them into other blocks, compared with torch.e
                                             backend (no streams): checks this script's logic
 """
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -74,7 +78,16 @@ class Cache:
             self.tensors[t].index_copy_(0, idx, vals)
 
 
-def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
+def batch_mode():
+    """WorkerConfig arguments forcing the CUDA backend's batch copy mode."""
+    if "copy_mode" not in {f.name for f in dataclasses.fields(kv.WorkerConfig)}:
+        raise RuntimeError("kvoffload.WorkerConfig has no copy_mode field: batch mode cannot "
+                           "be forced")
+    return {"copy_mode": "batch"}
+
+
+def run_part(name, groups, factor, window, stream_for, compute_stream_set=True, extra=None):
+    extra = extra() if extra else {}
     cache = Cache(groups)
     kinds = [kv.GroupConfig("full_attention", BLOCK)]
     if groups == 2:
@@ -88,7 +101,7 @@ def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
         tensors=[kv.tensor_of(t) for t in cache.tensors],
         groups=[[(t, cache.page) for t in ids] for ids in cache.group_tensors],
         host_blocks=host_blocks, block_size_factor=factor, backend="cuda" if cuda else "host",
-        compute_stream=first_stream if compute_stream_set and cuda else None))
+        compute_stream=first_stream if compute_stream_set and cuda else None, **extra))
     free = list(range(GPU_BLOCKS - 1, 0, -1))
     n = PROMPT_TOKENS // BLOCK
     checked = mismatched = 0
@@ -153,8 +166,13 @@ def run_part(name, groups, factor, window, stream_for, compute_stream_set=True):
                             mismatched += 1
                 at += size
         sched.on_finished(rid)
+    stats = worker.cuda_stats() if cuda else None
     del worker
-    return {"pages_checked": checked, "mismatched": mismatched}
+    out = {"pages_checked": checked, "mismatched": mismatched, "cuda_stats": stats}
+    if extra.get("copy_mode") == "batch" and cuda:
+        # The part is about batch stores: a silent fallback to another mode would prove nothing.
+        assert stats and stats["jobs_batch"] > 0 and stats["jobs_staged"] == 0, stats
+    return out
 
 
 def main():
@@ -175,15 +193,16 @@ def main():
         ("side-stream", 1, 1, 0, lambda p: side[0], True),
         ("many-streams", 1, 1, 0, lambda p: side[p % 3], True),
         ("hybrid", 2, 4, 32, lambda p: side[1], True),
+        ("batch-store", 1, 1, 0, lambda p: side[0], True, batch_mode),
         ("control", 1, 1, 0, lambda p: side[2], False),
     ]
     if not cuda:  # streams mean nothing here, and the control has no race to show
         parts = [p for p in parts if p[0] in ("side-stream", "hybrid")]
     ok = True
-    for name, groups, factor, window, stream_for, with_stream in parts:
+    for name, groups, factor, window, stream_for, with_stream, *extra in parts:
         start = time.time()
         try:
-            r = run_part(name, groups, factor, window, stream_for, with_stream)
+            r = run_part(name, groups, factor, window, stream_for, with_stream, *extra)
             if name == "control":
                 r["race_observed"] = r["mismatched"] > 0
                 r["status"] = "info"
