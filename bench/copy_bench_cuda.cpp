@@ -6,6 +6,7 @@
 #include <thrust/copy.h>
 #include <thrust/execution_policy.h>
 #include <cstring>
+#include <numeric>
 #include <random>
 #include <stdexcept>
 
@@ -248,14 +249,26 @@ nlohmann::json run_source_order(const Options& opt) {
   // One batch call per job of at most job_bytes, as the backend makes one per load job.
   const std::uint64_t job_bytes = std::min<std::uint64_t>(total, std::uint64_t{64} << 20);
   ok(rt->set_device(0), "set_device");
-  void* gpu = nullptr;
-  void* host = nullptr;
-  ok(rt->malloc_device(&gpu, total), "malloc_device");
-  ok(rt->malloc_host(&host, total), "malloc_host");
+  // Freed on every way out, a throw included.
+  struct Resources {
+    DeviceRuntime& rt;
+    void* gpu = nullptr;
+    void* host = nullptr;
+    StreamHandle stream = 0;
+    ~Resources() {
+      if (stream != 0) (void)rt.stream_destroy(stream);
+      if (gpu != nullptr) (void)rt.free_device(gpu);
+      if (host != nullptr) (void)rt.free_host(host);
+    }
+  } res{*rt};
+  ok(rt->malloc_device(&res.gpu, total), "malloc_device");
+  ok(rt->malloc_host(&res.host, total), "malloc_host");
   int least = 0, greatest = 0;
   ok(rt->stream_priority_range(&least, &greatest), "stream_priority_range");
-  StreamHandle stream = 0;
-  ok(rt->stream_create(greatest, &stream), "stream_create");  // loads: the highest priority
+  ok(rt->stream_create(greatest, &res.stream), "stream_create");  // loads: the highest priority
+  void* const gpu = res.gpu;
+  void* const host = res.host;
+  const StreamHandle stream = res.stream;
   auto* h = static_cast<std::uint8_t*>(host);
   for (std::uint64_t i = 0; i + 8 <= total; i += 8) {  // no two pieces alike
     const std::uint64_t word = (i + 1) * 0x9E3779B97F4A7C15ull;
@@ -279,12 +292,15 @@ nlohmann::json run_source_order(const Options& opt) {
   bool all_right = true;
   Progress progress("source-order", sizes.size());
   for (const std::uint64_t piece : sizes) {
-    // Loads: scattered host blocks (slot (i * 7) % n) into consecutive device pages.
+    // Loads: scattered host blocks (slot (i * k) % n, k coprime to n: a permutation) into
+    // consecutive device pages.
     std::vector<std::vector<CopyDescriptor>> jobs;
     const std::uint64_t n = total / piece, per_job = std::max<std::uint64_t>(1, job_bytes / piece);
+    std::uint64_t k = 7;
+    while (std::gcd(k, n) != 1) k += 2;
     for (std::uint64_t i = 0; i < n; ++i) {
       if (i % per_job == 0) jobs.emplace_back();
-      const std::uint64_t slot = (i * 7) % n;
+      const std::uint64_t slot = (i * k) % n;
       jobs.back().push_back({reinterpret_cast<std::uintptr_t>(h + slot * piece),
                              reinterpret_cast<std::uintptr_t>(gpu) + i * piece, piece});
     }
@@ -327,7 +343,7 @@ nlohmann::json run_source_order(const Options& opt) {
       });
       for (std::uint64_t i = 0; i < n; ++i) {
         wrong[in_stream_order ? 1 : 0] +=
-            std::memcmp(back.data() + i * piece, h + ((i * 7) % n) * piece, piece) != 0;
+            std::memcmp(back.data() + i * piece, h + ((i * k) % n) * piece, piece) != 0;
       }
     }
     all_right = all_right && wrong[0] == 0 && wrong[1] == 0;
@@ -345,9 +361,6 @@ nlohmann::json run_source_order(const Options& opt) {
     progress.step(format_bytes(piece));
   }
   progress.done();
-  ok(rt->stream_destroy(stream), "stream_destroy");
-  ok(rt->free_device(gpu), "free_device");
-  ok(rt->free_host(host), "free_host");
   cudaDeviceProp prop{};
   (void)cudaGetDeviceProperties(&prop, 0);
   return {{"device", std::string(prop.name)},

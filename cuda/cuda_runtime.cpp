@@ -7,6 +7,7 @@
 
 #include <array>
 #include <mutex>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -72,6 +73,9 @@ struct Driver {
   ErrorText error_name = resolve<ErrorText>("cuGetErrorName", 12000);
   PrimaryState primary_state = resolve<PrimaryState>("cuDevicePrimaryCtxGetState", 12000);
   ErrorText error_string = resolve<ErrorText>("cuGetErrorString", 12000);
+  [[nodiscard]] bool can_push() const noexcept {
+    return device_get != nullptr && primary_retain != nullptr && push != nullptr && pop != nullptr;
+  }
 };
 
 /// A CUresult as a DeviceRuntime status: the values CUresult and cudaError_t share, else
@@ -109,8 +113,14 @@ class CudaRuntime final : public DeviceRuntime {
   int set_device(int device) noexcept override { return I(cudaSetDevice(device)); }
   int push_device(int device) noexcept override {
     const Driver& d = driver();
-    if (d.device_get == nullptr || d.primary_retain == nullptr || d.push == nullptr) {
-      return I(cudaErrorNotSupported);
+    if (!d.can_push()) {
+      // No driver entry points (never seen): the old way, which may leave a context on the
+      // device the thread had before.
+      int previous = 0;
+      const cudaError_t e = cudaGetDevice(&previous);
+      if (e != cudaSuccess) return I(e);
+      fallback_stack().push_back(previous);
+      return I(cudaSetDevice(device));
     }
     CUcontext ctx = nullptr;
     {
@@ -144,7 +154,13 @@ class CudaRuntime final : public DeviceRuntime {
   }
   int pop_device() noexcept override {
     const Driver& d = driver();
-    if (d.pop == nullptr) return I(cudaErrorNotSupported);
+    if (!d.can_push()) {
+      auto& stack = fallback_stack();
+      if (stack.empty()) return I(cudaErrorInvalidValue);
+      const int previous = stack.back();
+      stack.pop_back();
+      return I(cudaSetDevice(previous));
+    }
     CUcontext ctx = nullptr;
     return from_driver(d.pop(&ctx));
   }
@@ -303,6 +319,10 @@ class CudaRuntime final : public DeviceRuntime {
   }
 
  private:
+  static std::vector<int>& fallback_stack() noexcept {
+    thread_local std::vector<int> stack;
+    return stack;
+  }
   static const Driver& driver() noexcept {
     static const Driver d;
     return d;

@@ -126,7 +126,7 @@ Ticket CudaBackend::submit(CopyPlan plan) {
       j.staging = s.staging_ring.allocate(j.staging_bytes);
       if (!j.staging) {  // staging is busy with earlier jobs: the kernel copies directly
         j.mode = CopyMode::kernel;
-        ++s.stats.staged_fell_back;
+        if (j.staging_bytes <= s.staging_ring.capacity()) ++s.stats.staged_fell_back;
       }
     }
     s.count_mode(j.mode);
@@ -143,9 +143,10 @@ Ticket CudaBackend::submit(CopyPlan plan) {
     } else {
       s.fail_submission(j, *si, e, fmt::format("{} mode", to_string(j.mode)));
     }
+  } catch (const std::exception& e) {
+    s.abandon(j, si, e.what());  // reported once, by poll: submit itself no longer throws
   } catch (...) {
-    s.abandon(j, si);
-    throw;
+    s.abandon(j, si, "an unknown exception");
   }
   return j.ticket;
 }
@@ -153,7 +154,26 @@ Ticket CudaBackend::submit(CopyPlan plan) {
 void CudaBackend::poll(std::vector<BackendResult>& finished) {
   Impl& s = *impl_;
   std::lock_guard lock(s.mutex);
-  Scope scope(*s.rt, s.config.device);  // event queries and frees, on the backend's device
+  std::optional<Scope> scope;  // event queries and frees, on the backend's device
+  try {
+    scope.emplace(*s.rt, s.config.device);
+  } catch (const cuda_error& e) {
+    // No event can be asked: every queued job is reported failed, never left pending
+    // (an engine would wait on it forever) and never ok.
+    for (auto& queue : s.in_order) {
+      for (const Impl::JobPtr& j : queue) {
+        if (!j->failed || j->error.empty()) {
+          j->error = fmt::format("job {}: {}", j->plan.job, e.what());
+        }
+        j->failed = true;
+        finished.push_back(
+            {j->ticket, j->plan.job, j->plan.kind, false, std::move(j->error), 0,
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - j->start).count()});
+      }
+      queue.clear();  // their memory stays with the dead context (it cannot be freed now)
+    }
+    return;
+  }
   for (auto& queue : s.in_order) {
     while (!queue.empty()) {
       Impl::Job& j = *queue.front();
@@ -198,7 +218,12 @@ void CudaBackend::poll(std::vector<BackendResult>& finished) {
 
 void CudaBackend::wait(Ticket ticket) {
   Impl& s = *impl_;
-  Scope scope(*s.rt, s.config.device);  // outlives `job`: its event may be destroyed here
+  std::optional<Scope> scope;  // outlives `job`: its event may be destroyed here
+  try {
+    scope.emplace(*s.rt, s.config.device);
+  } catch (const cuda_error&) {
+    return;  // poll reports the job failed
+  }
   Impl::JobPtr job;
   {
     std::lock_guard lock(s.mutex);

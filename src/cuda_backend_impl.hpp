@@ -98,6 +98,8 @@ struct CudaBackend::Impl {
         queue.clear();
       }
       if (compute_ready != 0) (void)rt->event_destroy(compute_ready);
+      for (const EventHandle ev : switched_from) (void)rt->event_destroy(ev);
+      for (const EventHandle ev : spare_events) (void)rt->event_destroy(ev);
       device_staging.reset();
       host_staging.reset();
       ring_memory.reset();
@@ -182,6 +184,30 @@ struct CudaBackend::Impl {
     }
     if (compute_ready == 0)
       check(rt->event_create(&compute_ready), "event_create (compute stream)");
+    if (compute) {
+      // The old stream's work so far (a forward pass whose stores are still deferred, or that
+      // still reads blocks a load of this step overwrites) stays waited for by every job
+      // from now on, until it is done: whichever order the engine switches streams and
+      // starts its deferred stores in.
+      EventHandle ev = 0;
+      if (!spare_events.empty()) {
+        ev = spare_events.back();
+        spare_events.pop_back();
+      } else {
+        check(rt->event_create(&ev), "event_create (previous compute stream)");
+      }
+      const int e = rt->event_record(ev, *compute);
+      if (e == dev::ok) {
+        switched_from.push_back(ev);
+      } else {  // the engine destroyed it already: nothing more can be ordered after it
+        (void)rt->get_last_error();
+        spare_events.push_back(ev);
+        detail::logger().warn(
+            "CUDA backend: the previous compute stream {:#x} could not be recorded ({}); jobs "
+            "from now on wait only for {:#x}",
+            *compute, rt->describe(e), *stream);
+      }
+    }
     compute = stream;
   }
 
@@ -221,10 +247,23 @@ struct CudaBackend::Impl {
   }
 
   /// Waits (on the device) for the engine's compute stream, if the job must.
+  /// Also waits for the streams the engine switched away from, until their work up to the
+  /// switch is done.
   int wait_for_compute(StreamHandle stream, bool must) {
     if (!compute || !must || skip_compute_wait) return dev::ok;
     int e = rt->event_record(compute_ready, *compute);
     if (e == dev::ok) e = rt->stream_wait_event(stream, compute_ready);
+    for (std::size_t i = 0; e == dev::ok && i < switched_from.size();) {
+      const EventHandle ev = switched_from[i];
+      const int q = rt->event_query(ev);
+      if (q == dev::ok) {  // done: nothing later needs to wait for it
+        spare_events.push_back(ev);
+        switched_from.erase(switched_from.begin() + static_cast<std::ptrdiff_t>(i));
+        continue;
+      }
+      e = q == dev::not_ready ? rt->stream_wait_event(stream, ev) : q;
+      ++i;
+    }
     return e;
   }
 
@@ -237,6 +276,7 @@ struct CudaBackend::Impl {
     rt->host_access(from, job.staging_bytes, false);
     for (std::size_t i = 0; i < job.plan.descriptors.size(); ++i) {
       const CopyDescriptor& d = job.plan.descriptors[i];
+      rt->host_access(reinterpret_cast<const void*>(d.dst), d.bytes, true);
       std::memcpy(reinterpret_cast<void*>(d.dst), from + job.staged_offsets[i], d.bytes);
     }
   }
@@ -309,12 +349,17 @@ struct CudaBackend::Impl {
 
   /// A submission that threw after the job was queued: let what it queued finish before the
   /// job's memory goes back. The job never recorded its event, so it is still failed, as every
-  /// job is until then, and poll reports "submission did not complete".
-  void abandon(Job& job, std::optional<std::size_t> si) noexcept {
+  /// job is until then; poll reports it once, as "submission did not complete".
+  void abandon(Job& job, std::optional<std::size_t> si, const char* why) noexcept {
     (void)rt->get_last_error();
     if (si) (void)rt->stream_synchronize(streams[*si]);
     (void)rt->get_last_error();
     release(job);
+    try {
+      job.error = fmt::format("job {}: submission did not complete: {}", job.plan.job, why);
+    } catch (...) {
+      job.error.clear();  // poll still names the job
+    }
   }
 
   /// After a failed call: clear the error, let queued work finish, fail the job.
@@ -349,6 +394,9 @@ struct CudaBackend::Impl {
   detail::RingAllocator staging_ring;
   std::optional<std::uintptr_t> compute;
   EventHandle compute_ready = 0;
+  // Events recorded on compute streams the engine switched away from, not yet seen done;
+  // and done ones kept for reuse.
+  std::vector<EventHandle> switched_from, spare_events;
   bool skip_compute_wait = false;
   mutable std::mutex mutex;
   std::deque<JobPtr> in_order[2];

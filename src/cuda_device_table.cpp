@@ -203,9 +203,10 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
     } else {
       s.fail_submission(j, si, e, "device table");
     }
+  } catch (const std::exception& e) {
+    s.abandon(j, picked, e.what());  // reported once, by poll
   } catch (...) {
-    s.abandon(j, picked);
-    throw;
+    s.abandon(j, picked, "an unknown exception");
   }
   return j.ticket;
 }

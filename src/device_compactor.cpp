@@ -85,7 +85,11 @@ void DeviceCompactor::compact(const std::int32_t* ids, std::int64_t n, const std
   a.temp = temp_;
   a.temp_bytes = temp_bytes_;
   fail(rt_->launch_compact(a, stream), "launch_compact");
-  fail(rt_->event_record(last_, stream), "event_record");
+  if (const int e = rt_->event_record(last_, stream); e != dev::ok) {
+    // The next call could not be ordered after this one: finish it before saying so.
+    (void)rt_->stream_synchronize(stream);
+    fail(e, "event_record");
+  }
   recorded_ = true;
 }
 

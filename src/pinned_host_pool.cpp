@@ -197,7 +197,7 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   const DeviceContext context(config.device);
   if (context.status() != 0) {
     const std::string what = fmt::format("host pool: making device {} current failed: {}",
-                                         config.device, detail::cuda_error_name(context.status()));
+                                         config.device, cuda_runtime()->describe(context.status()));
     if (!config.allow_unpinned) throw cuda_error(what);
     detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned)", what);
     return;

@@ -1,6 +1,7 @@
 #include "kvoffload/transfer_engine.hpp"
 
 #include <algorithm>
+#include <iterator>
 
 #include "expects.hpp"
 
@@ -49,8 +50,19 @@ void TransferEngine::submit_load(const TransferJob& job) {
 
 void TransferEngine::start_step() {
   std::lock_guard lock(mutex_);
-  for (const TransferJob& job : deferred_) start(job, JobKind::store);
-  deferred_.clear();
+  std::vector<TransferJob> jobs;
+  jobs.swap(deferred_);
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    try {
+      start(jobs[i], JobKind::store);
+    } catch (...) {
+      // The ones after it were never started: they stay deferred; the ones before it must
+      // not be started (and reported) twice by the next start_step.
+      deferred_.insert(deferred_.begin(), std::make_move_iterator(jobs.begin() + i + 1),
+                       std::make_move_iterator(jobs.end()));
+      throw;
+    }
+  }
 }
 
 std::vector<FinishedTransfer> TransferEngine::get_finished() {

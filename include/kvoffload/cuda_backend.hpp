@@ -95,6 +95,9 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
 
+  /// Throws invalid_argument (nothing queued) for a plan whose total_bytes is not the sum of
+  /// its copies. Once the job is queued it never throws: any failure fails the job, reported
+  /// once by poll.
   Ticket submit(CopyPlan plan) override;
   void poll(std::vector<BackendResult>& finished) override;
   void wait(Ticket ticket) override;

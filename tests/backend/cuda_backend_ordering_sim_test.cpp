@@ -178,3 +178,52 @@ TEST_CASE("sim: the device-table path reads a table the engine writes on its com
   REQUIRE(sim->free_device(table) == dev::ok);
   REQUIRE(sim->stream_destroy(compute) == dev::ok);
 }
+
+// Mutation caught: set_compute_stream forgetting the stream it switches away from.
+TEST_CASE("sim: after a compute stream switch, jobs still wait for the old stream's work",
+          "[sim][cuda_backend][ordering]") {
+  // A deferred store of the pass on A started after the switch to B (whichever order the
+  // engine switches and starts its deferred stores in), or a load overwriting blocks a pass
+  // on A still reads.
+  const bool load = GENERATE(false, true);
+  const bool switch_before_start = GENERATE(true, false);
+  INFO("load " << load << ", switch before start_step " << switch_before_start);
+  auto sim = sim_with(45, 1, 5);
+  DeviceRig rig(sim, 1, 4096, 32, 16);
+  StreamHandle a = 0, b = 0;
+  REQUIRE(sim->stream_create(0, &a) == dev::ok);
+  REQUIRE(sim->stream_create(0, &b) == dev::ok);
+  CudaBackendConfig c;
+  c.mode = GENERATE(CopyMode::batch, CopyMode::kernel);
+  c.compute_stream = a;
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  auto owned = std::make_unique<CudaBackend>(c, sim);
+  CudaBackend& backend = *owned;
+  {
+    TransferEngineConfig ec;
+    ec.defer_stores = true;
+    TransferEngine engine(*rig.layout, rig.region, std::move(owned), ec);
+    forward_pass(*sim, a, rig, 1, 8, 0xab, /*write=*/!load);
+    TransferJob job = store_job(1, 1, 8);
+    if (load) {
+      job.kind = JobKind::load;
+      backend.set_compute_stream(b);
+      engine.submit_load(job);
+    } else {
+      engine.submit_store(job);  // deferred to the next step
+      if (switch_before_start) backend.set_compute_stream(b);
+      engine.start_step();
+      if (!switch_before_start) backend.set_compute_stream(b);
+    }
+    const std::vector<JobId> ids{1};
+    engine.wait(ids);
+    const auto done = engine.get_finished();
+    REQUIRE(done.size() == 1);
+    CHECK(done[0].ok);
+    if (!load) CHECK(host_blocks_hold(rig, 8, 0xab));
+  }
+  CHECK(settled_violations(*sim).empty());
+  REQUIRE(sim->stream_destroy(a) == dev::ok);
+  REQUIRE(sim->stream_destroy(b) == dev::ok);
+}

@@ -368,10 +368,11 @@ void no_context_on_device_0(const std::shared_ptr<DeviceRuntime>& rt, CopyMode m
   REQUIRE(rt->set_device(last) == dev::ok);  // this thread: the last device only
   bool before = true;
   REQUIRE(rt->primary_context_active(0, &before) == dev::ok);
-  REQUIRE_FALSE(before);  // nothing in this process has touched device 0 yet
+  // Only a process that has not touched device 0 yet can tell (the bundle runs each [gpu]
+  // case in its own process).
+  if (before) SKIP("device 0 already has a context in this process");
   DeviceRig rig(rt, 1, 4096, 16, 16);
   bool ok = false;
-  int current = -1;
   std::string error;
   std::thread fresh([&] {
     try {
@@ -392,7 +393,6 @@ void no_context_on_device_0(const std::shared_ptr<DeviceRuntime>& rt, CopyMode m
       backend.poll(done);
       ok = done.size() == 1 && done[0].ok;
       backend.shutdown(true);
-      (void)rt->get_device(&current);
     } catch (const std::exception& e) {
       error = e.what();
     }
@@ -400,7 +400,6 @@ void no_context_on_device_0(const std::shared_ptr<DeviceRuntime>& rt, CopyMode m
   fresh.join();
   CHECK(error.empty());
   CHECK(ok);
-  CHECK(current == 0);  // what cudaGetDevice says on a thread without a context
   bool after = true;
   REQUIRE(rt->primary_context_active(0, &after) == dev::ok);
   CHECK_FALSE(after);

@@ -68,6 +68,21 @@ TEST_CASE("Kernel body: 16-byte words when everything is aligned", "[kernel_body
   for (int i = 0; i < 256; ++i) CHECK(dst[i] == ((i >= 48 && i < 64) ? i : 0));
 }
 
+TEST_CASE("Kernel body: warp indices past 32 bits pick no piece of a small job", "[kernel_body]") {
+  // A grid of more than 2^32 warps: warp 2^32 of 2^32 + 1 handles only piece 2^32 (none here).
+  // In 32 bits it would be warp 0 of 1, which copies every piece (and a warp count of 2^32
+  // would be 0: a loop that never ends).
+  std::uint8_t src[64], dst[64] = {};
+  for (int i = 0; i < 64; ++i) src[i] = static_cast<std::uint8_t>(i + 1);
+  const std::vector<DevicePiece> pieces{
+      {reinterpret_cast<std::uint64_t>(src), reinterpret_cast<std::uint64_t>(dst), 64}};
+  const std::uint64_t big = std::uint64_t{1} << 32;
+  for (unsigned l = 0; l < 32; ++l) detail::copy_pieces(pieces.data(), 1, big, big + 1, l, 32);
+  CHECK(std::all_of(dst, dst + 64, [](std::uint8_t b) { return b == 0; }));
+  for (unsigned l = 0; l < 32; ++l) detail::copy_pieces(pieces.data(), 1, 0, big + 1, l, 32);
+  CHECK(std::equal(dst, dst + 64, src));
+}
+
 TEST_CASE("Staged pieces lie back to back in the staging buffer", "[kernel_body]") {
   const DevicePiece p{100, 200, 48};
   const DevicePiece s = detail::staged_piece(p, 4096, 96);

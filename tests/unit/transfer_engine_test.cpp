@@ -1,11 +1,14 @@
 // The worker side end to end on the CPU: TransferEngine + HostBackend over random layouts.
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <random>
 #include <set>
+#include <stdexcept>
+#include <thread>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
@@ -58,6 +61,25 @@ TransferJob random_job(std::mt19937_64& rng, const KvFixture& fx, JobId id,
   }
   return job;
 }
+
+/// A backend whose `fail_at`-th submit (from 1) throws before queueing anything.
+class ThrowingBackend final : public Backend {
+ public:
+  ThrowingBackend(std::unique_ptr<Backend> inner, int fail_at)
+      : inner_(std::move(inner)), fail_at_(fail_at) {}
+  Ticket submit(CopyPlan plan) override {
+    if (++submits_ == fail_at_) throw std::runtime_error("submit refused");
+    return inner_->submit(std::move(plan));
+  }
+  void poll(std::vector<BackendResult>& finished) override { inner_->poll(finished); }
+  void wait(Ticket ticket) override { inner_->wait(ticket); }
+  void shutdown(bool drain) override { inner_->shutdown(drain); }
+
+ private:
+  std::unique_ptr<Backend> inner_;
+  int fail_at_;
+  int submits_ = 0;
+};
 
 }  // namespace
 
@@ -192,6 +214,33 @@ TEST_CASE("Deferred stores start at the next step, or when flushed", "[engine]")
   CHECK(done[0].job == 6);
   CHECK(engine.stats().store_jobs == 2);
   CHECK(engine.stats().bytes_stored == 128);
+}
+
+TEST_CASE("A deferred store whose start throws leaves the others started once or deferred",
+          "[engine]") {
+  KvFixture fx({{16, 64, 64}}, {{{0, 64}}}, 1, 8);
+  TransferEngineConfig c;
+  c.defer_stores = true;
+  TransferEngine engine(*fx.layout, fx.host, std::make_unique<ThrowingBackend>(host_backend(), 2),
+                        c);
+  for (JobId id = 1; id <= 3; ++id) {
+    TransferJob job;
+    job.id = id;
+    job.keys = {Key{BlockHash::from_hex("01"), 0}};
+    job.host_block_ids = {static_cast<HostBlockId>(id)};
+    job.gpu = {{static_cast<GpuBlockId>(id)}, {1}, {0}};
+    engine.submit_store(job);
+  }
+  CHECK_THROWS_WITH(engine.start_step(), "submit refused");  // job 2's start
+  engine.start_step();  // job 3 now; job 1 is not started twice
+  std::multiset<JobId> seen;
+  for (int i = 0; i < 2000 && seen.size() < 2; ++i) {
+    for (const auto& f : engine.get_finished()) seen.insert(f.job);
+    if (seen.size() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  for (const auto& f : engine.get_finished()) seen.insert(f.job);
+  CHECK(seen == std::multiset<JobId>{1, 3});
 }
 
 TEST_CASE("The engine refuses bad jobs before copying anything", "[engine]") {
