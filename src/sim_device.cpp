@@ -916,6 +916,7 @@ int SimDevice::host_register(void* ptr, std::size_t bytes) noexcept {
 
 int SimDevice::host_unregister(void* ptr) noexcept {
   std::unique_lock lock(s_->m);
+  s_->need_context();
   const auto it = s_->allocs.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == s_->allocs.end() || it->second.kind != AllocKind::registered) {
     return dev::invalid_value;
