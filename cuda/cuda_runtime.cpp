@@ -117,10 +117,18 @@ class CudaRuntime final : public DeviceRuntime {
       // No driver entry points (never seen): the old way, which may leave a context on the
       // device the thread had before.
       int previous = 0;
-      const cudaError_t e = cudaGetDevice(&previous);
-      if (e != cudaSuccess) return I(e);
-      fallback_stack().push_back(previous);
-      return I(cudaSetDevice(device));
+      cudaError_t e = cudaGetDevice(&previous);
+      auto& stack = fallback_stack();
+      if (e == cudaSuccess && stack.size() == stack.capacity()) {
+        try {
+          stack.reserve(2 * stack.size() + 4);
+        } catch (...) {
+          return I(cudaErrorMemoryAllocation);
+        }
+      }
+      if (e == cudaSuccess) e = cudaSetDevice(device);
+      if (e == cudaSuccess) stack.push_back(previous);  // only what pop_device will undo
+      return I(e);
     }
     CUcontext ctx = nullptr;
     {

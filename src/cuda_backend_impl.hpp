@@ -184,6 +184,7 @@ struct CudaBackend::Impl {
     }
     if (compute_ready == 0)
       check(rt->event_create(&compute_ready), "event_create (compute stream)");
+    prune_switched_from();
     if (compute) {
       // The old stream's work so far (a forward pass whose stores are still deferred, or that
       // still reads blocks a load of this step overwrites) stays waited for by every job
@@ -247,22 +248,31 @@ struct CudaBackend::Impl {
   }
 
   /// Waits (on the device) for the engine's compute stream, if the job must.
+  /// Drops the switched-from events whose work is done (kept for reuse), and any that cannot
+  /// be asked (an error: logged; nothing more can be ordered after it).
+  void prune_switched_from() {
+    std::erase_if(switched_from, [&](EventHandle ev) {
+      const int q = rt->event_query(ev);
+      if (q == dev::not_ready) return false;
+      if (q != dev::ok) {
+        (void)rt->get_last_error();
+        detail::logger().warn("CUDA backend: an event of a previous compute stream failed: {}",
+                              rt->describe(q));
+      }
+      spare_events.push_back(ev);
+      return true;
+    });
+  }
+
   /// Also waits for the streams the engine switched away from, until their work up to the
   /// switch is done.
   int wait_for_compute(StreamHandle stream, bool must) {
     if (!compute || !must || skip_compute_wait) return dev::ok;
     int e = rt->event_record(compute_ready, *compute);
     if (e == dev::ok) e = rt->stream_wait_event(stream, compute_ready);
-    for (std::size_t i = 0; e == dev::ok && i < switched_from.size();) {
-      const EventHandle ev = switched_from[i];
-      const int q = rt->event_query(ev);
-      if (q == dev::ok) {  // done: nothing later needs to wait for it
-        spare_events.push_back(ev);
-        switched_from.erase(switched_from.begin() + static_cast<std::ptrdiff_t>(i));
-        continue;
-      }
-      e = q == dev::not_ready ? rt->stream_wait_event(stream, ev) : q;
-      ++i;
+    if (e == dev::ok) prune_switched_from();
+    for (std::size_t i = 0; e == dev::ok && i < switched_from.size(); ++i) {
+      e = rt->stream_wait_event(stream, switched_from[i]);
     }
     return e;
   }

@@ -101,21 +101,21 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
   owned->ticket = s.next_ticket++;
   Impl::Job& j = *owned;
   s.in_order[L.store ? 0 : 1].push_back(std::move(owned));
-  if (s.stopping) {
-    j.failed = true;
-    j.error = fmt::format("job {}: backend is shut down", job.id);
-    return j.ticket;
-  }
+  // From here on nothing throws out of submit_device_table: the job is queued, and any
+  // failure fails it.
   std::optional<Scope> scope;
-  try {
-    scope.emplace(*s.rt, s.config.device);
-  } catch (const cuda_error& e) {
-    j.failed = true;
-    j.error = fmt::format("job {} (device table): {}", job.id, e.what());
-    return j.ticket;
-  }
   std::optional<std::size_t> picked;
   try {
+    if (s.stopping) {
+      j.error = fmt::format("job {}: backend is shut down", job.id);
+      return j.ticket;
+    }
+    try {
+      scope.emplace(*s.rt, s.config.device);
+    } catch (const cuda_error& e) {
+      j.error = fmt::format("job {} (device table): {}", job.id, e.what());
+      return j.ticket;
+    }
     ++s.stats.jobs_device_table;
     const std::size_t si = s.pick_stream(L.store);
     picked = si;

@@ -1,7 +1,8 @@
 #include "kvoffload/transfer_engine.hpp"
 
 #include <algorithm>
-#include <iterator>
+
+#include <fmt/format.h>
 
 #include "expects.hpp"
 
@@ -50,18 +51,18 @@ void TransferEngine::submit_load(const TransferJob& job) {
 
 void TransferEngine::start_step() {
   std::lock_guard lock(mutex_);
-  std::vector<TransferJob> jobs;
-  jobs.swap(deferred_);
-  for (std::size_t i = 0; i < jobs.size(); ++i) {
-    try {
-      start(jobs[i], JobKind::store);
-    } catch (...) {
-      // The ones after it were never started: they stay deferred; the ones before it must
-      // not be started (and reported) twice by the next start_step.
-      deferred_.insert(deferred_.begin(), std::make_move_iterator(jobs.begin() + i + 1),
-                       std::make_move_iterator(jobs.end()));
-      throw;
-    }
+  for (const TransferJob& job : deferred_) start_deferred(job);
+  deferred_.clear();
+}
+
+void TransferEngine::start_deferred(const TransferJob& job) noexcept {
+  try {
+    start(job, JobKind::store);
+  } catch (const std::exception& e) {
+    // Reported once, failed, like any job: the caller's step goes on with the others.
+    start_failed_.push_back({job.id, JobKind::store, false,
+                             fmt::format("job {}: its store could not start: {}", job.id, e.what()),
+                             0, 0});
   }
 }
 
@@ -70,7 +71,13 @@ std::vector<FinishedTransfer> TransferEngine::get_finished() {
   polled_.clear();
   backend_->poll(polled_);
   std::vector<FinishedTransfer> out;
-  out.reserve(polled_.size());
+  out.reserve(polled_.size() + start_failed_.size());
+  for (FinishedTransfer& f : start_failed_) {
+    ++stats_.failed_jobs;
+    ++stats_.store_jobs;
+    out.push_back(std::move(f));
+  }
+  start_failed_.clear();
   for (BackendResult& r : polled_) {
     tickets_.erase(r.job);
     const bool store = r.kind == JobKind::store;
@@ -97,7 +104,7 @@ void TransferEngine::wait(std::span<const JobId> jobs) {
     // A flushed job that is still deferred must start now.
     for (auto it = deferred_.begin(); it != deferred_.end();) {
       if (std::find(jobs.begin(), jobs.end(), it->id) != jobs.end()) {
-        start(*it, JobKind::store);
+        start_deferred(*it);
         it = deferred_.erase(it);
       } else {
         ++it;

@@ -71,10 +71,15 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   if (pc.pinning == Pinning::require) pc.device = c.cuda_device;  // no context on device 0
   pool_ = std::make_unique<PinnedHostPool>(pc);
   if (auto* sim = dynamic_cast<SimDevice*>(c.runtime.get()); sim != nullptr) {
-    if (sim->host_register(pool_->data(), pool_->size_bytes()) != dev::ok) {
+    // On the worker's device, like the real pool's registration (no context elsewhere).
+    const bool pushed = sim->push_device(c.cuda_device) == dev::ok;
+    const int registered = sim->host_register(pool_->data(), pool_->size_bytes());
+    if (pushed) (void)sim->pop_device();
+    if (registered != dev::ok) {
       throw cuda_error("worker: registering the pool with the simulated device failed");
     }
     registered_with_ = c.runtime;
+    registered_device_ = c.cuda_device;
   }
   if (backend == nullptr) {
     backend = make_backend(c, *pool_);
@@ -151,7 +156,10 @@ Worker::~Worker() {
   shared_.clear();
   engine_.reset();
   if (registered_with_ != nullptr && pool_ != nullptr) {
-    (void)static_cast<SimDevice&>(*registered_with_).host_unregister(pool_->data());
+    auto& sim = static_cast<SimDevice&>(*registered_with_);
+    const bool pushed = sim.push_device(registered_device_) == dev::ok;
+    (void)sim.host_unregister(pool_->data());
+    if (pushed) (void)sim.pop_device();
   }
 }
 

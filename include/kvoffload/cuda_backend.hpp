@@ -120,7 +120,11 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
                              std::span<const std::int64_t> offsets);
 
   /// Changes the compute stream for jobs submitted from now on (see
-  /// CudaBackendConfig::compute_stream); nullopt turns the waits off.
+  /// CudaBackendConfig::compute_stream). The old stream is not forgotten: jobs submitted after
+  /// the switch also wait for the work queued on it up to the switch, until that work is done
+  /// (deferred stores of its pass, loads over blocks it reads). The engine keeps a stream
+  /// alive until it has switched away from it. nullopt turns every wait off, old streams'
+  /// included. A stream of another device is refused (invalid_argument).
   void set_compute_stream(std::optional<std::uintptr_t> stream);
   [[nodiscard]] bool batch_available() const noexcept;
   [[nodiscard]] bool kernel_available() const noexcept;

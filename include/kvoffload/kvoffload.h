@@ -505,13 +505,13 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_destroy(kvoffload_worker_t w
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_submit(kvoffload_worker_t worker,
                                                            const kvoffload_job_t* job);
 /* Changes the compute stream for jobs submitted from now on (see kvoffload_worker_config_t);
- * has_stream = 0 turns the waits off. KVOFFLOAD_INVALID_ARGUMENT for a host-backend worker or
- * cudaStreamPerThread. An engine whose current stream can change calls this each step, before
- * submitting the step's jobs, with the stream the step's forward pass runs on. Jobs started
- * after a switch also wait for the work queued on the old stream up to the switch (until it is
- * done), so deferred stores of the old stream's pass stay ordered whether
- * kvoffload_worker_start_step comes before or after this call. Cheap when the stream is
- * unchanged. */
+ * has_stream = 0 turns every wait off, those for earlier streams included.
+ * KVOFFLOAD_INVALID_ARGUMENT for a host-backend worker or cudaStreamPerThread. An engine whose
+ * current stream can change calls this each step, before submitting the step's jobs, with the
+ * stream the step's forward pass runs on. Jobs started after a switch also wait for the work queued
+ * on the old stream up to the switch (until it is done), so deferred stores of the old stream's
+ * pass stay ordered whether kvoffload_worker_start_step comes before or after this call. Cheap when
+ * the stream is unchanged. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_set_compute_stream(kvoffload_worker_t worker,
                                                                        int has_stream,
                                                                        uintptr_t stream);

@@ -63,7 +63,8 @@ class KVOFFLOAD_EXPORT TransferEngine {
   void submit_store(const TransferJob& job);
   /// Plans and starts a load job; throws like submit_store.
   void submit_load(const TransferJob& job);
-  /// Starts the stores deferred from the previous step.
+  /// Starts the stores deferred from the previous step. One whose start throws (the backend
+  /// refused it) is reported failed by get_finished, once; the others start.
   void start_step();
   /// Jobs finished since the last call: loads and stores each in submission order. Never
   /// blocks.
@@ -79,13 +80,17 @@ class KVOFFLOAD_EXPORT TransferEngine {
  private:
   void submit(const TransferJob& job, JobKind kind);
   void start(const TransferJob& job, JobKind kind);
+  /// A deferred store: started, or, if that throws, reported failed by the next get_finished
+  /// (never lost, never started twice).
+  void start_deferred(const TransferJob& job) noexcept;
 
   CopyPlanner planner_;
   std::unique_ptr<Backend> backend_;
   TransferEngineConfig config_;
   mutable std::mutex mutex_;
   std::vector<TransferJob> deferred_;
-  std::unordered_map<JobId, Ticket> tickets_;  // in flight
+  std::vector<FinishedTransfer> start_failed_;  // deferred stores whose start threw
+  std::unordered_map<JobId, Ticket> tickets_;   // in flight
   std::vector<BackendResult> polled_;
   TransferStats stats_;
 };

@@ -109,6 +109,7 @@ class KVOFFLOAD_EXPORT Worker {
 
   std::unique_ptr<KvLayout> layout_;
   std::shared_ptr<DeviceRuntime> registered_with_;  // a SimDevice the pool is registered with
+  int registered_device_ = 0;                       // on this device's context
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
   std::vector<std::unique_ptr<DiskTier>> tiers_;  // destroyed first: they read the pool

@@ -185,9 +185,11 @@ TEST_CASE("sim: after a compute stream switch, jobs still wait for the old strea
   // A deferred store of the pass on A started after the switch to B (whichever order the
   // engine switches and starts its deferred stores in), or a load overwriting blocks a pass
   // on A still reads.
-  const bool load = GENERATE(false, true);
-  const bool switch_before_start = GENERATE(true, false);
-  INFO("load " << load << ", switch before start_step " << switch_before_start);
+  enum class Case { switch_then_start, start_then_switch, load };
+  const Case what = GENERATE(Case::switch_then_start, Case::start_then_switch, Case::load);
+  const bool load = what == Case::load;
+  const bool switch_before_start = what == Case::switch_then_start;
+  INFO("case " << static_cast<int>(what));
   auto sim = sim_with(45, 1, 5);
   DeviceRig rig(sim, 1, 4096, 32, 16);
   StreamHandle a = 0, b = 0;
