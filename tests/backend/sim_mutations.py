@@ -61,8 +61,8 @@ MUTATIONS = [
      "sim: after a compute stream switch, jobs still wait for the old stream's work"),
     ("poll-without-device-scope", "src/cuda_backend.cpp",
      "    scope.emplace(*s.rt, s.config.device);\n  } catch (const cuda_error& e) {\n"
-     "    // No event can be asked",
-     "  } catch (const cuda_error& e) {\n    // No event can be asked",
+     "    // Never report",
+     "  } catch (const cuda_error& e) {\n    // Never report",
      "sim: a backend on device 1 used from a thread with no context creates none on 0"),
     ("staging-sized-by-total-bytes", "src/cuda_backend.cpp",
      "j.staging = s.staging_ring.allocate(j.staging_bytes);",
@@ -110,6 +110,7 @@ def main(names):
             original = f.read()
         if original.count(find) != 1:
             results.append((name, "NOT APPLIED (text not found once)", test))
+            print(f"{name:32s} NOT APPLIED: its text is not in {path} once", flush=True)
             continue
         try:
             with open(full, "w") as f:
