@@ -132,6 +132,12 @@ const SharedTier& Worker::shared_tier(std::size_t t) const {
   return *shared_[t - tiers_.size()];
 }
 
+Medium Worker::tier_medium(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t < num_tiers(), "worker: tier {} is not configured ({} tiers)", t,
+                    num_tiers());
+  return t < tiers_.size() ? Medium::disk : Medium::shared;
+}
+
 void Worker::clear_tiers() {
   for (const auto& tier : tiers_) tier->clear();
 }

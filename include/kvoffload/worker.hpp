@@ -80,6 +80,8 @@ class KVOFFLOAD_EXPORT Worker {
   /// that is not configured or a job that does not fit it.
   void submit_tier(const TierJob& job);
   [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size() + shared_.size(); }
+  /// What tier t is (disk tiers first, then shared ones); throws invalid_argument past them.
+  [[nodiscard]] Medium tier_medium(std::size_t t) const;
   /// Empties every disk tier: call it after Scheduler::reset_cache (once the step's flush set
   /// has finished), so the old cache's blocks do not come back after a restart.
   void clear_tiers();

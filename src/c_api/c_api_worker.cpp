@@ -233,6 +233,9 @@ kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t w,
                                            job->id, raw_enum(job->kind)));
     }
     t.tier = job->tier;
+    // kvoffload_tier_job_t carries no medium: the worker's own tier t says what it is (a
+    // shared-tier job from C used to be taken for a disk one and refused).
+    if (t.tier < w->worker.num_tiers()) t.medium = w->worker.tier_medium(t.tier);
     if (job->request_id != nullptr) t.request_id = job->request_id;
     require_array(job->keys, job->num_blocks, fn, "job->keys");
     require_array(job->host_block_ids, job->num_blocks, fn, "job->host_block_ids");

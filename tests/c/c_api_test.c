@@ -355,6 +355,134 @@ static void disk_tier(void) {
   CHECK(system(cleanup) == 0);
 }
 
+/* Scheduler and worker with one shared tier on the cluster at 127.0.0.1:`port`. */
+static void make_shared(kvoffload_scheduler_t* s, kvoffload_worker_t* w,
+                        kvoffload_shared_tier_config_t* shared) {
+  static kvoffload_kv_tensor_t tensor;
+  static kvoffload_group_tensor_t gt;
+  static kvoffload_group_tensors_t gts;
+  kvoffload_group_config_t group = KVOFFLOAD_GROUP_CONFIG_INIT;
+  kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
+  kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
+  kvoffload_tier_config_t tier = KVOFFLOAD_TIER_CONFIG_INIT;
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
+  wc.block_size_factor = F;
+  wc.host_blocks = 8;
+  wc.threads = 1;
+  wc.shared_tiers = shared;
+  wc.num_shared_tiers = 1;
+  OK(kvoffload_worker_create(&wc, w));
+  group.gpu_block_size = BLOCK_TOKENS;
+  sc.groups = &group;
+  sc.num_groups = 1;
+  sc.block_size_factor = F;
+  sc.host_blocks = 8;
+  tier.medium = "shared";
+  tier.blocks = 64;
+  tier.shared = shared;
+  sc.tiers = &tier;
+  sc.num_tiers = 1;
+  OK(kvoffload_scheduler_create(&sc, s));
+}
+
+/* Looks up `id` until the shared tier's existence check and any promotion are done (empty
+ * steps run the promotions): 500 x 10 ms at most. */
+static void lookup_settled(kvoffload_scheduler_t s, kvoffload_worker_t w, const char* id,
+                           int64_t* hit) {
+  struct timespec pause = {0, 10 * 1000 * 1000};
+  kvoffload_step_t step = NULL;
+  size_t loads = 0, stores = 0;
+  int i;
+  OK(kvoffload_scheduler_lookup(s, id, 0, hit));
+  for (i = 0; i < 500 && *hit == KVOFFLOAD_RETRY_LATER; ++i) {
+    OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
+    run_step(s, w, step, &loads, &stores);
+    OK(kvoffload_step_destroy(step));
+    nanosleep(&pause, NULL);
+    OK(kvoffload_scheduler_lookup(s, id, 0, hit));
+  }
+}
+
+/* A shared tier through the C API, against a real cluster (ctest's valkey fixture; the port in
+   KVOFFLOAD_VALKEY_PORT): one engine stores a prompt and writes it to the cluster; a second
+   engine with an empty host cache finds it there, promotes it and loads the same bytes. */
+static void shared_tier_round_trip(const char* port) {
+  char nodes[64], name[64];
+  kvoffload_shared_tier_config_t shared = KVOFFLOAD_SHARED_TIER_CONFIG_INIT;
+  kvoffload_scheduler_t s = NULL;
+  kvoffload_worker_t w = NULL;
+  kvoffload_block_hash_t hashes[TOKENS / BLOCK_TOKENS];
+  kvoffload_block_id_t first[4] = {41, 42, 43, 44}, second[4] = {51, 52, 53, 54};
+  const kvoffload_block_id_t* lists[1];
+  size_t counts[1] = {4};
+  kvoffload_scheduled_request_t req;
+  kvoffload_allocated_group_t alloc;
+  kvoffload_step_t step = NULL;
+  kvoffload_tier_stats_t ts = KVOFFLOAD_TIER_STATS_INIT;
+  size_t loads = 0, stores = 0, n_tier = 0;
+  int64_t hit = -7;
+  int i;
+
+  snprintf(nodes, sizeof(nodes), "127.0.0.1:%s", port);
+  snprintf(name, sizeof(name), "c-api-round-trip-%ld", (long)time(NULL));
+  shared.nodes = nodes;
+  shared.name = name;
+  make_shared(&s, &w, &shared);
+  for (i = 0; i < TOKENS / BLOCK_TOKENS; ++i) hashes[i] = hash_of(90 + i);
+  for (i = 0; i < 4; ++i) fill_page(first[i], 80 + i);
+  OK(kvoffload_scheduler_update_request(s, "a", TOKENS, hashes, 4, 0));
+  lookup_settled(s, w, "a", &hit);
+  CHECK(hit == 0); /* a new namespace: nothing there yet */
+  alloc.block_ids = first;
+  alloc.num_block_ids = 4;
+  alloc.num_computed_blocks = 0;
+  OK(kvoffload_scheduler_on_allocated(s, "a", &alloc, 1, 0));
+  lists[0] = first;
+  memset(&req, 0, sizeof(req));
+  req.request_id = "a";
+  req.num_scheduled_tokens = TOKENS;
+  req.new_block_ids = lists;
+  req.num_new_block_ids = counts;
+  req.num_groups = 1;
+  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
+  run_step(s, w, step, &loads, &stores);
+  CHECK(stores == 1);
+  OK(kvoffload_step_destroy(step));
+  /* The next step writes the stored blocks to the cluster (a shared-tier job from C). */
+  OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
+  OK(kvoffload_step_num_tier_jobs(step, &n_tier));
+  CHECK(n_tier == 1);
+  run_step(s, w, step, &loads, &stores);
+  OK(kvoffload_step_destroy(step));
+  OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
+  CHECK(ts.blocks_written == 2 && ts.write_jobs == 1);
+  OK(kvoffload_scheduler_on_finished(s, "a"));
+  OK(kvoffload_worker_destroy(w));
+  OK(kvoffload_scheduler_destroy(s));
+
+  /* Another engine: an empty host cache, the same cluster and namespace. */
+  make_shared(&s, &w, &shared);
+  for (i = 0; i < 4; ++i) fill_page(second[i], 0);
+  OK(kvoffload_scheduler_update_request(s, "b", TOKENS, hashes, 4, 0));
+  lookup_settled(s, w, "b", &hit);
+  CHECK(hit == TOKENS);
+  alloc.block_ids = second;
+  OK(kvoffload_scheduler_on_allocated(s, "b", &alloc, 1, hit));
+  lists[0] = second;
+  req.request_id = "b";
+  req.num_computed_tokens = hit;
+  req.num_scheduled_tokens = 0;
+  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
+  run_step(s, w, step, &loads, &stores);
+  CHECK(loads == 1);
+  OK(kvoffload_step_destroy(step));
+  for (i = 0; i < 4; ++i) CHECK(page_has(second[i], 80 + i));
+  OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
+  CHECK(ts.promotions == 2 && ts.hits == 2);
+  OK(kvoffload_worker_destroy(w));
+  OK(kvoffload_scheduler_destroy(s));
+}
+
 static void errors(void) {
   kvoffload_scheduler_t s = NULL;
   kvoffload_worker_t w = NULL;
@@ -596,7 +724,21 @@ static void shared_tier_unreachable(void) {
   FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "nodes");
 }
 
-int main(void) {
+int main(int argc, char** argv) {
+  if (argc == 2 && strcmp(argv[1], "--shared") == 0) {
+    const char* port = getenv("KVOFFLOAD_VALKEY_PORT");
+    if (port == NULL) {
+      fprintf(stderr, "--shared needs KVOFFLOAD_VALKEY_PORT (a cluster on 127.0.0.1)\n");
+      return 1;
+    }
+    shared_tier_round_trip(port);
+    if (failures != 0) {
+      fprintf(stderr, "%d check(s) failed\n", failures);
+      return 1;
+    }
+    printf("C API: shared tier round trip OK\n");
+    return 0;
+  }
   lifecycle();
   disk_tier();
   shared_tier_unreachable();
