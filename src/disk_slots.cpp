@@ -141,7 +141,9 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
   layout_dir_ = (std::filesystem::path(config.directory) / hex16(config.layout_digest)).string();
   std::error_code ec;
   std::filesystem::create_directories(layout_dir_, ec);
-  if (ec) throw error(fmt::format("disk tier: cannot create {}: {}", layout_dir_, ec.message()));
+  if (ec) {
+    throw io_error(fmt::format("disk tier: cannot create {}: {}", layout_dir_, ec.message()));
+  }
   const auto per_file = static_cast<std::int64_t>(config.slots_per_file);
   const std::int64_t files = (num_slots_ + per_file - 1) / per_file;
   for (std::int64_t f = 0; f < files; ++f) {
@@ -153,7 +155,7 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
         if (direct_fds_[i] != fds_[i]) ::close(direct_fds_[i]);
         ::close(fds_[i]);
       }
-      throw error(fmt::format("disk tier: cannot open {}: {}", path, std::strerror(err)));
+      throw io_error(fmt::format("disk tier: cannot open {}: {}", path, std::strerror(err)));
     }
     fds_.push_back(fd);
     int direct_fd = -1;
@@ -241,8 +243,8 @@ void DiskSlots::clear() {
         std::min(per_file, num_slots_ - static_cast<std::int64_t>(f) * per_file);
     const auto size = static_cast<off_t>(static_cast<std::uint64_t>(slots) * slot_bytes_);
     if (::ftruncate(fds_[f], 0) != 0 || ::ftruncate(fds_[f], size) != 0) {
-      throw error(fmt::format("disk tier: cannot empty {}/slab-{}.kvo: {}", layout_dir_, f,
-                              std::strerror(errno)));
+      throw io_error(fmt::format("disk tier: cannot empty {}/slab-{}.kvo: {}", layout_dir_, f,
+                                 std::strerror(errno)));
     }
   }
   scanned_.assign(scanned_.size(), std::nullopt);

@@ -1,6 +1,7 @@
 #include "kvoffload/error.hpp"
 
 #include <new>
+#include <system_error>
 
 namespace kvoffload {
 
@@ -11,6 +12,7 @@ invalid_argument::~invalid_argument() = default;
 cuda_error::~cuda_error() = default;
 out_of_memory::~out_of_memory() = default;
 unsupported::~unsupported() = default;
+io_error::~io_error() = default;
 
 std::string_view to_string(ErrorCode code) noexcept {
   switch (code) {
@@ -20,6 +22,7 @@ std::string_view to_string(ErrorCode code) noexcept {
     case ErrorCode::cuda_error: return "cuda_error";
     case ErrorCode::unsupported: return "unsupported";
     case ErrorCode::internal: return "internal";
+    case ErrorCode::io_error: return "io_error";
   }
   return "unknown";
 }
@@ -39,6 +42,10 @@ ClassifiedError classify(const std::exception_ptr& e) noexcept {
       return {ErrorCode::cuda_error, x.what()};
     } catch (const unsupported& x) {
       return {ErrorCode::unsupported, x.what()};
+    } catch (const io_error& x) {
+      return {ErrorCode::io_error, x.what()};
+    } catch (const std::system_error& x) {  // std::filesystem_error is one
+      return {ErrorCode::io_error, x.what()};
     } catch (const std::exception& x) {
       return {ErrorCode::internal, x.what()};
     } catch (...) {
@@ -57,6 +64,7 @@ void throw_error_for_test(ErrorCode code, const std::string& message) {
     case ErrorCode::cuda_error: throw cuda_error(message);
     case ErrorCode::unsupported: throw unsupported(message);
     case ErrorCode::internal: throw error(message);
+    case ErrorCode::io_error: throw io_error(message);
   }
   throw invalid_argument("throw_error_for_test: unknown code " +
                          std::to_string(static_cast<int>(code)));

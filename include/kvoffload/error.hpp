@@ -10,6 +10,8 @@
 //   unsupported                    KVOFFLOAD_UNSUPPORTED       Unsupported
 //   error (a broken internal       KVOFFLOAD_INTERNAL_ERROR    InternalError
 //   invariant), any other exception
+//   io_error, std::system_error    KVOFFLOAD_IO_ERROR          IoError, an OSError
+//   (std::filesystem errors too)
 //
 // Every Python class derives from kvoffload.Error. In Python, exceptions that are neither
 // kvoffload's nor std::bad_alloc (a std::out_of_range from the standard library, say) keep
@@ -63,6 +65,15 @@ class KVOFFLOAD_EXPORT unsupported : public error {
   ~unsupported() override;
 };
 
+/// The operating system refused: a file or directory that cannot be created, opened, read or
+/// written (a disk tier's), a thread or socket that cannot be made. Not a bug in kvoffload:
+/// the message names the path or resource and the system's reason.
+class KVOFFLOAD_EXPORT io_error : public error {
+ public:
+  using error::error;
+  ~io_error() override;
+};
+
 /// A row of the table above. The values are the C API's kvoffload_status_t.
 enum class ErrorCode : int {
   ok = 0,
@@ -71,9 +82,11 @@ enum class ErrorCode : int {
   cuda_error = 3,
   unsupported = 4,
   internal = 5,
+  io_error = 6,
 };
 
-/// "ok", "invalid_argument", "out_of_memory", "cuda_error", "unsupported", "internal".
+/// "ok", "invalid_argument", "out_of_memory", "cuda_error", "unsupported", "internal",
+/// "io_error".
 KVOFFLOAD_EXPORT std::string_view to_string(ErrorCode code) noexcept;
 
 struct ClassifiedError {

@@ -46,7 +46,8 @@ typedef enum kvoffload_status {
   KVOFFLOAD_CUDA_ERROR = 3,       /* a CUDA call failed */
   KVOFFLOAD_UNSUPPORTED = 4,      /* not available in this build (e.g. CUDA without a GPU) */
   KVOFFLOAD_INTERNAL_ERROR = 5,   /* a bug in kvoffload: please report the message */
-  KVOFFLOAD_NUM_STATUSES = 6
+  KVOFFLOAD_IO_ERROR = 6,         /* the system refused: a file, directory, thread or socket */
+  KVOFFLOAD_NUM_STATUSES = 7
 } kvoffload_status_t;
 
 /* A constant description of a status ("invalid argument", ...); never null. */

@@ -8,7 +8,8 @@ NumPy array), so neither library is a dependency.
 Errors raise :class:`Error` subclasses, one per C API status (the table in
 ``kvoffload/error.hpp``): :class:`InvalidArgument` (also a ``ValueError``), :class:`OutOfMemory`
 (also a ``MemoryError``), :class:`CudaError`, :class:`Unsupported` (e.g. the CUDA backend
-without a CUDA build or device) and :class:`InternalError`.
+without a CUDA build or device), :class:`InternalError` and :class:`IoError` (also an
+``OSError``: the system refused a file, directory, thread or socket).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ._kvoffload import (  # noqa: F401  (re-exported)
     CudaError,
     Error,
     InternalError,
+    IoError,
     InvalidArgument,
     Job,
     OutOfMemory,
@@ -40,6 +42,7 @@ __all__ = [
     "DiskTierConfig",
     "Error",
     "InternalError",
+    "IoError",
     "Event",
     "FinishedTransfer",
     "GroupConfig",

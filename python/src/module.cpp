@@ -19,7 +19,7 @@ namespace kvoffload::python {
 namespace {
 PyObject* error_type = nullptr;
 // Indexed by ErrorCode (1..5); [0] unused.
-PyObject* types[6] = {};
+PyObject* types[7] = {};
 
 PyObject* make_type(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
   const std::string qualified = std::string("kvoffload.") + name;
@@ -43,6 +43,10 @@ void bind_errors(nb::module_& m) {
                        "without a CUDA build or device).");
   types[5] =
       make_type(m, "InternalError", error_type, "A bug in kvoffload: please report the message.");
+  nb::object c = nb::make_tuple(nb::handle(error_type), nb::handle(PyExc_OSError));
+  types[6] = make_type(m, "IoError", c.ptr(),
+                       "The system refused: a file, directory, thread or socket (a disk tier's "
+                       "directory that cannot be created, say).");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     // kvoffload's exceptions and std::bad_alloc follow the table; anything else (nanobind's
     // own, Python errors passing through) goes on to nanobind's translators.
@@ -53,7 +57,7 @@ void bind_errors(nb::module_& m) {
     }
     const ClassifiedError e = classify(p);
     const int code = static_cast<int>(e.code);
-    PyErr_SetString(code >= 1 && code <= 5 ? types[code] : error_type, e.message.c_str());
+    PyErr_SetString(code >= 1 && code <= 6 ? types[code] : error_type, e.message.c_str());
   });
   m.def(
       "_raise_for_test",

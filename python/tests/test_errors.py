@@ -8,6 +8,7 @@ def test_exception_hierarchy():
     assert issubclass(kv.InvalidArgument, kv.Error) and issubclass(kv.InvalidArgument, ValueError)
     assert issubclass(kv.OutOfMemory, MemoryError) and issubclass(kv.CudaError, kv.Error)
     assert issubclass(kv.Unsupported, kv.Error) and issubclass(kv.InternalError, kv.Error)
+    assert issubclass(kv.IoError, kv.Error) and issubclass(kv.IoError, OSError)
 
 
 # error.hpp's table, written out: C status value -> Python class. Each row's C++ exception is
@@ -18,6 +19,7 @@ ERROR_TABLE = [
     (3, kv.CudaError),
     (4, kv.Unsupported),
     (5, kv.InternalError),
+    (6, kv.IoError),
 ]
 
 

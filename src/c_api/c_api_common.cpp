@@ -86,6 +86,7 @@ const char* kvoffload_status_string(kvoffload_status_t status) {
     case KVOFFLOAD_CUDA_ERROR: return "CUDA error";
     case KVOFFLOAD_UNSUPPORTED: return "not supported by this build";
     case KVOFFLOAD_INTERNAL_ERROR: return "internal error";
+    case KVOFFLOAD_IO_ERROR: return "I/O or system error";
     case KVOFFLOAD_NUM_STATUSES: break;
   }
   return "unknown status";

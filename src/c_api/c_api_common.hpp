@@ -31,6 +31,7 @@ static_assert(KVOFFLOAD_OUT_OF_MEMORY == static_cast<int>(ErrorCode::out_of_memo
 static_assert(KVOFFLOAD_CUDA_ERROR == static_cast<int>(ErrorCode::cuda_error));
 static_assert(KVOFFLOAD_UNSUPPORTED == static_cast<int>(ErrorCode::unsupported));
 static_assert(KVOFFLOAD_INTERNAL_ERROR == static_cast<int>(ErrorCode::internal));
+static_assert(KVOFFLOAD_IO_ERROR == static_cast<int>(ErrorCode::io_error));
 
 /// The current exception's status (error.hpp's table), its message kept as this thread's
 /// last error. Call only inside a catch block.

@@ -351,6 +351,34 @@ static void disk_tier(void) {
              "tier 1 is not configured");
   OK(kvoffload_worker_destroy(w));
   OK(kvoffload_scheduler_destroy(s));
+  {
+    /* A directory the system cannot create (under a regular file: refused even to root) is
+       an I/O error, not a bug in kvoffload. */
+    char file[96], under[128];
+    kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
+    kvoffload_disk_tier_config_t disk = KVOFFLOAD_DISK_TIER_CONFIG_INIT;
+    kvoffload_kv_tensor_t tensor;
+    kvoffload_group_tensor_t gt;
+    kvoffload_group_tensors_t gts;
+    FILE* f = NULL;
+    snprintf(file, sizeof(file), "%s/a-file", dir);
+    snprintf(under, sizeof(under), "%s/tier", file);
+    f = fopen(file, "w");
+    CHECK(f != NULL);
+    fclose(f);
+    one_tensor_worker(&wc, &tensor, &gt, &gts);
+    wc.block_size_factor = F;
+    wc.host_blocks = 8;
+    wc.threads = 1;
+    disk.path = under;
+    disk.capacity_bytes = 16 * (4096 + 4096);
+    disk.model = "c-api-test";
+    wc.disk_tiers = &disk;
+    wc.num_disk_tiers = 1;
+    w = NULL;
+    FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_IO_ERROR, "cannot create");
+    CHECK(w == NULL);
+  }
   snprintf(cleanup, sizeof(cleanup), "rm -rf %s", dir);
   CHECK(system(cleanup) == 0);
 }

@@ -1,5 +1,6 @@
 #include <catch2/catch_test_macros.hpp>
 
+#include <filesystem>
 #include <new>
 #include <stdexcept>
 
@@ -27,7 +28,7 @@ TEST_CASE("error.hpp's table: each C++ exception maps to its code, message kept"
   // The table, written out (C status values from kvoffload.h).
   const std::pair<ErrorCode, int> rows[] = {
       {ErrorCode::invalid_argument, 1}, {ErrorCode::out_of_memory, 2}, {ErrorCode::cuda_error, 3},
-      {ErrorCode::unsupported, 4},      {ErrorCode::internal, 5},
+      {ErrorCode::unsupported, 4},      {ErrorCode::internal, 5},      {ErrorCode::io_error, 6},
   };
   for (const auto& [code, status] : rows) {
     CAPTURE(to_string(code));
@@ -44,6 +45,10 @@ TEST_CASE("error.hpp's table: each C++ exception maps to its code, message kept"
   CHECK(classify_call([] { throw std::bad_alloc(); }).code == ErrorCode::out_of_memory);
   CHECK(classify_call([] { throw std::runtime_error("x"); }).code == ErrorCode::internal);
   CHECK(classify_call([] { throw 42; }).code == ErrorCode::internal);
+  CHECK(classify_call([] {
+          throw std::filesystem::filesystem_error(
+              "create_directories", std::make_error_code(std::errc::permission_denied));
+        }).code == ErrorCode::io_error);
   CHECK(classify_call([] {}).code == ErrorCode::ok);
   // The exception classes are the library's error, so one catch takes them all.
   CHECK_THROWS_AS(throw_error_for_test(ErrorCode::unsupported, "u"), error);
