@@ -185,6 +185,33 @@ static void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_st
   CHECK(n_done == n_reports - n_tier); /* tier jobs complete no request */
 }
 
+/* One request's step: `blocks` allocated for the whole prompt, `hit` tokens of it from the
+   cache (loaded), the rest scheduled (stored), every job run on the worker. */
+static void allocate_and_step(kvoffload_scheduler_t s, kvoffload_worker_t w, const char* id,
+                              kvoffload_block_id_t* blocks, int64_t hit, size_t* loads,
+                              size_t* stores) {
+  const kvoffload_block_id_t* lists[1];
+  size_t counts[1] = {4};
+  kvoffload_scheduled_request_t req;
+  kvoffload_allocated_group_t alloc;
+  kvoffload_step_t step = NULL;
+  alloc.block_ids = blocks;
+  alloc.num_block_ids = 4;
+  alloc.num_computed_blocks = 0;
+  OK(kvoffload_scheduler_on_allocated(s, id, &alloc, 1, hit));
+  lists[0] = blocks;
+  memset(&req, 0, sizeof(req));
+  req.request_id = id;
+  req.num_computed_tokens = hit;
+  req.num_scheduled_tokens = TOKENS - hit;
+  req.new_block_ids = lists;
+  req.num_new_block_ids = counts;
+  req.num_groups = 1;
+  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
+  run_step(s, w, step, loads, stores);
+  OK(kvoffload_step_destroy(step));
+}
+
 static void lifecycle(void) {
   kvoffload_scheduler_t s = NULL;
   kvoffload_worker_t w = NULL;
@@ -269,10 +296,6 @@ static void disk_tier(void) {
   kvoffload_worker_t w = NULL;
   kvoffload_block_hash_t hashes[TOKENS / BLOCK_TOKENS];
   kvoffload_block_id_t first[4] = {21, 22, 23, 24}, second[4] = {31, 32, 33, 34};
-  const kvoffload_block_id_t* lists[1];
-  size_t counts[1] = {4};
-  kvoffload_scheduled_request_t req;
-  kvoffload_allocated_group_t alloc;
   kvoffload_step_t step = NULL;
   kvoffload_tier_stats_t ts = KVOFFLOAD_TIER_STATS_INIT;
   size_t loads = 0, stores = 0, n_tier = 0;
@@ -286,21 +309,8 @@ static void disk_tier(void) {
   OK(kvoffload_scheduler_update_request(s, "a", TOKENS, hashes, 4, 0));
   OK(kvoffload_scheduler_lookup(s, "a", 0, &hit));
   CHECK(hit == 0);
-  alloc.block_ids = first;
-  alloc.num_block_ids = 4;
-  alloc.num_computed_blocks = 0;
-  OK(kvoffload_scheduler_on_allocated(s, "a", &alloc, 1, 0));
-  lists[0] = first;
-  memset(&req, 0, sizeof(req));
-  req.request_id = "a";
-  req.num_scheduled_tokens = TOKENS;
-  req.new_block_ids = lists;
-  req.num_new_block_ids = counts;
-  req.num_groups = 1;
-  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
-  run_step(s, w, step, &loads, &stores);
+  allocate_and_step(s, w, "a", first, 0, &loads, &stores);
   CHECK(stores == 1);
-  OK(kvoffload_step_destroy(step));
   /* The next step writes the stored blocks to the disk. */
   OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
   OK(kvoffload_step_num_tier_jobs(step, &n_tier));
@@ -334,16 +344,8 @@ static void disk_tier(void) {
   OK(kvoffload_step_destroy(step));
   OK(kvoffload_scheduler_lookup(s, "b", 0, &hit));
   CHECK(hit == TOKENS);
-  alloc.block_ids = second;
-  OK(kvoffload_scheduler_on_allocated(s, "b", &alloc, 1, hit));
-  lists[0] = second;
-  req.request_id = "b";
-  req.num_computed_tokens = hit;
-  req.num_scheduled_tokens = 0;
-  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
-  run_step(s, w, step, &loads, &stores);
+  allocate_and_step(s, w, "b", second, hit, &loads, &stores);
   CHECK(loads == 1);
-  OK(kvoffload_step_destroy(step));
   for (i = 0; i < 4; ++i) CHECK(page_has(second[i], 60 + i));
   OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
   CHECK(ts.promotions == 2 && ts.hits == 2);
@@ -441,10 +443,6 @@ static void shared_tier_round_trip(const char* port) {
   kvoffload_worker_t w = NULL;
   kvoffload_block_hash_t hashes[TOKENS / BLOCK_TOKENS];
   kvoffload_block_id_t first[4] = {41, 42, 43, 44}, second[4] = {51, 52, 53, 54};
-  const kvoffload_block_id_t* lists[1];
-  size_t counts[1] = {4};
-  kvoffload_scheduled_request_t req;
-  kvoffload_allocated_group_t alloc;
   kvoffload_step_t step = NULL;
   kvoffload_tier_stats_t ts = KVOFFLOAD_TIER_STATS_INIT;
   size_t loads = 0, stores = 0, n_tier = 0;
@@ -461,21 +459,8 @@ static void shared_tier_round_trip(const char* port) {
   OK(kvoffload_scheduler_update_request(s, "a", TOKENS, hashes, 4, 0));
   lookup_settled(s, w, "a", &hit);
   CHECK(hit == 0); /* a new namespace: nothing there yet */
-  alloc.block_ids = first;
-  alloc.num_block_ids = 4;
-  alloc.num_computed_blocks = 0;
-  OK(kvoffload_scheduler_on_allocated(s, "a", &alloc, 1, 0));
-  lists[0] = first;
-  memset(&req, 0, sizeof(req));
-  req.request_id = "a";
-  req.num_scheduled_tokens = TOKENS;
-  req.new_block_ids = lists;
-  req.num_new_block_ids = counts;
-  req.num_groups = 1;
-  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
-  run_step(s, w, step, &loads, &stores);
+  allocate_and_step(s, w, "a", first, 0, &loads, &stores);
   CHECK(stores == 1);
-  OK(kvoffload_step_destroy(step));
   /* The next step writes the stored blocks to the cluster (a shared-tier job from C). */
   OK(kvoffload_scheduler_build_step(s, NULL, 0, NULL, 0, &step));
   OK(kvoffload_step_num_tier_jobs(step, &n_tier));
@@ -494,16 +479,8 @@ static void shared_tier_round_trip(const char* port) {
   OK(kvoffload_scheduler_update_request(s, "b", TOKENS, hashes, 4, 0));
   lookup_settled(s, w, "b", &hit);
   CHECK(hit == TOKENS);
-  alloc.block_ids = second;
-  OK(kvoffload_scheduler_on_allocated(s, "b", &alloc, 1, hit));
-  lists[0] = second;
-  req.request_id = "b";
-  req.num_computed_tokens = hit;
-  req.num_scheduled_tokens = 0;
-  OK(kvoffload_scheduler_build_step(s, &req, 1, NULL, 0, &step));
-  run_step(s, w, step, &loads, &stores);
+  allocate_and_step(s, w, "b", second, hit, &loads, &stores);
   CHECK(loads == 1);
-  OK(kvoffload_step_destroy(step));
   for (i = 0; i < 4; ++i) CHECK(page_has(second[i], 80 + i));
   OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
   CHECK(ts.promotions == 2 && ts.hits == 2);
