@@ -41,6 +41,13 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
                       "tiers[{}].medium: a tier is below the host "
                       "cache, not \"host\"",
                       t);
+    // The worker holds its disk tiers first, then its shared ones, and a tier job names its
+    // tier by index: another order would send a job to the other kind of tier.
+    KVOFFLOAD_EXPECTS(
+        t == 0 || tier.medium != Medium::disk || config.tiers[t - 1].medium == Medium::disk,
+        "tiers[{}].medium: disk after a shared tier; disk tiers come first, as "
+        "the worker holds them",
+        t);
     KVOFFLOAD_EXPECTS(tier.blocks >= 1 && tier.blocks <= (std::int64_t{1} << 31) - 2,
                       "tiers[{}].blocks must be 1 to 2^31 - 2, got {}", t, tier.blocks);
     KVOFFLOAD_EXPECTS(tier.store_threshold == 0 || tier.store_threshold >= 2,

@@ -1,7 +1,8 @@
 #include "kvoffload/error.hpp"
 
+#include <filesystem>
+#include <ios>
 #include <new>
-#include <system_error>
 
 namespace kvoffload {
 
@@ -44,7 +45,10 @@ ClassifiedError classify(const std::exception_ptr& e) noexcept {
       return {ErrorCode::unsupported, x.what()};
     } catch (const io_error& x) {
       return {ErrorCode::io_error, x.what()};
-    } catch (const std::system_error& x) {  // std::filesystem_error is one
+    } catch (const std::filesystem::filesystem_error& x) {
+      return {ErrorCode::io_error, x.what()};
+    } catch (const std::ios_base::failure& x) {
+      // Other std::system_errors (a thread joined twice, a mutex misused) are bugs: internal.
       return {ErrorCode::io_error, x.what()};
     } catch (const std::exception& x) {
       return {ErrorCode::internal, x.what()};

@@ -10,8 +10,8 @@
 //   unsupported                    KVOFFLOAD_UNSUPPORTED       Unsupported
 //   error (a broken internal       KVOFFLOAD_INTERNAL_ERROR    InternalError
 //   invariant), any other exception
-//   io_error, std::system_error    KVOFFLOAD_IO_ERROR          IoError, an OSError
-//   (std::filesystem errors too)
+//   io_error, std::filesystem::    KVOFFLOAD_IO_ERROR          IoError, an OSError
+//   filesystem_error, std::ios_base::failure
 //
 // Every Python class derives from kvoffload.Error. In Python, exceptions that are neither
 // kvoffload's nor std::bad_alloc (a std::out_of_range from the standard library, say) keep
@@ -66,8 +66,8 @@ class KVOFFLOAD_EXPORT unsupported : public error {
 };
 
 /// The operating system refused: a file or directory that cannot be created, opened, read or
-/// written (a disk tier's), a thread or socket that cannot be made. Not a bug in kvoffload:
-/// the message names the path or resource and the system's reason.
+/// written (a disk tier's). Not a bug in kvoffload: the message names the path and the
+/// system's reason.
 class KVOFFLOAD_EXPORT io_error : public error {
  public:
   using error::error;

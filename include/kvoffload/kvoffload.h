@@ -46,7 +46,9 @@ typedef enum kvoffload_status {
   KVOFFLOAD_CUDA_ERROR = 3,       /* a CUDA call failed */
   KVOFFLOAD_UNSUPPORTED = 4,      /* not available in this build (e.g. CUDA without a GPU) */
   KVOFFLOAD_INTERNAL_ERROR = 5,   /* a bug in kvoffload: please report the message */
-  KVOFFLOAD_IO_ERROR = 6,         /* the system refused: a file, directory, thread or socket */
+  KVOFFLOAD_IO_ERROR = 6,         /* the system refused a file or directory (a disk tier's) */
+  /* Statuses may be added: a library newer than this header can return one at or past
+     KVOFFLOAD_NUM_STATUSES (treat it as an error; kvoffload_status_string names it). */
   KVOFFLOAD_NUM_STATUSES = 7
 } kvoffload_status_t;
 

@@ -9,7 +9,7 @@ Errors raise :class:`Error` subclasses, one per C API status (the table in
 ``kvoffload/error.hpp``): :class:`InvalidArgument` (also a ``ValueError``), :class:`OutOfMemory`
 (also a ``MemoryError``), :class:`CudaError`, :class:`Unsupported` (e.g. the CUDA backend
 without a CUDA build or device), :class:`InternalError` and :class:`IoError` (also an
-``OSError``: the system refused a file, directory, thread or socket).
+``OSError``: the system refused a file or directory).
 """
 
 from __future__ import annotations

@@ -6,6 +6,10 @@
 
 #include <nanobind/stl/string.h>
 
+#include <filesystem>
+#include <ios>
+#include <iterator>
+
 #include "bindings.hpp"
 #include "kvoffload/byte_size.hpp"
 #include "kvoffload/device.hpp"
@@ -18,7 +22,7 @@ using namespace nb::literals;
 namespace kvoffload::python {
 namespace {
 PyObject* error_type = nullptr;
-// Indexed by ErrorCode (1..5); [0] unused.
+// Indexed by ErrorCode (1..6); [0] unused.
 PyObject* types[7] = {};
 
 PyObject* make_type(nb::module_& m, const char* name, PyObject* bases, const char* doc) {
@@ -45,8 +49,8 @@ void bind_errors(nb::module_& m) {
       make_type(m, "InternalError", error_type, "A bug in kvoffload: please report the message.");
   nb::object c = nb::make_tuple(nb::handle(error_type), nb::handle(PyExc_OSError));
   types[6] = make_type(m, "IoError", c.ptr(),
-                       "The system refused: a file, directory, thread or socket (a disk tier's "
-                       "directory that cannot be created, say).");
+                       "The system refused a file or directory (a disk tier's directory that "
+                       "cannot be created, say).");
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     // kvoffload's exceptions and std::bad_alloc follow the table; anything else (nanobind's
     // own, Python errors passing through) goes on to nanobind's translators.
@@ -54,10 +58,14 @@ void bind_errors(nb::module_& m) {
       std::rethrow_exception(p);
     } catch (const error&) {
     } catch (const std::bad_alloc&) {
+    } catch (const std::filesystem::filesystem_error&) {
+    } catch (const std::ios_base::failure&) {
     }
     const ClassifiedError e = classify(p);
     const int code = static_cast<int>(e.code);
-    PyErr_SetString(code >= 1 && code <= 6 ? types[code] : error_type, e.message.c_str());
+    PyErr_SetString(
+        code >= 1 && code < static_cast<int>(std::size(types)) ? types[code] : error_type,
+        e.message.c_str());
   });
   m.def(
       "_raise_for_test",

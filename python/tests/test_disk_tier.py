@@ -103,3 +103,15 @@ def test_bad_disk_tier_configs_name_the_field(tmp_path):
     w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2))
     with pytest.raises(kv.InvalidArgument, match="tier 0 is not a disk tier"):
         w.tier_scan(0)
+
+
+def test_a_directory_the_system_refuses_is_an_io_error(tmp_path):
+    """Under a regular file no directory can be made (not even by root): kv.IoError, an
+    OSError, naming the path; not kv.InternalError (a bug)."""
+    gpu = np.zeros((4, PAGE), dtype=np.uint8)
+    blocker = tmp_path / "a-file"
+    blocker.write_bytes(b"")
+    with pytest.raises(kv.IoError, match="cannot create") as info:
+        kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
+                                  disk_tiers=[kv.DiskTierConfig(str(blocker / "tier"), 1 << 20)]))
+    assert isinstance(info.value, OSError) and not isinstance(info.value, kv.InternalError)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "kvoffload/kvoffload.h"
 
@@ -173,7 +174,8 @@ static void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_st
     }
   }
   OK(kvoffload_worker_wait(w, ids, n_reports));
-  while (got < n_reports) {
+  for (i = 0; got < n_reports; ++i) {
+    CHECK(i < 10000); /* bounded: a finished record lost would spin here */
     /* capacity 1: the rest must wait for the next call, none lost */
     OK(kvoffload_worker_get_finished(w, fin + got, 1, &n_fin));
     CHECK(n_fin <= 1);
@@ -450,7 +452,12 @@ static void shared_tier_round_trip(const char* port) {
   int i;
 
   snprintf(nodes, sizeof(nodes), "127.0.0.1:%s", port);
-  snprintf(name, sizeof(name), "c-api-round-trip-%ld", (long)time(NULL));
+  {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now); /* a namespace of this run only */
+    snprintf(name, sizeof(name), "c-api-round-trip-%ld-%ld-%ld", (long)getpid(), (long)now.tv_sec,
+             (long)now.tv_nsec);
+  }
   shared.nodes = nodes;
   shared.name = name;
   make_shared(&s, &w, &shared);

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <new>
 #include <stdexcept>
+#include <system_error>
 
 #include "kvoffload/device.hpp"
 #include "kvoffload/error.hpp"
@@ -49,6 +50,10 @@ TEST_CASE("error.hpp's table: each C++ exception maps to its code, message kept"
           throw std::filesystem::filesystem_error(
               "create_directories", std::make_error_code(std::errc::permission_denied));
         }).code == ErrorCode::io_error);
+  // Other std::system_errors are the library misusing the standard library: bugs.
+  CHECK(classify_call([] {
+          throw std::system_error(std::make_error_code(std::errc::operation_not_permitted));
+        }).code == ErrorCode::internal);
   CHECK(classify_call([] {}).code == ErrorCode::ok);
   // The exception classes are the library's error, so one catch takes them all.
   CHECK_THROWS_AS(throw_error_for_test(ErrorCode::unsupported, "u"), error);

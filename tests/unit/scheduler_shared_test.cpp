@@ -77,6 +77,14 @@ SchedulerConfig disk_and_shared(std::shared_ptr<FakePresence> presence) {
 
 }  // namespace
 
+TEST_CASE("Disk tiers come before shared ones, as the worker holds them", "[scheduler][shared]") {
+  SchedulerConfig c = disk_and_shared(std::make_shared<FakePresence>());
+  CHECK_NOTHROW(Scheduler(c));
+  std::swap(c.tiers[0], c.tiers[1]);  // shared, then disk: jobs would reach the wrong tier
+  CHECK_THROWS_WITH(Scheduler(c), Catch::Matchers::ContainsSubstring(
+                                      "tiers[1].medium: disk after a shared tier"));
+}
+
 TEST_CASE("A shared tier needs a presence check, and only a shared tier has one",
           "[scheduler][shared]") {
   SchedulerConfig c = make_config({full()}, 1, 8);
