@@ -16,9 +16,9 @@
 
 #include "bench_common.hpp"
 #include "kvoffload/byte_size.hpp"
-#include "kvoffload/disk_tier.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/tiers/disk_tier.hpp"
 #include "kvoffload/worker.hpp"
 #include "scenarios.hpp"
 #include "tier_bench_common.hpp"

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "kvoffload/cuda_backend.hpp"
-#include "kvoffload/disk_tier.hpp"
 #include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
 #include "kvoffload/kv_layout.hpp"
-#include "kvoffload/shared_tier.hpp"
+#include "kvoffload/tiers/disk_tier.hpp"
+#include "kvoffload/tiers/shared_tier.hpp"
 #include "kvoffload/transfer_engine.hpp"
 
 namespace kvoffload {

@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "kvoffload/shared_tier.hpp"
+#include "kvoffload/tiers/shared_tier.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload::python {

@@ -17,7 +17,7 @@
 #include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/scheduler.hpp"
-#include "kvoffload/shared_presence.hpp"
+#include "kvoffload/tiers/shared_presence.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;

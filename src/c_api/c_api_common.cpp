@@ -1,6 +1,6 @@
 // The C API's status strings, thread-local error message and conversions.
 
-#include "c_api_common.hpp"
+#include "c_api/c_api_common.hpp"
 
 #include <cstring>
 

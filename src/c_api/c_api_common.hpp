@@ -15,7 +15,7 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/kvoffload.h"
-#include "kvoffload/shared_tier.hpp"
+#include "kvoffload/tiers/shared_tier.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload::capi {

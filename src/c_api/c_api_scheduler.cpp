@@ -4,10 +4,10 @@
 #include <string>
 #include <vector>
 
-#include "c_api_common.hpp"
+#include "c_api/c_api_common.hpp"
 #include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/scheduler.hpp"
-#include "kvoffload/shared_presence.hpp"
+#include "kvoffload/tiers/shared_presence.hpp"
 
 struct kvoffload_scheduler_s {
   explicit kvoffload_scheduler_s(const kvoffload::SchedulerConfig& c) : scheduler(c) {}

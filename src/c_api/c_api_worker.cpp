@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "c_api_common.hpp"
+#include "c_api/c_api_common.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/worker.hpp"
 

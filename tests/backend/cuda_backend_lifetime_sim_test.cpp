@@ -16,7 +16,7 @@
 #include "backend/sim_engine.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/error.hpp"
-#include "kvoffload/sim_device.hpp"
+#include "kvoffload/testing/sim_device.hpp"
 #include "kvoffload/transfer_engine.hpp"
 
 using namespace kvoffload;

@@ -13,7 +13,7 @@
 #include "backend/device_rig.hpp"
 #include "backend/sim_engine.hpp"
 #include "kvoffload/cuda_backend.hpp"
-#include "kvoffload/sim_device.hpp"
+#include "kvoffload/testing/sim_device.hpp"
 #include "kvoffload/transfer_engine.hpp"
 
 using namespace kvoffload;

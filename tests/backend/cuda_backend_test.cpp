@@ -19,7 +19,7 @@
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/device.hpp"
 #include "kvoffload/error.hpp"
-#include "kvoffload/sim_device.hpp"
+#include "kvoffload/testing/sim_device.hpp"
 #include "kvoffload/transfer_engine.hpp"
 
 using namespace kvoffload;

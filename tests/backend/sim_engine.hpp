@@ -8,7 +8,7 @@
 
 #include "backend/device_rig.hpp"
 #include "kvoffload/job.hpp"
-#include "kvoffload/sim_device.hpp"
+#include "kvoffload/testing/sim_device.hpp"
 
 namespace kvtest {
 

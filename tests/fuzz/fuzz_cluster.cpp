@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kvoffload/cluster_client.hpp"
+#include "kvoffload/tiers/cluster_client.hpp"
 #include "support/fake_resp_server.hpp"
 
 using namespace kvoffload;

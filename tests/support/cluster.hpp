@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "kvoffload/cluster_client.hpp"
+#include "kvoffload/tiers/cluster_client.hpp"
 #include "support/fake_resp_server.hpp"
 
 namespace kvoffload::test {

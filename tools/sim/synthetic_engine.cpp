@@ -1,5 +1,5 @@
-#include "synthetic_engine.hpp"
 #include "kvoffload/detail/flat_hash_map.hpp"
+#include "synthetic_engine.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -15,10 +15,10 @@
 #include <unordered_set>
 
 #include "kvoffload/error.hpp"
-#include "kvoffload/faulty_backend.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/scheduler.hpp"
-#include "kvoffload/shared_presence.hpp"
+#include "kvoffload/testing/faulty_backend.hpp"
+#include "kvoffload/tiers/shared_presence.hpp"
 #include "kvoffload/worker.hpp"
 
 namespace kvsim {

@@ -1,0 +1,117 @@
+#pragma once
+
+// The worker side of a shared tier on a Valkey (or Redis 7) cluster: runs the scheduler's tier
+// jobs (promote: GET values into host blocks; write: SET host blocks as values) on one I/O
+// thread with pipelined batches, and reports them finished. Every rank stores its own rows
+// under its own key; a key's ranks share a hash tag, so one EXISTS answers for all of them.
+// A value is a header (magic, version, layout digest, key, length, XXH3 of the payload) and one
+// host block row, written with one SET: a reader never sees a partial block. Anything wrong
+// with a value, or with the cluster, fails the block (a miss for the scheduler) and is counted.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "kvoffload/export.hpp"
+#include "kvoffload/job.hpp"
+#include "kvoffload/tiers/disk_tier.hpp"
+#include "kvoffload/types.hpp"
+
+namespace kvoffload {
+
+struct SharedTierConfig {
+  std::string nodes;  ///< seed nodes of the cluster, "host:port[,host:port...]"
+  /// What makes KV bytes incompatible, given by the engine: model and revision, KV dtype,
+  /// block size. With tp_size and the block size factor it names the keys' namespace (engines
+  /// that share blocks must give the same); the worker's own layout goes into each value's
+  /// header and is checked.
+  std::string name;
+  int tp_rank = 0;
+  int tp_size = 1;
+  int connect_timeout_ms = 200;
+  int reply_timeout_ms = 1000;
+  int in_flight = 8;  ///< blocks per pipelined batch
+};
+
+/// The keys' namespace: 16 hex digits of XXH3 of the name, tp_size and block_size_factor.
+/// The factor is in it because a key names the hash of a host block's last hash block: with
+/// factors 2 and 4, host block 1 of one and host block 0 of the other have the same key but
+/// hold different tokens, so engines with different factors must not share keys. Throws
+/// invalid_argument for a tp_size or factor below 1.
+KVOFFLOAD_EXPORT std::string shared_namespace(std::string_view name, int tp_size,
+                                              std::int64_t block_size_factor);
+/// The cluster key of `key`'s row of rank `rank`: "kvo:{<namespace>:<group>:<hash>}:<rank>"
+/// (the hash tag keeps a key's ranks in one slot).
+KVOFFLOAD_EXPORT std::string shared_key(std::string_view ns, const Key& key, int rank);
+/// The bytes before the payload in a value.
+inline constexpr std::size_t shared_value_header_bytes = 80;
+
+/// A shared tier's counters (SharedTier::stats).
+struct SharedTierStats {
+  std::uint64_t reads = 0;          ///< blocks promoted (read and verified)
+  std::uint64_t read_misses = 0;    ///< GETs of keys the cluster did not have
+  std::uint64_t bad_values = 0;     ///< values refused: header, length or checksum mismatch
+  std::uint64_t read_errors = 0;    ///< GETs without a usable reply (node down, timeout...)
+  std::uint64_t writes = 0;         ///< blocks written
+  std::uint64_t write_errors = 0;   ///< SETs not acknowledged
+  std::uint64_t bytes_read = 0;     ///< payload bytes promoted
+  std::uint64_t bytes_written = 0;  ///< payload bytes written
+};
+
+class KVOFFLOAD_EXPORT SharedTier {
+ public:
+  /// `block_size_factor` is the worker's (part of the namespace, as for the scheduler's
+  /// make_cluster_presence); `layout` is the worker's host block layout
+  /// (Worker::layout_description); host_block(id) gives the bytes of host block id
+  /// (payload_bytes each). Connects to nothing yet; throws invalid_argument naming the field
+  /// for a bad config.
+  SharedTier(const SharedTierConfig& config, std::int64_t block_size_factor,
+             std::string_view layout, std::uint64_t payload_bytes,
+             std::function<std::span<std::byte>(HostBlockId)> host_block);
+  /// Finishes the jobs already submitted (each bounded by the timeouts), then stops.
+  ~SharedTier();
+  SharedTier(const SharedTier&) = delete;
+  SharedTier& operator=(const SharedTier&) = delete;
+
+  /// Starts a tier job. Throws invalid_argument naming the job for mismatched list lengths or a
+  /// host block out of range; nothing runs then.
+  void submit(const TierJob& job);
+  /// Jobs finished since the last call, in finishing order.
+  std::vector<FinishedTierJob> get_finished();
+  /// Blocks until these jobs (if submitted here and not yet taken) finished.
+  void wait(std::span<const JobId> jobs);
+  [[nodiscard]] SharedTierStats stats() const;
+  [[nodiscard]] const std::string& key_namespace() const noexcept { return namespace_; }
+  [[nodiscard]] std::uint64_t layout_digest() const noexcept { return digest_; }
+
+ private:
+  void run();
+  void run_job(const TierJob& job, std::int64_t& failed);
+
+  std::string namespace_;
+  std::uint64_t digest_ = 0;
+  int rank_ = 0;
+  int in_flight_ = 8;
+  std::uint64_t payload_bytes_ = 0;
+  std::function<std::span<std::byte>(HostBlockId)> host_block_;
+  std::unique_ptr<class ClusterClient> client_;  // the I/O thread's only
+  mutable std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable job_done_;
+  std::deque<TierJob> queue_;
+  std::unordered_map<JobId, bool> open_;  // submitted, not yet taken by get_finished
+  std::vector<FinishedTierJob> finished_;
+  SharedTierStats stats_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace kvoffload

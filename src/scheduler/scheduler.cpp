@@ -1,0 +1,565 @@
+// SEMANTICS 3, 5-8: requests, load planning, store jobs with exact block counting,
+// completion, finish and reset. Lookup is in scheduler_lookup.cpp, input checks in
+// scheduler_validate.cpp.
+
+#include "kvoffload/scheduler.hpp"
+
+#include <algorithm>
+
+#include "common/block_math.hpp"
+#include "common/expects.hpp"
+#include "common/logging.hpp"
+#include "kvoffload/detail/single_thread_guard.hpp"
+#include "scheduler/scheduler_impl.hpp"
+
+namespace kvoffload {
+
+using detail::offloaded_block_real;
+
+// Debug builds check the single-threaded contract at every mutating call.
+#ifndef NDEBUG
+#define KVOFFLOAD_ONE_THREAD(impl, what) \
+  const detail::SingleThreadGuard::Scope one_thread_scope_((impl).one_thread, what)
+#else
+#define KVOFFLOAD_ONE_THREAD(impl, what) (void)0
+#endif
+
+Scheduler::Impl::Impl(const SchedulerConfig& cfg)
+    : config(cfg), layouts(derive_layouts(cfg)), f(cfg.block_size_factor), manager(cfg.manager) {
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    if (!layouts[g].windowed()) lookup_order.push_back(g);
+  }
+  std::vector<std::size_t> windowed;
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    if (layouts[g].windowed()) windowed.push_back(g);
+  }
+  std::stable_sort(windowed.begin(), windowed.end(), [this](std::size_t a, std::size_t b) {
+    return layouts[a].window_blocks > layouts[b].window_blocks;
+  });
+  any_windowed = !windowed.empty();
+  // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
+  fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
+  store_scratch.first_candidate.resize(layouts.size());
+  for (const TierConfig& tier : cfg.tiers) {
+    auto& t = tiers.emplace_back(std::make_unique<TierState>(tier, cfg.manager.enable_events));
+    t->free_target = tier.write_back_free_blocks > 0
+                         ? tier.write_back_free_blocks
+                         : std::max<std::int64_t>(1, cfg.manager.host_blocks / 16);
+    if (tier.medium == Medium::shared) any_shared = true;
+  }
+  lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
+}
+
+void Scheduler::Impl::check([[maybe_unused]] const TransferJob& job) const {
+#ifndef NDEBUG
+  check_job_invariants(job, static_cast<std::int64_t>(layouts.size()), f);
+#endif
+}
+
+void Scheduler::Impl::touch(const RequestState& r) {
+  // One call with the groups from last to first: the policy walks it from the back, so this
+  // equals touching group 0, then group 1, ... (what vLLM does, one call per group), and
+  // leaves the last group's first key the most recent of the request.
+  touch_keys.clear();
+  for (std::size_t g = layouts.size(); g-- > 0;) {
+    const std::int64_t nk = num_keys(r, g);
+    const std::int64_t skip = touch_skip(r, g);
+    for (std::int64_t i = skip; i < nk; ++i) touch_keys.push_back(key(r, g, i));
+  }
+  manager.touch(touch_keys);
+}
+
+void Scheduler::Impl::touch_stored(RequestState& r, std::span<const std::int64_t> blocks,
+                                   StoreScratch& scratch) {
+  std::vector<HostBlockId>& touch_ids = scratch.touch_ids;
+  const std::vector<HostBlockId>& candidate_blocks = scratch.prepared.key_blocks;
+  touch_ids.clear();
+  for (std::size_t g = layouts.size(); g-- > 0;) {
+    const std::int64_t nk = num_keys(r, g);
+    const std::int64_t skip = touch_skip(r, g);
+    const std::int64_t s = r.groups[g].next_stored;  // not advanced yet
+    const std::int64_t n = std::max(s, blocks[g]);
+    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    std::size_t cursor = scratch.first_candidate[g];
+    // Candidates below the touched range still occupy their places in candidate_blocks.
+    for (std::int64_t i = s; i < std::min(skip, n); ++i) {
+      if (offloaded_block_real(ids, i, f)) ++cursor;
+    }
+    std::vector<HostBlockId>& known = r.groups[g].known_blocks;
+    if (static_cast<std::int64_t>(known.size()) < nk)
+      known.resize(static_cast<std::size_t>(nk), -1);
+    for (std::int64_t i = skip; i < nk; ++i) {
+      HostBlockId& block = known[static_cast<std::size_t>(i)];
+      if (i >= s && i < n && offloaded_block_real(ids, i, f)) {
+        block = candidate_blocks[cursor++];
+      } else {
+        const Key k = key(r, g, i);
+        const Key* held = block >= 0 ? manager.key_of(block) : nullptr;
+        if (held == nullptr || !(*held == k)) block = manager.block_of(k);
+      }
+      touch_ids.push_back(block);
+    }
+  }
+  manager.touch_blocks(touch_ids);
+}
+
+void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                                   std::int64_t num_external_tokens) {
+  if (num_external_tokens == 0) return;
+  const std::int64_t cached = r.num_local_tokens + num_external_tokens;
+  TransferJob job;
+  job.id = next_job;
+  job.kind = JobKind::load;
+  job.request_id = r.id;
+  job.gpu.group_sizes.assign(layouts.size(), 0);
+  job.gpu.block_indices.assign(layouts.size(), 0);
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const GroupLayout& layout = layouts[g];
+    const auto [n_gpu, local, pending, n_off] = detail::allocated_counts(
+        cached, layout.gpu_block_size, layout.offloaded_block_size, groups[g].num_computed_blocks);
+    if (pending > 0) {
+      for (std::int64_t i = local / f; i < n_off; ++i) job.keys.push_back(key(r, g, i));
+      const auto& ids = groups[g].block_ids;
+      job.gpu.block_ids.insert(job.gpu.block_ids.end(), ids.begin() + local, ids.begin() + n_gpu);
+      job.gpu.group_sizes[g] = pending;
+      job.gpu.block_indices[g] = local;
+    }
+    if (!r.remote_decode) r.groups[g].next_stored = n_off;
+  }
+  if (job.keys.empty()) return;  // every group had its blocks locally: nothing to load
+
+  ++next_job;
+  manager.prepare_load(job.keys, job.host_block_ids);
+  fence.collect(job.gpu.block_ids, flush);
+  if (config.prefix_caching) {
+    for (const Key& k : job.keys) ++*being_loaded.insert(k, 0).first;
+  }
+  check(job);
+  JobState& state = add_job(job.id, JobKind::load, r);
+  state.keys = job.keys;
+  r.jobs.push_back(job.id);
+  r.load_in_flight = true;
+  ++stats.load_jobs;
+  pending_loads.push_back(std::move(job));
+}
+
+void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest& e) {
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    if (e.resumed) ids.clear();
+    const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
+    if (fresh.empty()) continue;  // most decode steps
+    ids.insert(ids.end(), fresh.begin(), fresh.end());
+    // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
+    // earlier in this step: with prefix caching requests share GPU blocks.
+    fence.collect(fresh, flush);
+  }
+}
+
+bool Scheduler::Impl::collect_candidates(const RequestState& r,
+                                         std::span<const std::int64_t> blocks,
+                                         StoreScratch& scratch) const {
+  // An offloaded block is a candidate unless it is entirely null, which its last sub-block
+  // tells (null blocks are a leading run).
+  scratch.candidates.clear();
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    scratch.first_candidate[g] = scratch.candidates.size();
+    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
+      if (offloaded_block_real(ids, i, f)) scratch.candidates.push_back(key(r, g, i));
+    }
+  }
+  return !scratch.candidates.empty();
+}
+
+void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
+                                      StoreScratch& scratch, TransferJob& job) const {
+  const std::size_t G = layouts.size();
+  job.gpu.group_sizes.assign(G, 0);
+  job.gpu.block_indices.assign(G, 0);
+  job.gpu.block_ids.reserve(job.keys.size() * static_cast<std::size_t>(f));
+  std::size_t placed = 0;
+  // Read through a local pointer: the job's vectors grow in the loop, and the compiler cannot
+  // tell that they never alias the scratch.
+  const std::uint8_t* const stored = scratch.prepared.key_stored.data();
+  scratch.valid_from.clear();
+  for (std::size_t g = 0; g < G; ++g) {
+    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
+    bool first = true;
+    std::size_t candidate = scratch.first_candidate[g];
+    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
+      if (!offloaded_block_real(ids, i, f)) continue;
+      // Present already, or below the store threshold: not in this job.
+      if (stored[candidate++] == 0) continue;
+      ++placed;
+      // The block's leading null sub-blocks (outside the window) are skipped; validate_step
+      // rejected a null after a real id, so the rest is one run.
+      const GpuBlockId* sub = ids.data() + i * f;
+      std::int64_t j = 0;
+      while (sub[j] == null_block) ++j;  // the last sub-block is real: this stops
+      scratch.valid_from.push_back(static_cast<std::uint16_t>(j));  // SEMANTICS 6.8
+      job.gpu.block_ids.insert(job.gpu.block_ids.end(), sub + j, sub + f);
+      if (first) {
+        job.gpu.block_indices[g] = i * f + j;
+        first = false;
+      }
+      job.gpu.group_sizes[g] += f - j;
+    }
+  }
+  KVOFFLOAD_ASSERT(placed == job.keys.size(), "store job {}: {} of {} keys placed", job.id, placed,
+                   job.keys.size());
+}
+
+void Scheduler::Impl::register_window_sources(JobState& state) {
+  std::size_t at = 0;
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const auto size = static_cast<std::size_t>(state.group_sizes[g]);
+    if (layouts[g].windowed())
+      fence.add_all(std::span(state.source_ids).subspan(at, size), state.id);
+    at += size;
+  }
+}
+
+void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
+                                  std::span<const std::int64_t> blocks, StepResult& out) {
+  append_new_blocks(r, e);
+  const auto advance = [&] {
+    for (std::size_t g = 0; g < layouts.size(); ++g) r.groups[g].next_stored = blocks[g];
+  };
+  StoreScratch& scratch = store_scratch;
+  if (!collect_candidates(r, blocks, scratch)) return advance();
+  if (!manager.prepare_store(scratch.candidates, scratch.prepared)) {
+    if (no_room_warnings++ % 1000 == 0) {
+      detail::logger().warn(
+          "request \"{}\": no room in the host cache for {} block(s); will retry next step "
+          "({} such skips so far)",
+          r.id, scratch.candidates.size(), no_room_warnings);
+    }
+    return;  // next_stored stays: retried next step
+  }
+  if (scratch.prepared.keys_to_store.empty()) return advance();
+
+  touch_stored(r, blocks, scratch);
+  TransferJob job;
+  job.id = next_job++;
+  job.kind = JobKind::store;
+  job.request_id = r.id;
+  job.keys = std::move(scratch.prepared.keys_to_store);
+  scratch.prepared.keys_to_store.clear();
+  job.host_block_ids = scratch.prepared.block_ids;
+  emit_sub_blocks(r, blocks, scratch, job);
+  // Blocks whose leading sub-blocks were null keep what the host block held before there:
+  // the lookup never serves those sub-blocks (SEMANTICS 6.8).
+  for (std::size_t k = 0; k < scratch.valid_from.size(); ++k) {
+    if (scratch.valid_from[k] == 0) continue;
+    manager.set_valid_from(job.host_block_ids[k], scratch.valid_from[k]);
+    ++stats.partial_stores;
+  }
+  advance();
+
+  JobState& state = add_job(job.id, JobKind::store, r);
+  state.source_ids = job.gpu.block_ids;
+  state.group_sizes = job.gpu.group_sizes;
+  state.host_ids = job.host_block_ids;
+  register_window_sources(state);
+  r.jobs.push_back(job.id);
+  ++stats.store_jobs;
+  check(job);
+  out.store_jobs.push_back(std::move(job));
+}
+
+void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
+  RequestState& r = *job.request;
+  if (job.kind == JobKind::store) {
+    manager.complete_store_blocks(job.host_ids, job.ok);
+    if (!job.ok) ++stats.failed_stores;
+    if (job.ok && !tiers.empty()) queue_tier_writes(job.host_ids);  // write-through
+    for_each_source(job, true, [&](GpuBlockId id) { fence.remove(id, job.id); });
+    if (job.full_registered) {
+      for_each_source(job, false, [&](GpuBlockId id) { fence.remove(id, job.id); });
+    }
+  } else {
+    manager.complete_load(job.keys);
+    if (config.prefix_caching) {
+      for (const Key& k : job.keys) {
+        std::int32_t* count = being_loaded.find(k);
+        if (count != nullptr && --*count == 0) being_loaded.erase(k);
+      }
+    }
+    if (!job.ok) ++stats.failed_loads;
+    r.load_in_flight = false;
+  }
+  done.push_back(CompletedJob{job.id, job.kind, r.id, job.ok});
+  r.jobs.erase(std::find(r.jobs.begin(), r.jobs.end(), job.id));
+  retire_job(job.id);
+  if (r.finished && r.jobs.empty()) forget(r);
+}
+
+JobState& Scheduler::Impl::add_job(JobId id, JobKind kind, RequestState& r) {
+  JobState* state = nullptr;
+  if (spare_jobs.empty()) {
+    state = &jobs[id];
+  } else {
+    Jobs::node_type node = std::move(spare_jobs.back());
+    spare_jobs.pop_back();
+    node.key() = id;
+    state = &jobs.insert(std::move(node)).position->second;
+  }
+  state->id = id;
+  state->kind = kind;
+  state->request = &r;
+  state->remaining = config.num_workers;
+  return *state;
+}
+
+void Scheduler::Impl::retire_job(JobId id) {
+  constexpr std::size_t kMaxSpare = 4096;
+  Jobs::node_type node = jobs.extract(id);
+  if (node.empty() || spare_jobs.size() >= kMaxSpare) return;
+  node.mapped().recycle();
+  spare_jobs.push_back(std::move(node));
+}
+
+void Scheduler::Impl::forget(RequestState& r) {
+  requests.erase(r);
+}
+
+// ---- public API ----------------------------------------------------------------------------
+
+Scheduler::Scheduler(const SchedulerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Scheduler::~Scheduler() = default;
+Scheduler::Scheduler(Scheduler&&) noexcept = default;
+Scheduler& Scheduler::operator=(Scheduler&&) noexcept = default;
+
+void Scheduler::update_request(std::string_view request_id, std::int64_t num_tokens,
+                               std::span<const BlockHash> block_hashes, bool remote_decode) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "update_request");
+  KVOFFLOAD_EXPECTS(!request_id.empty(), "request: the request id is empty");
+  KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
+                    num_tokens);
+  RequestState* found = impl_->requests.find(request_id);
+  if (found == nullptr) {
+    for (std::size_t i = 0; i < block_hashes.size(); ++i) {
+      KVOFFLOAD_EXPECTS(block_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
+                        request_id, i);
+    }
+    auto r = std::make_unique<RequestState>();
+    r->id = std::string(request_id);
+    r->groups.resize(impl_->layouts.size());
+    found = &impl_->requests.add(std::move(r));
+  } else {
+    impl_->validate_hashes(*found, block_hashes);
+  }
+  RequestState& r = *found;
+  r.num_tokens = num_tokens;
+  r.remote_decode = remote_decode;
+  r.hashes.insert(r.hashes.end(),
+                  block_hashes.begin() + static_cast<std::ptrdiff_t>(r.hashes.size()),
+                  block_hashes.end());
+}
+
+void Scheduler::extend_request(std::string_view request_id, std::int64_t num_tokens,
+                               std::span<const BlockHash> new_hashes) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "extend_request");
+  RequestState& r = impl_->find_record(request_id, "request");
+  KVOFFLOAD_EXPECTS(!r.finished, "request \"{}\" is finished and cannot be updated", r.id);
+  KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
+                    num_tokens);
+  for (std::size_t i = 0; i < new_hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(new_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
+                      request_id, r.hashes.size() + i);
+  }
+  r.num_tokens = num_tokens;
+  r.hashes.insert(r.hashes.end(), new_hashes.begin(), new_hashes.end());
+}
+
+std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
+                                              std::int64_t num_computed_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "lookup");
+  RequestState& r = impl_->find_record(request_id, "lookup");
+  KVOFFLOAD_EXPECTS(!r.finished, "lookup: request \"{}\" is finished", request_id);
+  KVOFFLOAD_EXPECTS(num_computed_tokens >= 0,
+                    "lookup: request \"{}\": num_computed_tokens is negative ({})", request_id,
+                    num_computed_tokens);
+  return impl_->lookup(r, num_computed_tokens);
+}
+
+void Scheduler::on_allocated(std::string_view request_id, std::span<const AllocatedGroup> groups,
+                             std::int64_t num_external_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "on_allocated");
+  RequestState& r = impl_->find_looked_up(request_id, "alloc");
+  impl_->validate_allocated(r, groups, num_external_tokens);
+  impl_->on_allocated(r, groups, num_external_tokens);
+}
+
+StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
+                                 std::span<const std::string> preempted) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "build_step");
+  Impl& s = *impl_;
+  StepPlan& plan = s.step_plan;
+  s.validate_step(scheduled, preempted, plan);
+  StepResult out;
+  for (const std::string& id : preempted) {
+    const RequestState& r = *s.requests.find(id);
+    for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
+  }
+  out.load_jobs.swap(s.pending_loads);
+  out.tier_jobs.swap(s.pending_tier_jobs);
+  if (!s.tiers.empty()) {
+    s.write_back();
+    s.start_promotions(out);
+  }
+  for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    if (plan.idle[i] != 0) continue;  // most requests of a decode step
+    s.build_store(*plan.requests[i], scheduled[i], plan.blocks_of(i), out);
+  }
+  std::sort(s.flush.begin(), s.flush.end());
+  s.flush.erase(std::unique(s.flush.begin(), s.flush.end()), s.flush.end());
+  out.flush.swap(s.flush);
+  return out;
+}
+
+std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> reports) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "on_completed");
+  Impl& s = *impl_;
+  s.validate_reports(reports);
+  std::vector<CompletedJob> done;
+  for (const JobReport& report : reports) {
+    auto it = s.jobs.find(report.job);
+    if (it == s.jobs.end()) {
+      auto tier_it = s.tier_jobs.find(report.job);
+      if (tier_it == s.tier_jobs.end()) continue;  // stale: issued before reset_cache()
+      TierJobState& job = tier_it->second;
+      job.remaining -= report.count;
+      job.ok = job.ok && report.ok;
+      if (job.remaining == 0) {
+        s.complete_tier_job(job);
+        s.tier_jobs.erase(tier_it);
+      }
+      continue;
+    }
+    JobState& job = it->second;
+    job.remaining -= report.count;
+    job.ok = job.ok && report.ok;
+    if (job.remaining == 0) s.complete(job, done);
+  }
+  return done;
+}
+
+void Scheduler::on_finished(std::string_view request_id) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "on_finished");
+  Impl& s = *impl_;
+  RequestState* found = s.requests.find(request_id);
+  if (found == nullptr || found->finished) return;
+  RequestState& r = *found;
+  r.finished = true;
+  if (r.jobs.empty()) return s.forget(r);
+  // The engine may free and reuse these blocks at once: a later allocation of them must
+  // flush the stores still reading them.
+  for (const JobId id : r.jobs) {
+    JobState& job = s.jobs.at(id);
+    if (job.kind != JobKind::store || job.full_registered) continue;
+    s.for_each_source(job, false, [&](GpuBlockId block) { s.fence.add(block, id); });
+    job.full_registered = true;
+  }
+}
+
+void Scheduler::reset_cache() {
+  KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
+  Impl& s = *impl_;
+  for (const auto& [id, job] : s.jobs) s.flush.push_back(id);
+  for (const auto& [id, job] : s.tier_jobs) s.flush.push_back(id);
+  // The tiers are dropped too: reset_cache means the cached KV is no longer valid (new
+  // weights, say), wherever it is. Tier jobs not yet emitted never run.
+  s.tier_jobs.clear();
+  s.pending_tier_jobs.clear();
+  s.planned_promotions.clear();
+  s.promoting.clear();
+  // Answers to checks asked before are ignored (they are about the old cache); requests ask
+  // again.
+  s.presence_tickets.clear();
+  s.requests.for_each([](RequestState& r) { r.shared_check = RequestState::SharedCheck::none; });
+  for (auto& tier : s.tiers) {
+    tier->index.reset();
+    tier->queued = 0;
+  }
+  if (!s.pending_loads.empty()) {
+    detail::logger().warn("reset_cache: dropping {} planned load job(s) before they ran",
+                          s.pending_loads.size());
+  }
+  s.pending_loads.clear();
+  s.jobs.clear();
+  s.manager.reset();
+  s.being_loaded.clear();
+  s.fence.clear();
+  s.stale_below = s.next_job;
+  std::vector<RequestState*> finished;
+  s.requests.for_each([&](RequestState& r) {
+    r.jobs.clear();
+    r.load_in_flight = false;
+    for (GroupState& g : r.groups) g.next_stored = 0;
+    if (r.finished) finished.push_back(&r);
+  });
+  for (RequestState* r : finished) s.requests.erase(*r);
+}
+
+std::vector<ManagerEvent> Scheduler::take_events() {
+  KVOFFLOAD_ONE_THREAD(*impl_, "take_events");
+  std::vector<ManagerEvent> events = impl_->manager.take_events();
+  for (auto& tier : impl_->tiers) {
+    for (ManagerEvent& e : tier->index.take_events()) events.push_back(std::move(e));
+  }
+  return events;
+}
+const SchedulerStats& Scheduler::stats() const noexcept {
+  return impl_->stats;
+}
+const HostBlockManager& Scheduler::manager() const noexcept {
+  return impl_->manager;
+}
+const std::vector<GroupLayout>& Scheduler::layouts() const noexcept {
+  return impl_->layouts;
+}
+const SchedulerConfig& Scheduler::config() const noexcept {
+  return impl_->config;
+}
+std::size_t Scheduler::num_requests() const noexcept {
+  return impl_->requests.size();
+}
+std::size_t Scheduler::num_jobs_in_flight() const noexcept {
+  return impl_->jobs.size() + impl_->tier_jobs.size();
+}
+
+CacheStats Scheduler::cache_stats() const noexcept {
+  const HostBlockManager& m = impl_->manager;
+  const ManagerStats& ms = m.stats();
+  const auto block_bytes = static_cast<std::uint64_t>(m.block_bytes());
+  CacheStats c;
+  c.blocks_total = m.capacity();
+  c.blocks_used = m.num_used();
+  c.blocks_free = m.capacity() - m.num_used();
+  c.blocks_writing = m.num_writing();
+  c.blocks_being_read = m.num_being_read();
+  c.hits = ms.hits;
+  c.misses = ms.misses;
+  c.deferrals = impl_->stats.deferrals;
+  c.evictions = ms.evictions;
+  c.stores_skipped = ms.stores_skipped;
+  c.stores_without_room = ms.store_rejections;
+  c.blocks_stored = ms.stores;
+  c.blocks_loaded = ms.loads;
+  c.bytes_stored = ms.stores * block_bytes;
+  c.bytes_loaded = ms.loads * block_bytes;
+  const SchedulerStats& s = impl_->stats;
+  c.lookups = s.lookups;
+  c.hit_tokens = s.hit_tokens;
+  c.load_jobs = s.load_jobs;
+  c.store_jobs = s.store_jobs;
+  c.failed_loads = s.failed_loads;
+  c.failed_stores = s.failed_stores;
+  c.partial_stores = s.partial_stores;
+  c.partial_misses = s.partial_misses;
+  return c;
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,336 @@
+#pragma once
+
+// Internal: the scheduler's state, shared by scheduler.cpp (steps, completion),
+// scheduler_lookup.cpp (SEMANTICS 4) and scheduler_validate.cpp (SEMANTICS 8b).
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/detail/single_thread_guard.hpp"
+#include "kvoffload/scheduler.hpp"
+#include "scheduler/block_reuse_fence.hpp"
+#include "scheduler/request_table.hpp"
+
+namespace kvoffload {
+
+struct GroupState {
+  std::vector<GpuBlockId> block_ids;  // the request's GPU blocks of this group, nulls included
+  std::int64_t next_stored = 0;       // next offloaded block to store
+  std::int64_t num_hit_blocks = 0;    // offloaded blocks hit at the first lookup
+  // The host block each key was last seen in (-1: unknown). Every store touches all of the
+  // request's keys; checking a remembered block (one compare) is much cheaper than finding
+  // the key again in the manager's index. A stale entry is detected and refreshed.
+  std::vector<HostBlockId> known_blocks;
+};
+
+struct RequestState {
+  std::string id;
+  std::int64_t num_tokens = 0;
+  std::vector<BlockHash> hashes;
+  bool remote_decode = false;
+  bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up
+  bool finished = false;
+  bool load_in_flight = false;
+  bool skip_tiers = false;  // its promotion found no host room: the next lookup is host-only
+  // The shared tiers' existence check of its keys: none yet, in flight, or answered (keys the
+  // answer did not find are misses for the rest of the request's life).
+  enum class SharedCheck : std::uint8_t { none, in_flight, done } shared_check = SharedCheck::none;
+  std::uint64_t step_stamp = 0;  // the last build_step that validated this request
+  std::size_t slot = 0;          // RequestTable's bookkeeping
+  std::int64_t num_local_tokens = 0;
+  std::vector<GroupState> groups;
+  std::vector<JobId> jobs;  // in flight: one load, or any number of stores
+};
+
+struct JobState {
+  JobId id = 0;
+  JobKind kind = JobKind::store;
+  RequestState* request = nullptr;
+  std::vector<Key> keys;              // loads only (the "being loaded" set needs them)
+  std::vector<HostBlockId> host_ids;  // stores: completed by block, without key lookups
+  std::int64_t remaining = 0;         // worker reports still expected
+  bool ok = true;
+  // A store's source ids and per-group counts: window-group ids are registered (fenced) at
+  // once, full-attention ids when the request finishes.
+  std::vector<GpuBlockId> source_ids;
+  std::vector<std::int64_t> group_sizes;
+  bool full_registered = false;
+
+  /// Empties the job for reuse, keeping its vectors' capacity.
+  void recycle() {
+    request = nullptr;
+    keys.clear();
+    host_ids.clear();
+    remaining = 0;
+    ok = true;
+    source_ids.clear();
+    group_sizes.clear();
+    full_registered = false;
+  }
+};
+
+/// A tier below the host cache: its index is a block manager whose blocks are the tier's
+/// slots (docs/semantics.md, "Tiers").
+struct TierState {
+  TierState(const TierConfig& c, bool events);
+  TierConfig config;
+  HostBlockManager index;
+  TierStats stats;
+  std::int64_t queue_limit = 0;
+  std::int64_t queued = 0;       // blocks in write jobs not yet completed
+  std::int64_t free_target = 0;  // write-back: host blocks kept free
+};
+
+/// An existence check in flight: whose, and which keys (PresenceAnswer::present's order).
+struct PresenceTicket {
+  std::string request_id;
+  std::uint32_t tier = 0;
+  std::vector<Key> keys;
+};
+
+struct TierJobState {
+  JobId id = 0;
+  TierJobKind kind = TierJobKind::write;
+  std::uint32_t tier = 0;
+  std::vector<Key> keys;
+  std::vector<HostBlockId> host_ids;
+  std::vector<std::int64_t> tier_ids;
+  std::int64_t remaining = 0;
+  bool ok = true;
+  bool write_back = false;  // evict the host blocks once written
+};
+
+/// A promotion a lookup planned: the tier's slots are reserved (readers) at once, the host
+/// blocks are taken in the next build_step, where evictions happen (a lookup never evicts, so
+/// a hit another lookup promised stays loadable until its on_allocated).
+struct PlannedPromotion {
+  std::string request_id;
+  std::vector<Key> protect;  // host hits the answer uses: not evicted for the promoted keys
+  std::vector<Key> keys;     // to promote, group-major
+  std::vector<std::uint32_t> tier;
+  std::vector<HostBlockId> slots;
+};
+
+/// A key's answer for the lookup's scan, with the first sub-block its store wrote.
+struct Probe {
+  LookupResult result = LookupResult::miss;
+  std::uint16_t valid_from = 0;
+};
+
+/// A key the lookup's scan missed in host memory and found in a tier.
+struct TierFind {
+  std::uint32_t group = 0;
+  std::uint32_t tier = 0;
+  std::int64_t index = 0;  // offloaded block index in the group
+};
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+
+/// validate_step's product, which build_step passes down: per scheduled entry, its request,
+/// its groups' offloaded blocks complete after the step, and whether build_store would change
+/// nothing. Reused across steps (no allocation per decode step).
+struct StepPlan {
+  std::vector<RequestState*> requests;  // per entry
+  std::vector<std::int64_t> blocks;     // per entry, per group (entry * G + g)
+  std::vector<std::uint8_t> idle;       // per entry: 1 if the step changes nothing for it
+  std::size_t num_groups = 0;
+
+  void clear(std::size_t groups) {
+    requests.clear();
+    blocks.clear();
+    idle.clear();
+    num_groups = groups;
+  }
+  [[nodiscard]] std::span<const std::int64_t> blocks_of(std::size_t entry) const {
+    return std::span(blocks).subspan(entry * num_groups, num_groups);
+  }
+};
+
+/// build_store's working set for one request, reused across calls so steps do not allocate
+/// per key: the candidates (offloaded blocks not yet stored and not entirely null, group by
+/// group), the manager's answer for them, and the touch list built from it.
+struct StoreScratch {
+  std::vector<Key> candidates;
+  std::vector<std::size_t> first_candidate;  // per group: its first entry in candidates
+  PreparedStore prepared;                    // prepare_store(candidates)
+  std::vector<HostBlockId> touch_ids;        // touch_stored's list, last group first
+  std::vector<std::uint16_t> valid_from;     // per stored key: its first written sub-block
+};
+
+struct Scheduler::Impl {
+  explicit Impl(const SchedulerConfig& config);
+
+  // scheduler_validate.cpp: each throws invalid_argument, changing nothing.
+  RequestState& find_record(std::string_view id, std::string_view op);
+  RequestState& find_looked_up(std::string_view id, std::string_view op);
+  void validate_hashes(const RequestState& r, std::span<const BlockHash> hashes) const;
+  void validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                          std::int64_t num_external_tokens);
+  /// Checks a whole step and fills `plan` for build_step.
+  void validate_step(std::span<const ScheduledRequest> scheduled,
+                     std::span<const std::string> preempted, StepPlan& plan);
+  void validate_reports(std::span<const JobReport> reports);
+
+  // scheduler_lookup.cpp
+  std::optional<std::int64_t> lookup(RequestState& r, std::int64_t num_computed_tokens);
+  /// One pass of SEMANTICS 4 (with the tiers: keys found only in a tier count as hits and
+  /// are recorded in tier_found). Fills `hit`; returns false for retry later.
+  bool scan(RequestState& r, std::int64_t nct, std::int64_t& hit);
+  /// The key's answer for the scan: the host cache's, else (with tiers probed) a tier's hit.
+  Probe probe(const RequestState& r, std::size_t g, std::int64_t i);
+  /// SEMANTICS 6.8: for a windowed group's key i at the front of a run of `run` keys, the
+  /// first of its sub-blocks that the engine reads at the run's end (j0); a key stored from
+  /// sub-block valid_from on may count as a hit only if valid_from <= j0.
+  [[nodiscard]] std::int64_t first_needed_sub_block(std::size_t g, std::int64_t i, std::int64_t run,
+                                                    std::int64_t nct,
+                                                    std::int64_t max_hit) const noexcept;
+
+  // scheduler_tiers.cpp
+  /// After a lookup found `hit` tokens: plans the promotion of the keys it uses that are only
+  /// in a tier. Returns true if one was planned (the lookup answers retry later).
+  bool plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit);
+  /// build_step: takes host blocks for the planned promotions and emits their jobs.
+  void start_promotions(StepResult& out);
+  /// Write-through: queues tier writes of these ready host blocks to tiers 0..nearer_than-1
+  /// (default: every tier), subject to each tier's admission and write queue.
+  void queue_tier_writes(std::span<const HostBlockId> host_ids,
+                         std::uint32_t nearer_than = UINT32_MAX);
+  /// One write job of `keys` (from host blocks `sources`) to tier t; false if the tier had no
+  /// room or nothing to write.
+  bool issue_write(std::uint32_t t, std::span<const Key> keys, std::span<const HostBlockId> sources,
+                   bool write_back);
+  void complete_tier_job(TierJobState& job);
+  /// Applies the shared tiers' finished existence checks: present keys enter the tier's index.
+  void poll_presence();
+  /// Starts the check of shared_unknown for request r on every shared tier.
+  void check_presence(RequestState& r);
+  /// build_step, write-back tiers: writes the blocks the host policy would evict next, so
+  /// free_target host blocks stay free.
+  void write_back();
+  TierJob& new_tier_job(TierJobKind kind, std::uint32_t tier, std::string request_id);
+
+  // scheduler.cpp
+  void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                    std::int64_t num_external_tokens);
+  /// One scheduled entry's part of a step: appends its new blocks, then stores its offloaded
+  /// blocks below `blocks[g]` (from the StepPlan) not stored yet.
+  void build_store(RequestState& r, const ScheduledRequest& entry,
+                   std::span<const std::int64_t> blocks, StepResult& out);
+  void append_new_blocks(RequestState& r, const ScheduledRequest& entry);
+  /// Fills scratch.candidates and first_candidate; returns false if there is none.
+  bool collect_candidates(const RequestState& r, std::span<const std::int64_t> blocks,
+                          StoreScratch& scratch) const;
+  /// The store job's GPU side: the stored candidates' sub-blocks, leading nulls skipped and
+  /// counted nowhere (SEMANTICS 6.3).
+  void emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
+                       StoreScratch& scratch, TransferJob& job) const;
+  /// Fences the job's window-group sources at once (full-attention ones at finish).
+  void register_window_sources(JobState& state);
+  void complete(JobState& job, std::vector<CompletedJob>& done);
+  void forget(RequestState& r);
+  /// A new entry in `jobs`, reusing a completed job's node and vectors when there is one:
+  /// steady-state steps then allocate only the vectors handed to the worker.
+  JobState& add_job(JobId id, JobKind kind, RequestState& r);
+  void retire_job(JobId id);
+  void touch(const RequestState& r);
+  /// touch() right after prepare_store, reusing the blocks it found for the candidates.
+  void touch_stored(RequestState& r, std::span<const std::int64_t> blocks, StoreScratch& scratch);
+  void check(const TransferJob& job) const;
+  /// Calls f(block) for each source id of a store job in groups that are (windowed == true)
+  /// or are not windowed.
+  template <class F>
+  void for_each_source(const JobState& job, bool windowed, F&& fn) const {
+    std::size_t at = 0;
+    for (std::size_t g = 0; g < job.group_sizes.size(); ++g) {
+      const auto n = static_cast<std::size_t>(job.group_sizes[g]);
+      if (layouts[g].windowed() == windowed) {
+        for (std::size_t i = at; i < at + n; ++i) fn(job.source_ids[i]);
+      }
+      at += n;
+    }
+  }
+
+  /// SEMANTICS 7: a windowed group does not touch its first num_hit_blocks - window keys.
+  [[nodiscard]] std::int64_t touch_skip(const RequestState& r, std::size_t g) const noexcept {
+    return layouts[g].windowed()
+               ? std::max<std::int64_t>(0, r.groups[g].num_hit_blocks - layouts[g].window_blocks)
+               : 0;
+  }
+  /// The offloaded blocks [first, stop) of group g that an answer of `hit` tokens after `nct`
+  /// uses: the prefix for full attention, only the window's last blocks for windowed groups.
+  [[nodiscard]] std::pair<std::int64_t, std::int64_t> used_blocks(std::size_t g, std::int64_t nct,
+                                                                  std::int64_t hit) const noexcept {
+    const GroupLayout& layout = layouts[g];
+    const std::int64_t obs = layout.offloaded_block_size;
+    const std::int64_t stop = (nct + hit + obs - 1) / obs;
+    const std::int64_t first =
+        layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
+    return {first, stop};
+  }
+  [[nodiscard]] std::int64_t num_keys(const RequestState& r, std::size_t g) const noexcept {
+    return static_cast<std::int64_t>(r.hashes.size()) / layouts[g].hash_factor;
+  }
+  [[nodiscard]] Key key(const RequestState& r, std::size_t g, std::int64_t i) const noexcept {
+    return Key{r.hashes[static_cast<std::size_t>((i + 1) * layouts[g].hash_factor - 1)],
+               static_cast<std::uint32_t>(g)};
+  }
+
+  SchedulerConfig config;
+  std::vector<GroupLayout> layouts;
+  std::vector<std::size_t> lookup_order;  // SEMANTICS 4.2
+  bool any_windowed = false;
+  std::int64_t f = 1;
+  HostBlockManager manager;
+  SchedulerStats stats;
+
+  RequestTable<RequestState> requests;
+  using Jobs = std::unordered_map<JobId, JobState>;
+  Jobs jobs;
+  std::vector<Jobs::node_type> spare_jobs;  // completed jobs kept for reuse (add_job)
+  std::vector<TransferJob> pending_loads;   // planned by on_allocated, emitted by the next step
+  std::vector<JobId> flush;                 // for the next step
+  JobId next_job = 0;
+  JobId stale_below = 0;  // reports of jobs below this id predate reset_cache()
+  detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
+  BlockReuseFence fence;  // GPU block id -> store jobs still reading it
+
+  // Tiers (empty without): their indexes, jobs in flight and jobs for the next step.
+  std::vector<std::unique_ptr<TierState>> tiers;
+  std::unordered_map<JobId, TierJobState> tier_jobs;
+  std::vector<TierJob> pending_tier_jobs;
+  std::vector<PlannedPromotion> planned_promotions;
+  detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting;  // keys of planned promotions
+  bool probe_tiers = false;  // scan(): look keys missed in host memory up in the tiers
+  std::vector<TierFind> tier_found;
+  // Shared tiers: keys scan() could not answer for (never checked for the request), and the
+  // checks in flight by ticket.
+  std::vector<Key> shared_unknown;
+  std::unordered_map<std::uint64_t, PresenceTicket> presence_tickets;
+  std::uint64_t next_ticket = 1;
+  bool any_shared = false;
+  std::vector<HostBlockId> catch_up_writes;  // host hits that just reached a tier's admission
+  std::vector<Key> promote_keys;             // scratch
+  PreparedStore promote_prepared;            // scratch
+  std::vector<Key> promote_release;          // scratch
+
+  // Reused across calls so steps do not allocate per key or per request.
+  StepPlan step_plan;
+  std::uint64_t step_stamp = 0;  // validate_step: a request scheduled twice is refused
+  StoreScratch store_scratch;
+  std::vector<Key> touch_keys;
+  detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
+  std::uint64_t no_room_warnings = 0;
+  detail::SingleThreadGuard one_thread;  // debug builds: concurrent calls throw
+};
+
+}  // namespace kvoffload

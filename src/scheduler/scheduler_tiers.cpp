@@ -1,0 +1,383 @@
+// Tiers below the host cache (docs/semantics.md, "Tiers"): promotion of the keys a lookup uses
+// from a tier into host memory, write-through of stored blocks with admission and a bounded
+// queue, and the completion of both kinds of tier job.
+
+#include <algorithm>
+
+#include "common/block_math.hpp"
+#include "common/expects.hpp"
+#include "common/logging.hpp"
+#include "kvoffload/tiers/shared_presence.hpp"
+#include "scheduler/scheduler_impl.hpp"
+
+namespace kvoffload {
+namespace {
+
+ManagerConfig index_config(const TierConfig& c, bool events) {
+  ManagerConfig m;
+  m.host_blocks = c.blocks;
+  m.policy = c.policy;
+  m.store_threshold = c.store_threshold;
+  m.enable_events = events;
+  m.medium = c.medium;
+  return m;
+}
+
+constexpr std::int64_t kDefaultWriteQueueBlocks = 1024;
+
+}  // namespace
+
+TierState::TierState(const TierConfig& c, bool events)
+    : config(c),
+      index(index_config(c, events)),
+      queue_limit(c.write_queue_blocks > 0 ? c.write_queue_blocks : kDefaultWriteQueueBlocks) {}
+
+TierJob& Scheduler::Impl::new_tier_job(TierJobKind kind, std::uint32_t tier,
+                                       std::string request_id) {
+  TierJob& job = pending_tier_jobs.emplace_back();
+  job.id = next_job++;
+  job.kind = kind;
+  job.tier = tier;
+  job.medium = tiers[tier]->config.medium;
+  job.request_id = std::move(request_id);
+  return job;
+}
+
+bool Scheduler::Impl::plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit) {
+  // The keys the answer uses: a prefix; for windowed groups only the window's blocks.
+  std::erase_if(tier_found, [&](const TierFind& found) {
+    const auto [first, stop] = used_blocks(found.group, nct, hit);
+    return found.index < first || found.index >= stop;
+  });
+  if (tier_found.empty()) return false;
+  // Group-major, each key once (a scan's second pass may have found a key again).
+  std::sort(tier_found.begin(), tier_found.end(), [](const TierFind& x, const TierFind& y) {
+    return x.group != y.group ? x.group < y.group : x.index < y.index;
+  });
+  tier_found.erase(std::unique(tier_found.begin(), tier_found.end(),
+                               [](const TierFind& x, const TierFind& y) {
+                                 return x.group == y.group && x.index == y.index;
+                               }),
+                   tier_found.end());
+  PlannedPromotion& p = planned_promotions.emplace_back();
+  p.request_id = r.id;
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const auto [first, stop] = used_blocks(g, nct, hit);
+    for (std::int64_t i = first; i < stop; ++i) {
+      const Key k = key(r, g, i);
+      if (manager.peek(k) == LookupResult::hit) p.protect.push_back(k);
+    }
+  }
+  std::vector<HostBlockId> slot;
+  for (const TierFind& found : tier_found) {
+    const Key k = key(r, found.group, found.index);
+    slot.clear();
+    // A reader on the slot: the tier cannot evict it before the promotion has run.
+    tiers[found.tier]->index.prepare_load(std::span(&k, 1), slot);
+    p.keys.push_back(k);
+    p.tier.push_back(found.tier);
+    p.slots.push_back(slot[0]);
+    ++*promoting.insert(k, 0).first;
+  }
+  return true;
+}
+
+void Scheduler::Impl::start_promotions(StepResult& out) {
+  for (PlannedPromotion& p : planned_promotions) {
+    // What the step before it changed: keys stored meanwhile need no promotion, protected
+    // keys evicted meanwhile are not stored here (no job would fill them).
+    promote_keys.clear();
+    promote_release.clear();
+    for (const Key& k : p.protect) {
+      if (manager.peek(k) != LookupResult::miss) promote_keys.push_back(k);
+    }
+    std::vector<std::size_t> wanted;
+    for (std::size_t i = 0; i < p.keys.size(); ++i) {
+      if (manager.peek(p.keys[i]) == LookupResult::miss) {
+        promote_keys.push_back(p.keys[i]);
+        wanted.push_back(i);
+      }
+    }
+    for (const Key& k : p.keys) {
+      std::int32_t* count = promoting.find(k);
+      if (count != nullptr && --*count == 0) promoting.erase(k);
+    }
+    const bool ok =
+        wanted.empty() || manager.prepare_store(promote_keys, promote_prepared, /*admit_all=*/true);
+    if (!ok) {
+      for (const std::size_t i : wanted) ++tiers[p.tier[i]]->stats.promotions_without_room;
+      if (RequestState* r = requests.find(p.request_id)) r->skip_tiers = true;
+    }
+    // One job per tier, keys in group-major order; slots not promoted lose their reader.
+    for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+      TierJob* job = nullptr;
+      std::size_t w = 0;
+      promote_release.clear();
+      for (std::size_t i = 0; i < p.keys.size(); ++i) {
+        const bool take = ok && w < wanted.size() && wanted[w] == i;
+        if (w < wanted.size() && wanted[w] == i) ++w;
+        if (p.tier[i] != t) continue;
+        if (!take) {
+          promote_release.push_back(p.keys[i]);
+          continue;
+        }
+        if (job == nullptr) job = &new_tier_job(TierJobKind::promote, t, p.request_id);
+        const HostBlockId host = manager.block_of(p.keys[i]);
+        KVOFFLOAD_ASSERT(host >= 0, "promotion of {}: no host block was prepared",
+                         to_string(p.keys[i]));
+        job->keys.push_back(p.keys[i]);
+        job->host_block_ids.push_back(host);
+        job->tier_block_ids.push_back(p.slots[i]);
+      }
+      tiers[t]->index.complete_load(promote_release);
+      if (job == nullptr) continue;
+      TierJobState& state = tier_jobs[job->id];
+      state.id = job->id;
+      state.kind = TierJobKind::promote;
+      state.tier = t;
+      state.keys = job->keys;
+      state.host_ids = job->host_block_ids;
+      state.tier_ids = job->tier_block_ids;
+      state.remaining = config.num_workers;
+      ++tiers[t]->stats.promote_jobs;
+    }
+  }
+  planned_promotions.clear();
+  // The promotions' jobs follow the writes queued before this step.
+  for (TierJob& job : pending_tier_jobs) out.tier_jobs.push_back(std::move(job));
+  pending_tier_jobs.clear();
+}
+
+namespace {
+
+/// Why a block is not written to a tier now: it is there (or being written), not admitted,
+/// or the write queue is full (counted in the tier's stats). nullopt: write it.
+bool skip_write(TierState& tier, const Key& k, std::size_t batched) {
+  if (tier.index.peek(k) != LookupResult::miss) return true;  // there, or being written
+  if (tier.config.store_threshold > 0 &&
+      tier.index.lookup_count(k) < static_cast<std::uint32_t>(tier.config.store_threshold)) {
+    ++tier.stats.writes_skipped;
+    return true;
+  }
+  if (tier.queued + static_cast<std::int64_t>(batched) >= tier.queue_limit) {
+    ++tier.stats.writes_queue_full;
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+bool Scheduler::Impl::issue_write(std::uint32_t t, std::span<const Key> keys,
+                                  std::span<const HostBlockId> sources, bool write_back) {
+  TierState& tier = *tiers[t];
+  PreparedStore prepared;
+  if (!tier.index.prepare_store(keys, prepared, /*admit_all=*/true)) {
+    tier.stats.writes_without_room += keys.size();
+    return false;
+  }
+  if (prepared.keys_to_store.empty()) return false;
+  TierJob& job = new_tier_job(TierJobKind::write, t, {});
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    if (prepared.key_stored[i] == 0) continue;  // a host block given twice
+    job.keys.push_back(keys[i]);
+    job.host_block_ids.push_back(sources[i]);
+    job.tier_block_ids.push_back(prepared.key_blocks[i]);
+  }
+  manager.pin_blocks(job.host_block_ids);
+  tier.queued += static_cast<std::int64_t>(job.keys.size());
+  TierJobState& state = tier_jobs[job.id];
+  state.id = job.id;
+  state.kind = TierJobKind::write;
+  state.tier = t;
+  state.keys = job.keys;
+  state.host_ids = job.host_block_ids;
+  state.tier_ids = job.tier_block_ids;
+  state.remaining = config.num_workers;
+  state.write_back = write_back;
+  ++tier.stats.write_jobs;
+  return true;
+}
+
+void Scheduler::Impl::queue_tier_writes(std::span<const HostBlockId> host_ids,
+                                        std::uint32_t nearer_than) {
+  for (std::uint32_t t = 0; t < tiers.size() && t < nearer_than; ++t) {
+    TierState& tier = *tiers[t];
+    if (tier.config.write_back) continue;  // written when evicted instead
+    std::vector<Key> keys;
+    std::vector<HostBlockId> sources;
+    for (const HostBlockId id : host_ids) {
+      const Key* k = manager.key_of(id);
+      if (k == nullptr || manager.peek(*k) != LookupResult::hit) continue;
+      if (manager.valid_from(id) > 0) {  // partly written: host memory only (SEMANTICS 6.8)
+        ++tier.stats.writes_partial;
+        continue;
+      }
+      if (skip_write(tier, *k, keys.size())) continue;
+      keys.push_back(*k);
+      sources.push_back(id);
+    }
+    if (!keys.empty()) (void)issue_write(t, keys, sources, false);
+  }
+}
+
+void Scheduler::Impl::write_back() {
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    if (!tier.config.write_back) continue;
+    const std::int64_t free_blocks = manager.capacity() - manager.num_used();
+    const std::int64_t want = tier.free_target - free_blocks - tier.queued;
+    if (want <= 0) continue;
+    std::vector<HostBlockId> candidates, evict_now, sources;
+    std::vector<Key> keys;
+    manager.eviction_candidates(static_cast<std::size_t>(want), candidates);
+    for (const HostBlockId id : candidates) {
+      const Key k = *manager.key_of(id);
+      // Partly written (never below host memory), already in the tier, or not admitted or no
+      // queue room: evicted at once (a full cache would evict it at the next store anyway).
+      const bool partial = manager.valid_from(id) > 0;
+      if (partial) ++tier.stats.writes_partial;
+      if (partial || skip_write(tier, k, keys.size())) {
+        evict_now.push_back(id);
+        continue;
+      }
+      keys.push_back(k);
+      sources.push_back(id);
+    }
+    if (!keys.empty() && !issue_write(t, keys, sources, true)) {
+      evict_now.insert(evict_now.end(), sources.begin(), sources.end());
+    }
+    (void)manager.evict_blocks(evict_now);
+  }
+}
+
+void Scheduler::Impl::complete_tier_job(TierJobState& job) {
+  TierState& tier = *tiers[job.tier];
+  const auto n = static_cast<std::uint64_t>(job.keys.size());
+  std::vector<HostBlockId> slots(job.tier_ids.begin(), job.tier_ids.end());
+  if (job.kind == TierJobKind::promote) {
+    manager.complete_store_blocks(job.host_ids, job.ok);
+    tier.index.complete_load(job.keys);
+    if (job.ok) {
+      tier.stats.promotions += n;
+      // Promoted blocks are written through to the tiers nearer than their own: a shared hit
+      // also goes to the local disk, so the next host miss (or the next start) is served
+      // nearer. Farther tiers got the block when it was first stored.
+      queue_tier_writes(job.host_ids, job.tier);
+    } else {
+      // The slots could not be read back (a bad checksum, a truncated file, an I/O error):
+      // they are forgotten, so the next lookup misses instead of failing again.
+      tier.stats.failed_promotions += n;
+      tier.index.erase(job.keys);
+      detail::logger().warn(
+          "tier {} ({}): promotion job {} of {} block(s) failed; the keys are "
+          "dropped from the tier",
+          job.tier, to_string(tier.config.medium), job.id, n);
+    }
+  } else {
+    tier.index.complete_store_blocks(slots, job.ok);
+    manager.unpin_blocks(job.host_ids);
+    tier.queued -= static_cast<std::int64_t>(n);
+    // Write-back: written, so evicted now (unless a load reads it meanwhile: then a later
+    // eviction loses nothing). A failed write leaves the block in host memory.
+    if (job.ok && job.write_back) (void)manager.evict_blocks(job.host_ids);
+    if (job.ok) {
+      tier.stats.blocks_written += n;
+    } else {
+      tier.stats.failed_writes += n;
+    }
+  }
+}
+
+void Scheduler::Impl::check_presence(RequestState& r) {
+  r.shared_check = RequestState::SharedCheck::in_flight;
+  // Each key once (a scan's second pass may meet a key again), in scan order.
+  std::vector<Key> keys;
+  keys.reserve(shared_unknown.size());
+  for (const Key& k : shared_unknown) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) keys.push_back(k);
+  }
+  bool asked = false;
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    if (tier.config.medium != Medium::shared) continue;
+    const std::uint64_t ticket = next_ticket++;
+    presence_tickets[ticket] = PresenceTicket{r.id, t, keys};
+    ++tier.stats.presence_checks;
+    try {
+      tier.config.presence->submit(ticket, keys);
+      asked = true;
+    } catch (const std::exception& e) {
+      // The engine's check failed to start: the keys are misses, nothing waits for it.
+      presence_tickets.erase(ticket);
+      ++tier.stats.presence_failures;
+      detail::logger().warn("tier {} (shared): existence check for request {} failed to start: {}",
+                            t, r.id, e.what());
+    }
+  }
+  if (!asked) r.shared_check = RequestState::SharedCheck::done;
+}
+
+void Scheduler::Impl::poll_presence() {
+  for (std::uint32_t t = 0; t < tiers.size(); ++t) {
+    TierState& tier = *tiers[t];
+    if (tier.config.medium != Medium::shared) continue;
+    for (PresenceAnswer& a : tier.config.presence->poll()) {
+      const auto it = presence_tickets.find(a.ticket);
+      if (it == presence_tickets.end() || it->second.tier != t) continue;  // not ours (reset)
+      PresenceTicket ticket = std::move(it->second);
+      presence_tickets.erase(it);
+      std::vector<Key> present;
+      for (std::size_t i = 0; i < ticket.keys.size() && i < a.present.size(); ++i) {
+        if (a.present[i]) present.push_back(ticket.keys[i]);
+      }
+      tier.stats.presence_hits += present.size();
+      tier.stats.presence_misses += ticket.keys.size() - present.size();
+      // Known present from now on (until the index evicts them, or a read finds them gone).
+      PreparedStore prepared;
+      if (!present.empty() && tier.index.prepare_store(present, prepared, /*admit_all=*/true)) {
+        tier.index.complete_store(prepared.keys_to_store, true);
+      }
+      // The request's last outstanding check done: its next lookup answers.
+      const bool more =
+          std::any_of(presence_tickets.begin(), presence_tickets.end(),
+                      [&](const auto& p) { return p.second.request_id == ticket.request_id; });
+      if (RequestState* r = requests.find(ticket.request_id); r != nullptr && !more) {
+        r->shared_check = RequestState::SharedCheck::done;
+      }
+    }
+  }
+}
+
+// ---- public API ----------------------------------------------------------------------------
+
+std::int64_t Scheduler::restore_tier(std::size_t tier, std::span<const std::optional<Key>> blocks) {
+  KVOFFLOAD_EXPECTS(tier < impl_->tiers.size(),
+                    "restore_tier: tier {} is not configured ({} tiers)", tier,
+                    impl_->tiers.size());
+  return impl_->tiers[tier]->index.restore(blocks);
+}
+
+TierStats Scheduler::tier_stats(std::size_t tier) const {
+  KVOFFLOAD_EXPECTS(tier < impl_->tiers.size(), "tier_stats: tier {} is not configured ({} tiers)",
+                    tier, impl_->tiers.size());
+  const TierState& t = *impl_->tiers[tier];
+  TierStats s = t.stats;
+  const HostBlockManager& m = t.index;
+  s.blocks_total = m.capacity();
+  s.blocks_used = m.num_used();
+  s.blocks_writing = m.num_writing();
+  s.blocks_being_read = m.num_being_read();
+  s.hits = m.stats().hits;
+  s.misses = m.stats().misses;
+  s.evictions = m.stats().evictions;
+  return s;
+}
+
+const HostBlockManager& Scheduler::tier_index(std::size_t tier) const {
+  KVOFFLOAD_EXPECTS(tier < impl_->tiers.size(), "tier_index: tier {} is not configured ({} tiers)",
+                    tier, impl_->tiers.size());
+  return impl_->tiers[tier]->index;
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,214 @@
+// SEMANTICS 8b: every check on caller input, made before anything changes, so a rejected call
+// leaves the scheduler exactly as it was.
+
+#include <algorithm>
+
+#include "common/block_math.hpp"
+#include "common/expects.hpp"
+#include "scheduler/scheduler_impl.hpp"
+
+namespace kvoffload {
+RequestState& Scheduler::Impl::find_record(std::string_view id, std::string_view op) {
+  RequestState* r = requests.find(id);
+  KVOFFLOAD_EXPECTS(r != nullptr, "{}: unknown request \"{}\"", op, id);
+  return *r;
+}
+
+RequestState& Scheduler::Impl::find_looked_up(std::string_view id, std::string_view op) {
+  RequestState& r = find_record(id, op);
+  KVOFFLOAD_EXPECTS(r.looked_up, "{}: request \"{}\" was never looked up", op, id);
+  KVOFFLOAD_EXPECTS(!r.finished, "{}: request \"{}\" is finished", op, id);
+  return r;
+}
+
+void Scheduler::Impl::validate_hashes(const RequestState& r,
+                                      std::span<const BlockHash> hashes) const {
+  KVOFFLOAD_EXPECTS(!r.finished, "request \"{}\" is finished and cannot be updated", r.id);
+  KVOFFLOAD_EXPECTS(hashes.size() >= r.hashes.size(),
+                    "request \"{}\": {} block hashes do not extend the {} already given", r.id,
+                    hashes.size(), r.hashes.size());
+  for (std::size_t i = 0; i < r.hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(hashes[i] == r.hashes[i],
+                      "request \"{}\": block hash {} changed from {} to {}: the list must "
+                      "extend the previous one",
+                      r.id, i, r.hashes[i].to_hex(), hashes[i].to_hex());
+  }
+  for (std::size_t i = r.hashes.size(); i < hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(hashes[i].size() >= 1, "request \"{}\": block hash {} is empty", r.id, i);
+  }
+}
+
+void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
+                                         std::int64_t num_external_tokens) {
+  const std::size_t G = layouts.size();
+  KVOFFLOAD_EXPECTS(groups.size() == G, "alloc: request \"{}\": {} groups given, the model has {}",
+                    r.id, groups.size(), G);
+  KVOFFLOAD_EXPECTS(num_external_tokens >= 0,
+                    "alloc: request \"{}\": num_external_tokens is negative ({})", r.id,
+                    num_external_tokens);
+  if (num_external_tokens == 0) return;
+  KVOFFLOAD_EXPECTS(r.jobs.empty(),
+                    "alloc: request \"{}\" has {} job(s) in flight and cannot load now", r.id,
+                    r.jobs.size());
+  const std::int64_t cached = r.num_local_tokens + num_external_tokens;
+  for (std::size_t g = 0; g < G; ++g) {
+    const GroupLayout& layout = layouts[g];
+    const AllocatedGroup& group = groups[g];
+    const auto [n_gpu, local, pending, n_off] = detail::allocated_counts(
+        cached, layout.gpu_block_size, layout.offloaded_block_size, group.num_computed_blocks);
+    KVOFFLOAD_EXPECTS(local >= 0 && local <= n_gpu,
+                      "alloc: request \"{}\" group {}: num_computed_blocks {} is outside 0..{}",
+                      r.id, g, local, n_gpu);
+    KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(group.block_ids.size()) >= n_gpu,
+                      "alloc: request \"{}\" group {}: {} block ids, {} tokens need {}", r.id, g,
+                      group.block_ids.size(), cached, n_gpu);
+    if (layout.windowed()) {
+      KVOFFLOAD_EXPECTS(pending <= layout.window_blocks * f,
+                        "alloc: request \"{}\" group {}: {} blocks to load, the window allows {}",
+                        r.id, g, pending, layout.window_blocks * f);
+    }
+    if (pending <= 0) continue;
+    KVOFFLOAD_EXPECTS(n_off <= num_keys(r, g),
+                      "alloc: request \"{}\" group {}: {} tokens need {} offloaded blocks, the "
+                      "request has keys for {}",
+                      r.id, g, cached, n_off, num_keys(r, g));
+    for (std::int64_t i = local; i < n_gpu; ++i) {
+      const GpuBlockId id = group.block_ids[static_cast<std::size_t>(i)];
+      KVOFFLOAD_EXPECTS(id > 0, "alloc: request \"{}\" group {}: block {} to load is {}", r.id, g,
+                        i, id == null_block ? "the null block" : "negative");
+    }
+    for (std::int64_t i = local / f; i < n_off; ++i) {
+      const Key k = key(r, g, i);
+      std::uint16_t valid_from = 0;
+      const LookupResult found = manager.peek(k, valid_from);
+      KVOFFLOAD_EXPECTS(found == LookupResult::hit,
+                        "alloc: request \"{}\" group {}: key {} (offloaded block {}) is {}, not "
+                        "ready to load",
+                        r.id, g, to_string(k), i,
+                        found == LookupResult::miss ? "not in the host cache" : "being stored");
+      // SEMANTICS 6.8: a load never reads a sub-block that no store wrote.
+      const std::int64_t first_read = std::max<std::int64_t>(0, local - i * f);
+      KVOFFLOAD_EXPECTS(first_read >= valid_from,
+                        "alloc: request \"{}\" group {}: key {} (offloaded block {}) was stored "
+                        "from sub-block {} on; loading from sub-block {} would read sub-blocks "
+                        "nobody wrote",
+                        r.id, g, to_string(k), i, valid_from, first_read);
+    }
+  }
+}
+
+void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
+                                    std::span<const std::string> preempted, StepPlan& plan) {
+  for (const std::string& id : preempted) {
+    const RequestState* r = requests.find(id);
+    KVOFFLOAD_EXPECTS(r != nullptr && r->looked_up, "step: preempted request \"{}\" is unknown",
+                      id);
+    KVOFFLOAD_EXPECTS(!r->load_in_flight,
+                      "step: request \"{}\" cannot be preempted while its load is in flight", id);
+  }
+  const std::size_t G = layouts.size();
+  plan.clear(G);
+  // A request scheduled twice in one step would be validated against a state its first entry
+  // changes: each request is stamped with the step being validated.
+  ++step_stamp;
+  for (const ScheduledRequest& e : scheduled) {
+    RequestState& r = find_looked_up(e.request_id, "step");
+    KVOFFLOAD_EXPECTS(r.step_stamp != step_stamp, "step: request \"{}\" is scheduled twice", r.id);
+    r.step_stamp = step_stamp;
+    plan.requests.push_back(&r);
+    KVOFFLOAD_EXPECTS(e.num_computed_tokens >= 0 && e.num_scheduled_tokens >= 0,
+                      "step: request \"{}\": negative num_computed_tokens ({}) or "
+                      "num_scheduled_tokens ({})",
+                      r.id, e.num_computed_tokens, e.num_scheduled_tokens);
+    KVOFFLOAD_EXPECTS(e.new_block_ids.size() == G,
+                      "step: request \"{}\": new_block_ids has {} groups, the model has {}", r.id,
+                      e.new_block_ids.size(), G);
+    const std::int64_t offloadable =
+        std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
+    bool idle = !e.resumed;  // no new block, nothing newly offloadable: build_store is a no-op
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
+      if (!fresh.empty()) {
+        const GpuBlockId lowest = *std::min_element(fresh.begin(), fresh.end());
+        KVOFFLOAD_EXPECTS(lowest >= 0, "step: request \"{}\" group {}: negative block id {}", r.id,
+                          g, lowest);
+      }
+      const std::vector<GpuBlockId>& old = r.groups[g].block_ids;
+      const std::size_t base = e.resumed ? 0 : old.size();
+      // Offloaded blocks complete after this step; build_store reuses it (divisions are a
+      // large part of a decode step's cost).
+      const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+      plan.blocks.push_back(n);
+      const std::int64_t s = r.groups[g].next_stored;
+      idle = idle && fresh.empty() && n == s;
+      if (n <= s) continue;
+      KVOFFLOAD_EXPECTS(num_keys(r, g) >= n,
+                        "step: request \"{}\" group {}: {} offloaded blocks are computed but "
+                        "only {} have block hashes",
+                        r.id, g, n, num_keys(r, g));
+      KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(base + fresh.size()) >= n * f,
+                        "step: request \"{}\" group {}: {} GPU blocks, {} offloaded blocks need {}",
+                        r.id, g, base + fresh.size(), n, n * f);
+      // Null blocks form a leading run (outside the window); a null after a real block would
+      // make the job copy a hole.
+      // The range [s * f, n * f) of the block list after the append, in its two parts.
+      const auto lo = static_cast<std::size_t>(s * f), hi = static_cast<std::size_t>(n * f);
+      const GpuBlockId* old_first = old.data() + std::min(lo, base);
+      const GpuBlockId* old_last = old.data() + std::min(hi, base);
+      const GpuBlockId* fresh_first = fresh.data() + (std::max(lo, base) - base);
+      const GpuBlockId* fresh_last = fresh.data() + (std::max(hi, base) - base);
+      auto real = [](GpuBlockId id) { return id != null_block; };
+      const GpuBlockId* first_real = std::find_if(old_first, old_last, real);
+      const GpuBlockId* null_after = nullptr;
+      if (first_real != old_last) {
+        null_after = std::find(first_real, old_last, null_block);
+        if (null_after == old_last) {
+          null_after = std::find(fresh_first, fresh_last, null_block);
+          if (null_after == fresh_last) null_after = nullptr;
+        }
+      } else {
+        first_real = std::find_if(fresh_first, fresh_last, real);
+        if (first_real != fresh_last) {
+          null_after = std::find(first_real, fresh_last, null_block);
+          if (null_after == fresh_last) null_after = nullptr;
+        }
+      }
+      if (null_after != nullptr) [[unlikely]] {
+        // Null blocks form a leading run (outside the window); a null after a real block
+        // would make the job copy a hole.
+        const auto p = null_after >= old.data() && null_after < old.data() + old.size()
+                           ? static_cast<std::int64_t>(null_after - old.data())
+                           : static_cast<std::int64_t>(
+                                 base + static_cast<std::size_t>(null_after - fresh.data()));
+        throw invalid_argument(fmt::format(
+            "step: request \"{}\" group {}: null GPU block at position {} after a non-null one",
+            r.id, g, p));
+      }
+    }
+    plan.idle.push_back(idle ? 1 : 0);
+  }
+}
+
+void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
+  report_sums.clear();
+  for (const JobReport& report : reports) {
+    if (report.job < stale_below && report.job >= 0) continue;
+    std::int64_t remaining = 0;
+    if (auto it = jobs.find(report.job); it != jobs.end()) {
+      remaining = it->second.remaining;
+    } else if (auto tier_it = tier_jobs.find(report.job); tier_it != tier_jobs.end()) {
+      remaining = tier_it->second.remaining;
+    } else {
+      KVOFFLOAD_EXPECTS(false, "complete: unknown job {}", report.job);
+    }
+    KVOFFLOAD_EXPECTS(report.count > 0, "complete: job {}: count must be positive, got {}",
+                      report.job, report.count);
+    auto [sum, inserted] = report_sums.insert(report.job, 0);
+    *sum += report.count;
+    KVOFFLOAD_EXPECTS(*sum <= remaining,
+                      "complete: job {}: {} reports, but only {} of {} workers have not reported",
+                      report.job, *sum, remaining, config.num_workers);
+  }
+}
+
+}  // namespace kvoffload

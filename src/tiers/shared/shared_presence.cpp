@@ -1,0 +1,109 @@
+// make_cluster_presence: the scheduler's existence checks on a shared tier's cluster, run on a
+// thread of their own so a lookup never waits for the network.
+
+#include "kvoffload/tiers/shared_presence.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <thread>
+
+#include "common/expects.hpp"
+#include "kvoffload/tiers/cluster_client.hpp"
+
+namespace kvoffload {
+
+PresenceCheck::~PresenceCheck() = default;
+
+namespace {
+
+class ClusterPresence final : public PresenceCheck {
+ public:
+  ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor)
+      : namespace_(shared_namespace(c.name, c.tp_size, block_size_factor)), tp_size_(c.tp_size) {
+    ClusterClientConfig cc;
+    cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
+    cc.connect_timeout_ms = c.connect_timeout_ms;
+    cc.reply_timeout_ms = c.reply_timeout_ms;
+    client_ = std::make_unique<ClusterClient>(cc);
+    thread_ = std::thread([this] { run(); });
+  }
+  ~ClusterPresence() override {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    ready_.notify_all();
+    thread_.join();
+  }
+  ClusterPresence(const ClusterPresence&) = delete;
+  ClusterPresence& operator=(const ClusterPresence&) = delete;
+
+  void submit(std::uint64_t ticket, std::vector<Key> keys) override {
+    {
+      std::lock_guard lock(mutex_);
+      queue_.emplace_back(ticket, std::move(keys));
+    }
+    ready_.notify_one();
+  }
+
+  std::vector<PresenceAnswer> poll() override {
+    std::lock_guard lock(mutex_);
+    std::vector<PresenceAnswer> out;
+    out.swap(answers_);
+    return out;
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::pair<std::uint64_t, std::vector<Key>> check;
+      {
+        std::unique_lock lock(mutex_);
+        ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return;  // answers nobody will read
+        check = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      PresenceAnswer a{check.first, std::vector<bool>(check.second.size(), false)};
+      // One EXISTS per key naming every rank's row (they share a slot): present if all are.
+      std::vector<std::string> names(check.second.size() * static_cast<std::size_t>(tp_size_));
+      std::vector<ClusterCommand> commands(check.second.size());
+      for (std::size_t i = 0; i < check.second.size(); ++i) {
+        ClusterCommand& c = commands[i];
+        c.args.push_back("EXISTS");
+        for (int rank = 0; rank < tp_size_; ++rank) {
+          std::string& name = names[i * static_cast<std::size_t>(tp_size_) + rank];
+          name = shared_key(namespace_, check.second[i], rank);
+          c.args.push_back(name);
+        }
+        c.key = c.args[1];
+      }
+      client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
+        a.present[i] = r.kind == ClusterReplyKind::integer && r.integer == tp_size_;
+      });
+      std::lock_guard lock(mutex_);
+      answers_.push_back(std::move(a));
+    }
+  }
+
+  std::string namespace_;
+  int tp_size_ = 1;
+  std::unique_ptr<ClusterClient> client_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::pair<std::uint64_t, std::vector<Key>>> queue_;
+  std::vector<PresenceAnswer> answers_;
+  bool stopping_ = false;
+  std::thread thread_;
+};
+
+}  // namespace
+
+std::shared_ptr<PresenceCheck> make_cluster_presence(const SharedTierConfig& config,
+                                                     std::int64_t block_size_factor) {
+  KVOFFLOAD_EXPECTS(!config.name.empty(), "shared tier: name is empty");
+  return std::make_shared<ClusterPresence>(config, block_size_factor);
+}
+
+}  // namespace kvoffload

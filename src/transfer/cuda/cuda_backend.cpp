@@ -1,0 +1,269 @@
+// CudaBackend: construction, submission, completion polling, waits and shutdown, written
+// against DeviceRuntime so the same code runs on a GPU and on the simulated device in every
+// build. The state is in cuda_backend_impl.hpp; the device-table path in cuda_device_table.cpp.
+
+#include "kvoffload/cuda_backend.hpp"
+
+#include <chrono>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "common/expects.hpp"
+#include "common/logging.hpp"
+#include "kvoffload/device.hpp"
+#include "transfer/cuda/cuda_backend_impl.hpp"
+
+namespace kvoffload {
+
+using detail::align16;
+using detail::AsyncBuffer;
+using detail::DevicePiece;
+using detail::Scope;
+
+bool CudaBackend::available() noexcept {
+  return cuda_device_count() > 0;
+}
+
+namespace {
+void check_config(const CudaBackendConfig& config) {
+  KVOFFLOAD_EXPECTS(config.device >= 0, "device is {} (must be >= 0)", config.device);
+  KVOFFLOAD_EXPECTS(config.store_streams >= 1 && config.load_streams >= 1,
+                    "store_streams and load_streams must be at least 1");
+  KVOFFLOAD_EXPECTS(config.kernel_ctas >= 1 && config.kernel_ctas <= detail::kMaxKernelCtas,
+                    "kernel_ctas is {} (must be 1 to {})", config.kernel_ctas,
+                    detail::kMaxKernelCtas);
+  KVOFFLOAD_EXPECTS(config.kernel_threads >= 32 && config.kernel_threads % 32 == 0 &&
+                        config.kernel_threads <= 1024,
+                    "kernel_threads is {} (must be a multiple of 32 up to 1024)",
+                    config.kernel_threads);
+}
+}  // namespace
+
+CudaBackend::CudaBackend(const CudaBackendConfig& config) {
+  check_config(config);
+  if (!available()) {
+    throw unsupported("CudaBackend: needs a CUDA build of kvoffload and a visible CUDA device");
+  }
+  impl_ = std::make_unique<Impl>(config, cuda_runtime());
+  impl_->setup();
+}
+
+CudaBackend::CudaBackend(const CudaBackendConfig& config, std::shared_ptr<DeviceRuntime> runtime) {
+  check_config(config);
+  KVOFFLOAD_EXPECTS(runtime != nullptr, "CudaBackend: no device runtime");
+  KVOFFLOAD_EXPECTS(config.device < runtime->device_count(),
+                    "device is {} but {} device(s) are visible", config.device,
+                    runtime->device_count());
+  impl_ = std::make_unique<Impl>(config, std::move(runtime));
+  impl_->setup();
+}
+
+CudaBackend::~CudaBackend() = default;
+
+bool CudaBackend::batch_available() const noexcept {
+  return impl_->batch_ok;
+}
+bool CudaBackend::kernel_available() const noexcept {
+  return impl_->kernel_ok;
+}
+const CudaBackendConfig& CudaBackend::config() const noexcept {
+  return impl_->config;
+}
+CudaBackendStats CudaBackend::stats() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stats;
+}
+void CudaBackend::unsafe_skip_compute_wait_for_testing(bool skip) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->skip_compute_wait = skip;
+}
+
+CopyMode CudaBackend::mode_for(const CopyPlan& plan) const noexcept {
+  return choose_copy_mode(plan, impl_->config, batch_available(), kernel_available());
+}
+
+void CudaBackend::set_compute_stream(std::optional<std::uintptr_t> stream) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->set_compute(stream);
+}
+
+Ticket CudaBackend::submit(CopyPlan plan) {
+  Impl& s = *impl_;
+  const bool store = plan.kind == JobKind::store;
+  std::uint64_t sum = 0;
+  for (const CopyDescriptor& d : plan.descriptors) sum += d.bytes;
+  // The staged path sizes its staging slice from the pieces, and the result reports
+  // total_bytes: a plan that disagrees with itself is refused before anything is queued.
+  KVOFFLOAD_EXPECTS(sum == plan.total_bytes,
+                    "job {}: total_bytes is {} but its {} copies add up to {} bytes", plan.job,
+                    plan.total_bytes, plan.descriptors.size(), sum);
+  auto job = std::make_shared<Impl::Job>();
+  job->rt = s.rt;
+  job->plan = std::move(plan);
+  job->mode = mode_for(job->plan);
+  job->start = std::chrono::steady_clock::now();
+
+  std::lock_guard lock(s.mutex);
+  job->ticket = s.next_ticket++;
+  Impl::Job& j = *job;
+  s.in_order[store ? 0 : 1].push_back(std::move(job));
+  // From here on nothing throws out of submit: the job is queued, and any failure fails it.
+  std::optional<Scope> scope;
+  std::optional<std::size_t> si;
+  try {
+    if (s.stopping) {
+      j.error = fmt::format("job {}: backend is shut down", j.plan.job);
+      return j.ticket;
+    }
+    try {
+      scope.emplace(*s.rt, s.config.device);  // before any event or stream work
+    } catch (const cuda_error& e) {
+      j.error = fmt::format("job {}: {}", j.plan.job, e.what());
+      return j.ticket;
+    }
+    if (j.mode == CopyMode::staged) {
+      for (const CopyDescriptor& d : j.plan.descriptors) j.staging_bytes += align16(d.bytes);
+      j.staging = s.staging_ring.allocate(j.staging_bytes);
+      if (!j.staging) {  // staging is busy with earlier jobs: the kernel copies directly
+        j.mode = CopyMode::kernel;
+        if (j.staging_bytes <= s.staging_ring.capacity()) ++s.stats.staged_fell_back;
+      }
+    }
+    s.count_mode(j.mode);
+    si = s.pick_stream(store);
+    const StreamHandle stream = s.streams[*si];
+    int e = s.rt->event_create(&j.done);
+    if (e != dev::ok) j.done = 0;
+    if (e == dev::ok) e = s.wait_for_compute(stream, store || s.config.loads_wait_for_compute);
+    if (e == dev::ok) e = s.enqueue(j, *si);
+    if (e == dev::ok) e = s.rt->event_record(j.done, stream);
+    if (e == dev::ok) {
+      j.recorded = true;
+      j.failed = false;
+    } else {
+      s.fail_submission(j, *si, e, fmt::format("{} mode", to_string(j.mode)));
+    }
+  } catch (const std::exception& e) {
+    s.abandon(j, si, e.what());  // reported once, by poll: submit itself no longer throws
+  } catch (...) {
+    s.abandon(j, si, "an unknown exception");
+  }
+  return j.ticket;
+}
+
+void CudaBackend::poll(std::vector<BackendResult>& finished) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  std::optional<Scope> scope;  // event queries and frees, on the backend's device
+  try {
+    scope.emplace(*s.rt, s.config.device);
+  } catch (const cuda_error& e) {
+    // Never report a job whose copy may still run: ask its event anyway, on whatever
+    // context this thread has (a dead context fails each job with its error).
+    detail::logger().error("CUDA backend: poll: {}; polling without it", e.what());
+  }
+  for (auto& queue : s.in_order) {
+    while (!queue.empty()) {
+      Impl::Job& j = *queue.front();
+      if (j.recorded && !j.released) {
+        const int e = s.rt->event_query(j.done);
+        if (e == dev::not_ready) break;  // later jobs of this direction wait their turn
+        if (e != dev::ok) {
+          (void)s.rt->get_last_error();
+          if (!j.failed) {
+            j.failed = true;
+            j.error = fmt::format("job {}: {}", j.plan.job, s.rt->describe(e));
+          }
+        }
+        if (!j.failed && j.mismatch != nullptr) {
+          s.rt->host_access(j.mismatch, sizeof(int), false);
+          if (*j.mismatch != 0) {
+            j.failed = true;
+            j.error = fmt::format(
+                "job {}: the device block table disagrees with the job (a group's non-null ids "
+                "differ from its group_sizes, or an id is past the group's tensors); nothing "
+                "was copied",
+                j.plan.job);
+          }
+        }
+        if (!j.failed) s.scatter(j);
+      }
+      s.release(j);
+      if (j.failed && j.error.empty()) {
+        j.error = fmt::format(
+            "job {}: submission did not complete (it threw after the job was "
+            "queued); nothing is reported copied",
+            j.plan.job);
+      }
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - j.start).count();
+      finished.push_back({j.ticket, j.plan.job, j.plan.kind, !j.failed, std::move(j.error),
+                          j.failed ? 0 : j.plan.total_bytes, seconds});
+      queue.pop_front();
+    }
+  }
+}
+
+void CudaBackend::wait(Ticket ticket) {
+  Impl& s = *impl_;
+  std::optional<Scope> scope;  // outlives `job`: its event may be destroyed here
+  try {
+    scope.emplace(*s.rt, s.config.device);
+  } catch (const cuda_error& e) {
+    detail::logger().error("CUDA backend: wait: {}; waiting without it", e.what());
+  }
+  Impl::JobPtr job;
+  {
+    std::lock_guard lock(s.mutex);
+    for (auto& queue : s.in_order) {
+      for (auto& j : queue) {
+        if (j->ticket == ticket) job = j;
+      }
+    }
+    if (job == nullptr || job->failed || !job->recorded) return;
+  }
+  // Outside the lock, so submissions go on; the shared pointer keeps the job (and its event)
+  // alive even if another thread polls it meanwhile.
+  const int e = s.rt->event_synchronize(job->done);
+  std::lock_guard lock(s.mutex);
+  if (e != dev::ok) {
+    (void)s.rt->get_last_error();
+    if (!job->released && !job->failed) {
+      job->failed = true;
+      job->error = fmt::format("job {}: {}", job->plan.job, s.rt->describe(e));
+    }
+    return;
+  }
+  // A staged store is finished once its bytes are in the pool.
+  if (!job->released && !job->failed && !job->cancelled) s.scatter(*job);
+}
+
+void CudaBackend::shutdown(bool drain) {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  s.stopping = true;
+  std::optional<Scope> scope;
+  try {
+    scope.emplace(*s.rt, s.config.device);
+  } catch (const cuda_error& e) {
+    detail::logger().error("CUDA backend: shutdown: {}", e.what());
+    return;
+  }
+  if (!drain) {
+    for (auto& queue : s.in_order) {
+      for (auto& j : queue) {
+        if (j->failed || !j->recorded || s.rt->event_query(j->done) == dev::ok) continue;
+        (void)s.rt->get_last_error();
+        j->failed = true;
+        j->cancelled = true;
+        j->error = fmt::format("job {}: cancelled (backend shut down without drain)", j->plan.job);
+      }
+    }
+  }
+  // The GPU work cannot be recalled: wait for it on the backend's own device and streams.
+  for (StreamHandle stream : s.streams) (void)s.rt->stream_synchronize(stream);
+  (void)s.rt->get_last_error();
+}
+
+}  // namespace kvoffload

@@ -1,0 +1,418 @@
+#pragma once
+
+// Internal: the CUDA backend's state (CudaBackend::Impl), shared by its files:
+// cuda_backend.cpp (construction, submit, poll, wait, shutdown) and cuda_device_table.cpp (the
+// device-table path). Every CUDA call goes through the DeviceRuntime.
+
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "common/expects.hpp"
+#include "common/logging.hpp"
+#include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/detail/copy_body.hpp"
+#include "kvoffload/device_runtime.hpp"
+#include "transfer/cuda/device_scope.hpp"
+#include "transfer/cuda/ring_allocator.hpp"
+
+namespace kvoffload {
+namespace detail {
+
+inline std::uint64_t align16(std::uint64_t n) {
+  return (n + 15) / 16 * 16;
+}
+
+inline std::uint64_t align64(std::uint64_t n) {
+  return (n + 63) / 64 * 64;
+}
+
+/// The copy kernels' largest grid: enough for any copy, and ctas * threads / 32 warps stay far
+/// from wrapping (a zero warp count would make the kernel spin forever).
+inline constexpr int kMaxKernelCtas = 65535;
+
+}  // namespace detail
+
+struct CudaBackend::Impl {
+  using DevicePiece = detail::DevicePiece;
+  using Owned = detail::Owned;
+  using AsyncBuffer = detail::AsyncBuffer;
+  using Scope = detail::Scope;
+
+  /// A slice of a stream's pinned ring, or a pinned allocation of the job's own.
+  struct Pinned {
+    std::byte* data = nullptr;
+    std::size_t stream = 0;
+    std::optional<std::uint64_t> ring_offset;
+    void* own = nullptr;
+  };
+
+  struct Job {
+    std::shared_ptr<DeviceRuntime> rt;
+    Ticket ticket = 0;
+    CopyPlan plan;
+    CopyMode mode = CopyMode::memcpy;
+    EventHandle done = 0;
+    bool recorded = false;
+    // Failed until its completion event is recorded, so a submission that throws half-way
+    // (out of memory, say) is never reported ok with nothing copied. Then: failed when
+    // polled, or cancelled.
+    bool failed = true;
+    std::string error;  // empty while failed: the submission did not complete
+    bool cancelled = false;
+    std::chrono::steady_clock::time_point start;
+    Pinned pinned;                              // the piece array or device-table inputs
+    std::optional<std::uint64_t> staging;       // staged: offset in the staging buffers
+    std::uint64_t staging_bytes = 0;            // staged: the pieces at 16-byte boundaries
+    std::vector<std::uint64_t> staged_offsets;  // staged: where each piece lies
+    bool scattered = false;
+    const int* mismatch = nullptr;  // device-table: the pinned flag the device writes
+    bool released = false;
+    ~Job() {
+      if (done != 0) (void)rt->event_destroy(done);
+    }
+  };
+  using JobPtr = std::shared_ptr<Job>;
+
+  Impl(const CudaBackendConfig& c, std::shared_ptr<DeviceRuntime> runtime)
+      : rt(std::move(runtime)),
+        config(c),
+        device_staging(*rt, Owned::Kind::device),
+        host_staging(*rt, Owned::Kind::host),
+        ring_memory(*rt, Owned::Kind::host) {}
+
+  ~Impl() {
+    try {
+      Scope scope(*rt, config.device);
+      for (StreamHandle s : streams) (void)rt->stream_synchronize(s);
+      // Jobs nobody polled still hold ring slices or pinned allocations of their own.
+      for (auto& queue : in_order) {
+        for (JobPtr& j : queue) release(*j);
+        queue.clear();
+      }
+      if (compute_ready != 0) (void)rt->event_destroy(compute_ready);
+      for (const EventHandle ev : switched_from) (void)rt->event_destroy(ev);
+      for (const EventHandle ev : spare_events) (void)rt->event_destroy(ev);
+      device_staging.reset();
+      host_staging.reset();
+      ring_memory.reset();
+      for (StreamHandle s : streams) (void)rt->stream_destroy(s);
+    } catch (const std::exception& e) {
+      detail::logger().error("CUDA backend: shutdown failed: {}", e.what());
+    }
+  }
+
+  void check(int e, const char* what) const {
+    if (e != dev::ok) {
+      (void)rt->get_last_error();
+      throw cuda_error(fmt::format("CUDA backend on device {}: {} failed: {}", config.device, what,
+                                   rt->describe(e)));
+    }
+  }
+
+  /// Streams, rings, staging; the host region check. Throws (RAII frees what was made).
+  void setup() {
+    Scope scope(*rt, config.device);
+    int least = 0, greatest = 0;
+    check(rt->stream_priority_range(&least, &greatest), "stream_priority_range");
+    for (int i = 0; i < config.store_streams + config.load_streams; ++i) {
+      StreamHandle s = 0;
+      check(rt->stream_create(i < config.store_streams ? least : greatest, &s), "stream_create");
+      streams.push_back(s);
+    }
+    bool mappable = false;
+    check(rt->can_map_host_memory(config.device, &mappable), "can_map_host_memory");
+    kernel_ok = mappable;
+    if (!mappable) {
+      detail::logger().warn(
+          "CUDA backend: device {} cannot use registered host pointers; kernel, staged and "
+          "device-table modes are off",
+          config.device);
+    } else if (config.host_bytes > 0) {
+      bool mapped = false;
+      check(rt->host_mapped(reinterpret_cast<const void*>(config.host_base), config.host_bytes,
+                            &mapped),
+            "host_mapped");
+      if (!mapped) {
+        kernel_ok = false;
+        detail::logger().warn(
+            "CUDA backend: the host region ({} bytes) is not pinned and mapped for device {} "
+            "(an unpinned pool?); kernel, staged and device-table modes are off, copies use "
+            "the copy engines",
+            config.host_bytes, config.device);
+      }
+    }
+    batch_ok = rt->batch_available();
+    if (config.ring_bytes > 0) {
+      // Each stream's ring starts on a 64-byte boundary whatever ring_bytes is.
+      ring_stride = detail::align64(config.ring_bytes);
+      const std::size_t n = streams.size();
+      check(ring_memory.allocate(static_cast<std::size_t>(ring_stride) * n), "malloc_host (rings)");
+      for (std::size_t i = 0; i < n; ++i) rings.emplace_back(config.ring_bytes);
+    }
+    if (kernel_ok && config.staging_bytes > 0) {
+      check(device_staging.allocate(config.staging_bytes), "malloc_device (staging)");
+      check(host_staging.allocate(config.staging_bytes), "malloc_host (staging)");
+      staging_ring = detail::RingAllocator(config.staging_bytes);
+    }
+    if (config.compute_stream) set_compute(config.compute_stream);
+  }
+
+  void set_compute(std::optional<std::uintptr_t> stream) {
+    KVOFFLOAD_EXPECTS(!stream || *stream != per_thread_default_stream,
+                      "compute_stream: cudaStreamPerThread names a different stream on each "
+                      "thread; pass the engine's stream itself (torch.cuda.current_stream())");
+    if (!stream || stream == compute) {
+      compute = stream;
+      return;
+    }
+    Scope scope(*rt, config.device);  // the event belongs to the backend's device
+    if (*stream > 1) {  // 0 and 1 name the legacy stream of the device current at each call
+      int device = -1;
+      check(rt->stream_device(*stream, &device), "stream_device (compute stream)");
+      KVOFFLOAD_EXPECTS(device == config.device,
+                        "compute_stream {:#x} belongs to device {}, but the backend is on device "
+                        "{}: a wait across devices would order nothing",
+                        *stream, device, config.device);
+    }
+    if (compute_ready == 0)
+      check(rt->event_create(&compute_ready), "event_create (compute stream)");
+    prune_switched_from();
+    if (compute) {
+      // The old stream's work so far (a forward pass whose stores are still deferred, or that
+      // still reads blocks a load of this step overwrites) stays waited for by every job
+      // from now on, until it is done: whichever order the engine switches streams and
+      // starts its deferred stores in.
+      EventHandle ev = 0;
+      if (!spare_events.empty()) {
+        ev = spare_events.back();
+        spare_events.pop_back();
+      } else {
+        check(rt->event_create(&ev), "event_create (previous compute stream)");
+      }
+      const int e = rt->event_record(ev, *compute);
+      if (e == dev::ok) {
+        switched_from.push_back(ev);
+      } else {  // the engine destroyed it already: nothing more can be ordered after it
+        (void)rt->get_last_error();
+        spare_events.push_back(ev);
+        detail::logger().warn(
+            "CUDA backend: the previous compute stream {:#x} could not be recorded ({}); jobs "
+            "from now on wait only for {:#x}",
+            *compute, rt->describe(e), *stream);
+      }
+    }
+    compute = stream;
+  }
+
+  std::size_t pick_stream(bool store) {
+    if (store) {
+      return next_store++ % static_cast<std::size_t>(config.store_streams);
+    }
+    return static_cast<std::size_t>(config.store_streams) +
+           next_load++ % static_cast<std::size_t>(config.load_streams);
+  }
+
+  /// Pinned bytes for an upload on stream `si`: ring first, else an allocation of its own.
+  int get_pinned(Job& job, std::size_t si, std::size_t bytes) {
+    job.pinned.stream = si;
+    if (!rings.empty()) {
+      if (auto off = rings[si].allocate(bytes)) {
+        job.pinned.ring_offset = off;
+        job.pinned.data = ring_memory.bytes() + si * ring_stride + *off;
+        return dev::ok;
+      }
+    }
+    ++stats.ring_fell_back;
+    const int e = rt->malloc_host(&job.pinned.own, bytes);
+    job.pinned.data = static_cast<std::byte*>(job.pinned.own);
+    return e;
+  }
+
+  /// Gives back what the job held; only once its device work has finished (or never ran).
+  void release(Job& job) {
+    if (job.released) return;
+    job.released = true;
+    if (job.pinned.ring_offset) rings[job.pinned.stream].release(*job.pinned.ring_offset);
+    if (job.pinned.own != nullptr) (void)rt->free_host(job.pinned.own);
+    job.pinned = {};
+    if (job.staging) staging_ring.release(*job.staging);
+    job.staging.reset();
+  }
+
+  /// Waits (on the device) for the engine's compute stream, if the job must.
+  /// Drops the switched-from events whose work is done (kept for reuse), and any that cannot
+  /// be asked (an error: logged; nothing more can be ordered after it).
+  void prune_switched_from() {
+    std::erase_if(switched_from, [&](EventHandle ev) {
+      const int q = rt->event_query(ev);
+      if (q == dev::not_ready) return false;
+      if (q != dev::ok) {
+        (void)rt->get_last_error();
+        detail::logger().warn("CUDA backend: an event of a previous compute stream failed: {}",
+                              rt->describe(q));
+      }
+      spare_events.push_back(ev);
+      return true;
+    });
+  }
+
+  /// Also waits for the streams the engine switched away from, until their work up to the
+  /// switch is done.
+  int wait_for_compute(StreamHandle stream, bool must) {
+    if (!compute || !must || skip_compute_wait) return dev::ok;
+    int e = rt->event_record(compute_ready, *compute);
+    if (e == dev::ok) e = rt->stream_wait_event(stream, compute_ready);
+    if (e == dev::ok) prune_switched_from();
+    for (std::size_t i = 0; e == dev::ok && i < switched_from.size(); ++i) {
+      e = rt->stream_wait_event(stream, switched_from[i]);
+    }
+    return e;
+  }
+
+  /// The staged store's second half: the host copies the staging buffer into the pool, after
+  /// the job's event (from poll or wait, never a CUDA callback).
+  void scatter(Job& job) {
+    if (job.scattered || !job.staging) return;
+    job.scattered = true;
+    const std::byte* from = host_staging.bytes() + *job.staging;
+    rt->host_access(from, job.staging_bytes, false);
+    for (std::size_t i = 0; i < job.plan.descriptors.size(); ++i) {
+      const CopyDescriptor& d = job.plan.descriptors[i];
+      rt->host_access(reinterpret_cast<const void*>(d.dst), d.bytes, true);
+      std::memcpy(reinterpret_cast<void*>(d.dst), from + job.staged_offsets[i], d.bytes);
+    }
+  }
+
+  /// Enqueues the job's copies on `stream`; returns the first failing status.
+  int enqueue(Job& job, std::size_t si) {
+    const StreamHandle stream = streams[si];
+    const CopyPlan& plan = job.plan;
+    const bool store = plan.kind == JobKind::store;
+    switch (job.mode) {
+      case CopyMode::memcpy:
+        for (const CopyDescriptor& d : plan.descriptors) {
+          const int e = rt->memcpy_async(reinterpret_cast<void*>(d.dst),
+                                         reinterpret_cast<const void*>(d.src), d.bytes, stream);
+          if (e != dev::ok) return e;
+        }
+        return dev::ok;
+      case CopyMode::batch: {
+        if (plan.descriptors.empty()) return dev::ok;
+        std::size_t fail = 0;
+        // Stores read live KV: in stream order. Loads read pinned host blocks nobody writes.
+        const int e = rt->memcpy_batch_async(plan.descriptors.data(), plan.descriptors.size(),
+                                             store, stream, &fail);
+        if (e != dev::ok) {
+          job.error = fmt::format("job {} (batch mode): copy {} of {} refused: {}", plan.job, fail,
+                                  plan.descriptors.size(), rt->describe(e));
+        }
+        return e;
+      }
+      case CopyMode::kernel:
+      case CopyMode::staged: {
+        const std::size_t n = plan.descriptors.size();
+        if (n == 0) return dev::ok;
+        const std::size_t bytes = n * sizeof(DevicePiece);
+        int e = get_pinned(job, si, bytes);
+        if (e != dev::ok) return e;
+        rt->host_access(job.pinned.data, bytes, true);
+        auto* pieces = reinterpret_cast<DevicePiece*>(job.pinned.data);
+        std::uint64_t offset = 0;
+        for (std::size_t i = 0; i < n; ++i) {
+          const CopyDescriptor& d = plan.descriptors[i];
+          pieces[i] = {d.src, d.dst, d.bytes};
+          if (job.mode == CopyMode::staged) {
+            job.staged_offsets.push_back(offset);
+            pieces[i] = detail::staged_piece(
+                pieces[i], reinterpret_cast<std::uint64_t>(device_staging.get()) + *job.staging,
+                offset);
+            offset += detail::align16(d.bytes);
+          }
+        }
+        AsyncBuffer d_pieces(*rt, stream);
+        e = d_pieces.allocate(bytes);
+        if (e == dev::ok) e = rt->memcpy_async(d_pieces.get(), pieces, bytes, stream);
+        if (e == dev::ok) {
+          e = rt->launch_copy_pieces(reinterpret_cast<const DevicePiece*>(d_pieces.get()), n,
+                                     config.kernel_ctas, config.kernel_threads, stream);
+        }
+        const int freed = d_pieces.free();
+        if (e != dev::ok) return e;
+        if (freed != dev::ok) return freed;
+        if (job.mode != CopyMode::staged) return dev::ok;
+        // One large copy to this job's part of the host staging buffer; poll or wait scatter it.
+        return rt->memcpy_async(host_staging.bytes() + *job.staging,
+                                device_staging.bytes() + *job.staging, job.staging_bytes, stream);
+      }
+      case CopyMode::automatic: break;
+    }
+    return dev::invalid_value;
+  }
+
+  /// A submission that threw after the job was queued: let what it queued finish before the
+  /// job's memory goes back. The job never recorded its event, so it is still failed, as every
+  /// job is until then; poll reports it once, as "submission did not complete".
+  void abandon(Job& job, std::optional<std::size_t> si, const char* why) noexcept {
+    (void)rt->get_last_error();
+    if (si) (void)rt->stream_synchronize(streams[*si]);
+    (void)rt->get_last_error();
+    release(job);
+    try {
+      job.error = fmt::format("job {}: submission did not complete: {}", job.plan.job, why);
+    } catch (...) {
+      job.error.clear();  // poll still names the job
+    }
+  }
+
+  /// After a failed call: clear the error, let queued work finish, fail the job.
+  void fail_submission(Job& job, std::size_t si, int e, std::string_view what) {
+    (void)rt->get_last_error();
+    (void)rt->stream_synchronize(streams[si]);  // copies already queued may still run
+    (void)rt->get_last_error();
+    job.failed = true;
+    if (job.error.empty())
+      job.error = fmt::format("job {} ({}): {}", job.plan.job, what, rt->describe(e));
+    release(job);
+  }
+
+  void count_mode(CopyMode mode) {
+    switch (mode) {
+      case CopyMode::batch: ++stats.jobs_batch; break;
+      case CopyMode::memcpy: ++stats.jobs_memcpy; break;
+      case CopyMode::kernel: ++stats.jobs_kernel; break;
+      case CopyMode::staged: ++stats.jobs_staged; break;
+      case CopyMode::automatic: break;
+    }
+  }
+
+  std::shared_ptr<DeviceRuntime> rt;
+  CudaBackendConfig config;
+  std::vector<StreamHandle> streams;  // store streams, then load streams
+  std::size_t next_store = 0, next_load = 0;
+  bool kernel_ok = false, batch_ok = false;
+  Owned device_staging, host_staging, ring_memory;
+  std::uint64_t ring_stride = 0;             // bytes between two streams' rings (64-byte aligned)
+  std::vector<detail::RingAllocator> rings;  // per stream, over ring_memory
+  detail::RingAllocator staging_ring;
+  std::optional<std::uintptr_t> compute;
+  EventHandle compute_ready = 0;
+  // Events recorded on compute streams the engine switched away from, not yet seen done;
+  // and done ones kept for reuse.
+  std::vector<EventHandle> switched_from, spare_events;
+  bool skip_compute_wait = false;
+  mutable std::mutex mutex;
+  std::deque<JobPtr> in_order[2];
+  Ticket next_ticket = 1;
+  bool stopping = false;
+  CudaBackendStats stats;
+};
+
+}  // namespace kvoffload

@@ -1,0 +1,192 @@
+#include "kvoffload/host_backend.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+
+#include "common/expects.hpp"
+
+namespace kvoffload {
+
+struct HostBackend::Job {
+  Ticket ticket = 0;
+  CopyPlan plan;
+  std::size_t tasks_left = 0;  // guarded by mutex_
+  bool done = false;           // guarded by mutex_
+  bool ok = true;
+  std::string error;
+  std::chrono::steady_clock::time_point start;
+  double seconds = 0;
+};
+
+namespace {
+
+/// Why a plan cannot run, or empty.
+std::string invalid_descriptor(const CopyPlan& plan) {
+  for (std::size_t i = 0; i < plan.descriptors.size(); ++i) {
+    const CopyDescriptor& d = plan.descriptors[i];
+    if (d.bytes == 0) continue;
+    if (d.src == 0 || d.dst == 0) {
+      return fmt::format("job {}: descriptor {} has a null address", plan.job, i);
+    }
+    if (d.src < d.dst + d.bytes && d.dst < d.src + d.bytes) {
+      return fmt::format("job {}: descriptor {} copies between overlapping ranges", plan.job, i);
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+HostBackend::HostBackend(const HostBackendConfig& config) : config_(config) {
+  KVOFFLOAD_EXPECTS(config.threads >= 0, "threads must not be negative, got {}", config.threads);
+  KVOFFLOAD_EXPECTS(config.task_bytes >= 4096, "task_bytes must be at least 4096, got {}",
+                    config.task_bytes);
+  const int n = config.threads > 0
+                    ? config.threads
+                    : static_cast<int>(std::max(1U, std::thread::hardware_concurrency()));
+  workers_.reserve(static_cast<std::size_t>(n));
+  for (int i = 0; i < n; ++i) workers_.emplace_back([this] { run_worker(); });
+}
+
+HostBackend::~HostBackend() {
+  shutdown(false);
+}
+
+Ticket HostBackend::submit(CopyPlan plan) {
+  auto job = std::make_unique<Job>();
+  job->plan = std::move(plan);
+  job->start = std::chrono::steady_clock::now();
+  std::string invalid = invalid_descriptor(job->plan);
+
+  std::lock_guard lock(mutex_);
+  job->ticket = next_ticket_++;
+  Job* j = job.get();
+  const auto dir = static_cast<std::size_t>(j->plan.kind);
+  in_order_[dir].push_back(std::move(job));
+  if (stopping_ || !invalid.empty()) {
+    j->ok = false;
+    j->error = stopping_ ? "backend is shut down" : std::move(invalid);
+    j->done = true;
+    job_done_.notify_all();
+    return j->ticket;
+  }
+  // Cut into tasks of about task_bytes: whole descriptors grouped, big ones sliced.
+  const std::vector<CopyDescriptor>& d = j->plan.descriptors;
+  const std::uint64_t target = config_.task_bytes;
+  std::size_t i = 0;
+  while (i < d.size()) {
+    if (d[i].bytes >= target) {
+      for (std::uint64_t off = 0; off < d[i].bytes; off += target) {
+        tasks_.push_back({j, i, i + 1, off, std::min(target, d[i].bytes - off)});
+        ++j->tasks_left;
+      }
+      ++i;
+      continue;
+    }
+    std::size_t end = i;
+    std::uint64_t bytes = 0;
+    while (end < d.size() && d[end].bytes < target && bytes + d[end].bytes <= target) {
+      bytes += d[end++].bytes;
+    }
+    if (end == i) ++end;
+    tasks_.push_back({j, i, end, 0, 0});
+    ++j->tasks_left;
+    i = end;
+  }
+  if (j->tasks_left == 0) {
+    j->done = true;
+    job_done_.notify_all();
+  } else {
+    work_ready_.notify_all();
+  }
+  return j->ticket;
+}
+
+void HostBackend::run_worker() {
+  for (;;) {
+    Task task{};
+    {
+      std::unique_lock lock(mutex_);
+      work_ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;  // stopping, nothing left
+      task = tasks_.front();
+      tasks_.pop_front();
+    }
+    const std::vector<CopyDescriptor>& d = task.job->plan.descriptors;
+    if (task.last == task.first + 1 && task.length > 0) {
+      const CopyDescriptor& c = d[task.first];
+      std::memcpy(reinterpret_cast<void*>(c.dst + task.offset),
+                  reinterpret_cast<const void*>(c.src + task.offset), task.length);
+    } else {
+      for (std::size_t k = task.first; k < task.last; ++k) {
+        std::memcpy(reinterpret_cast<void*>(d[k].dst), reinterpret_cast<const void*>(d[k].src),
+                    d[k].bytes);
+      }
+    }
+    finish_task(*task.job);
+  }
+}
+
+void HostBackend::finish_task(Job& job) {
+  std::lock_guard lock(mutex_);
+  if (--job.tasks_left == 0) {
+    job.seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - job.start).count();
+    job.done = true;
+    job_done_.notify_all();
+  }
+}
+
+void HostBackend::poll(std::vector<BackendResult>& finished) {
+  std::lock_guard lock(mutex_);
+  for (auto& queue : in_order_) {
+    while (!queue.empty() && queue.front()->done) {
+      Job& j = *queue.front();
+      finished.push_back({j.ticket, j.plan.job, j.plan.kind, j.ok, std::move(j.error),
+                          j.ok ? j.plan.total_bytes : 0, j.seconds});
+      queue.pop_front();
+    }
+  }
+}
+
+void HostBackend::wait(Ticket ticket) {
+  std::unique_lock lock(mutex_);
+  job_done_.wait(lock, [&] {
+    for (const auto& queue : in_order_) {
+      for (const auto& j : queue) {
+        if (j->ticket == ticket) return j->done;
+      }
+    }
+    return true;  // already polled, or never issued
+  });
+}
+
+void HostBackend::shutdown(bool drain) {
+  {
+    std::unique_lock lock(mutex_);
+    if (drain) {
+      job_done_.wait(lock, [this] {
+        return std::all_of(std::begin(in_order_), std::end(in_order_), [](const auto& q) {
+          return std::all_of(q.begin(), q.end(), [](const auto& j) { return j->done; });
+        });
+      });
+    }
+    stopping_ = true;
+    // Tasks still queued never run: their plans fail.
+    for (const Task& t : tasks_) {
+      t.job->ok = false;
+      t.job->error = "cancelled: the backend was shut down";
+      if (--t.job->tasks_left == 0) t.job->done = true;
+    }
+    tasks_.clear();
+  }
+  work_ready_.notify_all();
+  for (std::thread& w : workers_) {
+    if (w.joinable()) w.join();
+  }
+  job_done_.notify_all();
+}
+
+}  // namespace kvoffload

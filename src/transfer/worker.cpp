@@ -1,0 +1,240 @@
+#include "kvoffload/worker.hpp"
+
+#include <fmt/format.h>
+
+#include "common/expects.hpp"
+#include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/device_runtime.hpp"
+#include "kvoffload/host_backend.hpp"
+#include "kvoffload/pinned_host_pool.hpp"
+#include "kvoffload/testing/sim_device.hpp"
+
+namespace kvoffload {
+namespace {
+
+/// The pool's pinning and the host-side checks of the config, before anything is allocated.
+void check_config(const WorkerConfig& c) {
+  KVOFFLOAD_EXPECTS(c.threads >= 0, "worker: threads is {} (0: all cores)", c.threads);
+  KVOFFLOAD_EXPECTS(!c.compute_stream || *c.compute_stream != per_thread_default_stream,
+                    "worker: compute_stream is cudaStreamPerThread, which names a different "
+                    "stream on each thread; pass the engine's stream itself");
+  KVOFFLOAD_EXPECTS(!c.compute_stream || c.backend == BackendKind::cuda,
+                    "worker: compute_stream is set but the backend is the host backend (it is "
+                    "for the CUDA backend)");
+  KVOFFLOAD_EXPECTS(c.runtime == nullptr || c.backend == BackendKind::cuda,
+                    "worker: runtime is set but the backend is the host backend");
+}
+
+std::unique_ptr<Backend> make_backend(const WorkerConfig& c, const PinnedHostPool& pool) {
+  if (c.backend == BackendKind::cuda) {
+    CudaBackendConfig cc;
+    cc.device = c.cuda_device;
+    cc.compute_stream = c.compute_stream;
+    cc.loads_wait_for_compute = c.loads_wait_for_compute;
+    cc.mode = c.copy_mode;
+    cc.host_base = reinterpret_cast<std::uintptr_t>(pool.data());
+    cc.host_bytes = pool.size_bytes();
+    if (c.runtime != nullptr) return std::make_unique<CudaBackend>(cc, c.runtime);
+    return std::make_unique<CudaBackend>(cc);
+  }
+  HostBackendConfig bc;
+  bc.threads = c.threads;
+  return std::make_unique<HostBackend>(bc);
+}
+
+}  // namespace
+
+Worker::Worker(const WorkerConfig& c) {
+  init(c, nullptr);
+}
+
+Worker::Worker(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
+  KVOFFLOAD_EXPECTS(backend != nullptr, "worker: no backend");
+  init(c, std::move(backend));
+}
+
+void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
+  check_config(c);
+  KVOFFLOAD_EXPECTS(c.host_blocks > 0, "worker: host_blocks is {} (must be > 0)", c.host_blocks);
+  if (backend == nullptr && c.backend == BackendKind::cuda && c.runtime == nullptr &&
+      !CudaBackend::available()) {
+    throw unsupported(
+        "worker: the CUDA backend needs a CUDA build of kvoffload and a visible device");
+  }
+  layout_ = std::make_unique<KvLayout>(c.tensors, c.groups, c.block_size_factor);
+  PoolConfig pc;
+  pc.block_bytes = layout_->pool_block_bytes();
+  pc.host_blocks = c.host_blocks;
+  // Pinned (and mapped) for the CUDA runtime; a simulated device registers it itself.
+  pc.pinning =
+      c.backend == BackendKind::cuda && c.runtime == nullptr ? Pinning::require : Pinning::off;
+  if (pc.pinning == Pinning::require) pc.device = c.cuda_device;  // no context on device 0
+  pool_ = std::make_unique<PinnedHostPool>(pc);
+  if (auto* sim = dynamic_cast<SimDevice*>(c.runtime.get()); sim != nullptr) {
+    // On the worker's device, like the real pool's registration (no context elsewhere).
+    const bool pushed = sim->push_device(c.cuda_device) == dev::ok;
+    const int registered = sim->host_register(pool_->data(), pool_->size_bytes());
+    if (pushed) (void)sim->pop_device();
+    if (registered != dev::ok) {
+      throw cuda_error("worker: registering the pool with the simulated device failed");
+    }
+    registered_with_ = c.runtime;
+    registered_device_ = c.cuda_device;
+  }
+  if (backend == nullptr) {
+    backend = make_backend(c, *pool_);
+  } else if (c.compute_stream) {
+    auto* cuda = dynamic_cast<CudaBackend*>(backend.get());
+    KVOFFLOAD_EXPECTS(cuda != nullptr,
+                      "worker: compute_stream is set but the backend is not the CUDA backend");
+    cuda->set_compute_stream(c.compute_stream);
+  }
+  const HostRegion region{reinterpret_cast<std::uintptr_t>(pool_->data()), pool_->num_blocks(),
+                          static_cast<std::int64_t>(pool_->block_bytes()), 0,
+                          static_cast<std::int64_t>(pool_->block_bytes())};
+  TransferEngineConfig ec;
+  ec.defer_stores = c.defer_stores;
+  engine_ = std::make_unique<TransferEngine>(*layout_, region, std::move(backend), ec);
+  const std::string layout = layout_description();
+  for (const DiskTierConfig& t : c.disk_tiers) {
+    tiers_.push_back(std::make_unique<DiskTier>(t, layout, pool_->block_bytes(),
+                                                [this](HostBlockId id) { return host_block(id); }));
+  }
+  for (const SharedTierConfig& t : c.shared_tiers) {
+    shared_.push_back(
+        std::make_unique<SharedTier>(t, layout_->block_size_factor(), layout, pool_->block_bytes(),
+                                     [this](HostBlockId id) { return host_block(id); }));
+  }
+}
+
+std::string Worker::layout_description() const {
+  std::string d =
+      fmt::format("f={} block_bytes={}", layout_->block_size_factor(), pool_->block_bytes());
+  for (std::size_t g = 0; g < layout_->num_groups(); ++g) {
+    d += fmt::format(" g{}:{}[", g, layout_->host_block_bytes(g));
+    for (const GroupTensor& t : layout_->group(g))
+      d += fmt::format("{}:{},", t.tensor, t.page_bytes);
+    d += "]";
+  }
+  return d;
+}
+
+const DiskTier& Worker::tier(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not a disk tier ({} disk tiers)", t,
+                    tiers_.size());
+  return *tiers_[t];
+}
+
+const SharedTier& Worker::shared_tier(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t >= tiers_.size() && t < num_tiers(),
+                    "worker: tier {} is not a shared tier (tiers {} to {} are)", t, tiers_.size(),
+                    num_tiers() - 1);
+  return *shared_[t - tiers_.size()];
+}
+
+Medium Worker::tier_medium(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t < num_tiers(), "worker: tier {} is not configured ({} tiers)", t,
+                    num_tiers());
+  return t < tiers_.size() ? Medium::disk : Medium::shared;
+}
+
+void Worker::clear_tiers() {
+  for (const auto& tier : tiers_) tier->clear();
+}
+
+void Worker::submit_tier(const TierJob& job) {
+  KVOFFLOAD_EXPECTS(job.tier < num_tiers(), "tier job {}: tier {} is not configured ({} tiers)",
+                    job.id, job.tier, num_tiers());
+  const bool shared = job.tier >= tiers_.size();
+  KVOFFLOAD_EXPECTS(shared == (job.medium == Medium::shared),
+                    "tier job {}: medium {} but the worker's tier {} is a {} tier", job.id,
+                    to_string(job.medium), job.tier, shared ? "shared" : "disk");
+  if (shared) {
+    shared_[job.tier - tiers_.size()]->submit(job);
+  } else {
+    tiers_[job.tier]->submit(job);
+  }
+}
+
+// The engine goes first: its backend may still be copying into the pool.
+Worker::~Worker() {
+  tiers_.clear();
+  shared_.clear();
+  engine_.reset();
+  if (registered_with_ != nullptr && pool_ != nullptr) {
+    auto& sim = static_cast<SimDevice&>(*registered_with_);
+    const bool pushed = sim.push_device(registered_device_) == dev::ok;
+    (void)sim.host_unregister(pool_->data());
+    if (pushed) (void)sim.pop_device();
+  }
+}
+
+void Worker::set_compute_stream(std::optional<std::uintptr_t> stream) {
+  auto* cuda = dynamic_cast<CudaBackend*>(&engine_->backend());
+  KVOFFLOAD_EXPECTS(cuda != nullptr,
+                    "worker: set_compute_stream needs the CUDA backend (this worker's is not)");
+  cuda->set_compute_stream(stream);
+}
+
+std::optional<CudaBackendStats> Worker::cuda_stats() const {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&engine_->backend());
+  if (cuda == nullptr) return std::nullopt;
+  return cuda->stats();
+}
+
+void Worker::submit(const TransferJob& job) {
+  if (job.kind == JobKind::load) {
+    engine_->submit_load(job);
+  } else {
+    engine_->submit_store(job);
+  }
+}
+
+void Worker::start_step() {
+  engine_->start_step();
+}
+
+std::vector<FinishedTransfer> Worker::get_finished() {
+  std::vector<FinishedTransfer> out = engine_->get_finished();
+  std::vector<FinishedTierJob> tier_jobs;
+  for (const auto& tier : tiers_) {
+    for (const FinishedTierJob& f : tier->get_finished()) tier_jobs.push_back(f);
+  }
+  for (const auto& tier : shared_) {
+    for (const FinishedTierJob& f : tier->get_finished()) tier_jobs.push_back(f);
+  }
+  {
+    for (const FinishedTierJob& f : tier_jobs) {
+      FinishedTransfer t;
+      t.job = f.job;
+      t.ok = f.ok;
+      t.tier = true;
+      t.tier_kind = f.kind;
+      if (!f.ok) t.error = fmt::format("{} block(s) failed", f.failed_blocks);
+      out.push_back(std::move(t));
+    }
+  }
+  return out;
+}
+
+void Worker::wait(std::span<const JobId> jobs) {
+  engine_->wait(jobs);
+  for (const auto& tier : tiers_) tier->wait(jobs);
+  for (const auto& tier : shared_) tier->wait(jobs);
+}
+
+std::span<std::byte> Worker::host_block(HostBlockId id) const {
+  KVOFFLOAD_EXPECTS(id >= 0 && id < pool_->num_blocks(),
+                    "worker: host block {} is out of range (0 to {})", id, pool_->num_blocks() - 1);
+  return {pool_->block(id), pool_->block_bytes()};
+}
+
+std::int64_t Worker::num_host_blocks() const noexcept {
+  return pool_->num_blocks();
+}
+
+TransferStats Worker::stats() const {
+  return engine_->stats();
+}
+
+}  // namespace kvoffload
