@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "kvoffload/config.hpp"
-#include "kvoffload/faulty_backend.hpp"
 #include "kvoffload/host_block_manager.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/testing/faulty_backend.hpp"
 
 namespace kvsim {
 
