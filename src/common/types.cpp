@@ -42,7 +42,7 @@ BlockHash BlockHash::from_hex(std::string_view hex) {
 
 std::string BlockHash::to_hex() const {
   static constexpr char digits[] = "0123456789abcdef";
-  std::string out(2 * size_, '0');
+  std::string out(2 * static_cast<std::size_t>(size_), '0');
   for (std::size_t i = 0; i < size_; ++i) {
     out[2 * i] = digits[bytes_[i] >> 4];
     out[2 * i + 1] = digits[bytes_[i] & 15];

@@ -140,7 +140,7 @@ KVOFFLOAD_HOST_DEVICE inline DevicePiece piece_for(const DeviceJobLayout& L,
     ++g;
   }
   if (k >= L.tensors[g]) return DevicePiece{0, 0, 0};
-  const std::int64_t within = static_cast<std::int64_t>(i - start);
+  const auto within = static_cast<std::int64_t>(i - start);
   if (within >= L.expected[g]) return DevicePiece{0, 0, 0};
   const std::int32_t id = ids[i];
   if (id <= 0 || id > L.max_id[g]) return DevicePiece{0, 0, 0};

@@ -13,14 +13,17 @@ class function_ref;
 template <class R, class... Args>
 class function_ref<R(Args...)> {
  public:
+  // Implicit, as a lambda converts; the constraint keeps copies on the copy constructor.
+  // NOLINTBEGIN(google-explicit-constructor,bugprone-forwarding-reference-overload)
   template <class F>
   requires(!std::is_same_v<std::remove_cvref_t<F>, function_ref> &&
            std::is_invocable_r_v<R, F&, Args...>) function_ref(F&& f)
-  noexcept  // NOLINT(google-explicit-constructor): used like a lambda
+  noexcept
       : object_(const_cast<void*>(static_cast<const void*>(&f))),
         call_([](void* object, Args... args) -> R {
           return (*static_cast<std::remove_reference_t<F>*>(object))(std::forward<Args>(args)...);
         }) {}
+  // NOLINTEND(google-explicit-constructor,bugprone-forwarding-reference-overload)
 
   R operator()(Args... args) const { return call_(object_, std::forward<Args>(args)...); }
 

@@ -362,7 +362,8 @@ struct SimDevice::State {
   }
 
   void drain_all(std::unique_lock<std::mutex>& lk) {
-    for (std::size_t i = 0; i < streams.size(); ++i) {  // streams may grow while we wait
+    // streams may grow while we wait: index, not iterators
+    for (std::size_t i = 0; i < streams.size(); ++i) {  // NOLINT(modernize-loop-convert)
       Stream* raw = streams[i].get();
       const std::uint64_t seq = raw->enqueued;
       const Clock vc = raw->vc;

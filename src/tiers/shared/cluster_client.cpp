@@ -14,9 +14,9 @@
 #include "kvoffload/tiers/cluster_client.hpp"
 
 #include <hiredis/hiredis.h>
-#include <limits.h>
 #include <sys/time.h>
 #include <sys/uio.h>
+#include <climits>
 
 #include <algorithm>
 #include <array>
@@ -366,7 +366,7 @@ struct ClusterClient::Impl {
 
   bool refresh() {
     // node_of may grow `nodes`: index, not iterators.
-    for (std::size_t i = 0; i < nodes.size(); ++i) {
+    for (std::size_t i = 0; i < nodes.size(); ++i) {  // NOLINT(modernize-loop-convert)
       if (load_map_from(nodes[i])) return true;
     }
     return false;

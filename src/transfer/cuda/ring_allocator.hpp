@@ -28,7 +28,9 @@ class RingAllocator {
     } else {
       const std::uint64_t tail = live_.front().begin;
       const bool wrapped = live_.back().begin < tail;
-      if (!wrapped && capacity_ - head_ >= size) {
+      // Three cases, each readable on its own line: room after the head, room at the start
+      // once not wrapped, room between the head and the oldest slice once wrapped.
+      if (!wrapped && capacity_ - head_ >= size) {  // NOLINT(bugprone-branch-clone)
         at = head_;
       } else if (!wrapped && tail >= size) {
         at = 0;
