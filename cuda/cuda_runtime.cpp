@@ -182,6 +182,17 @@ class CudaRuntime final : public DeviceRuntime {
     *yes = e == cudaSuccess && v == 1;
     return I(e);
   }
+  int host_register(void* ptr, std::size_t bytes) noexcept override {
+    const cudaError_t e =
+        cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+    if (e != cudaSuccess) (void)cudaGetLastError();  // not left for the next call to find
+    return I(e);
+  }
+  int host_unregister(void* ptr) noexcept override {
+    const cudaError_t e = cudaHostUnregister(ptr);
+    if (e != cudaSuccess) (void)cudaGetLastError();
+    return I(e);
+  }
   int host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept override {
     *yes = false;
     if (bytes == 0) return I(cudaSuccess);

@@ -13,6 +13,7 @@
 #include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
 #include "kvoffload/kv_layout.hpp"
+#include "kvoffload/types.hpp"
 
 namespace kvoffload {
 
@@ -40,7 +41,7 @@ struct CudaBackendConfig {
   /// when the job is submitted: the forward pass writing the KV a store reads, or reading
   /// blocks a load overwrites. cudaStreamPerThread (2) is refused: it names a different
   /// stream on the backend's threads.
-  std::optional<std::uintptr_t> compute_stream;
+  std::optional<StreamHandle> compute_stream;
   bool loads_wait_for_compute = true;
   /// The pinned host region jobs copy to and from (the worker's pool). When given, the
   /// backend checks at construction that it is registered and mapped for the device; if not
@@ -125,7 +126,7 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   /// (deferred stores of its pass, loads over blocks it reads). The engine keeps a stream
   /// alive until it has switched away from it. nullopt turns every wait off, old streams'
   /// included. A stream of another device is refused (invalid_argument).
-  void set_compute_stream(std::optional<std::uintptr_t> stream);
+  void set_compute_stream(std::optional<StreamHandle> stream);
   [[nodiscard]] bool batch_available() const noexcept;
   [[nodiscard]] bool kernel_available() const noexcept;
   /// The mode the backend would use for `plan` (before staging space is considered).
@@ -170,7 +171,7 @@ class KVOFFLOAD_EXPORT DeviceCompactor {
   /// device, cuda_error on failure.
   void compact(const std::int32_t* ids, std::int64_t n, const std::int64_t* offsets, int groups,
                const std::int64_t* expected, std::int32_t* out, std::int64_t* count,
-               std::int64_t* group_counts, int* mismatch, std::uintptr_t stream);
+               std::int64_t* group_counts, int* mismatch, StreamHandle stream);
 
  private:
   std::shared_ptr<DeviceRuntime> rt_;
@@ -179,7 +180,7 @@ class KVOFFLOAD_EXPORT DeviceCompactor {
   int device_ = 0;
   void* temp_ = nullptr;
   std::size_t temp_bytes_ = 0;
-  std::uintptr_t last_ = 0;  // an event: the previous call's work, recorded on its stream
+  EventHandle last_ = 0;  // an event: the previous call's work, recorded on its stream
   bool recorded_ = false;
   std::mutex mutex_;
 };

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "kvoffload/export.hpp"
+#include "kvoffload/types.hpp"
 
 namespace kvoffload {
 
@@ -20,11 +21,6 @@ namespace detail {
 struct DevicePiece;
 struct DeviceJobLayout;
 }  // namespace detail
-
-/// A stream handle (a cudaStream_t's value). 0 is the legacy default stream.
-using StreamHandle = std::uintptr_t;
-/// An event handle (a cudaEvent_t's value).
-using EventHandle = std::uintptr_t;
 
 /// Status codes of a DeviceRuntime: cudaError_t values (the ones the backend tells apart).
 namespace dev {
@@ -87,6 +83,12 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
   /// Whether [ptr, ptr + bytes) is registered (or allocated) pinned memory that kernels on the
   /// current device reach at the same address.
   virtual int host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept = 0;
+  /// Page-locks [ptr, ptr + bytes) of ordinary host memory for every device and maps it into
+  /// their address spaces (cudaHostRegister, Portable | Mapped), in the current context. A
+  /// failure leaves nothing registered and no error pending for the next call.
+  virtual int host_register(void* ptr, std::size_t bytes) noexcept = 0;
+  /// Undoes host_register(ptr) (cudaHostUnregister); ptr is the start of one registration.
+  virtual int host_unregister(void* ptr) noexcept = 0;
 
   /// Streams and events belong to the current device.
   virtual int stream_create(int priority, StreamHandle* stream) noexcept = 0;

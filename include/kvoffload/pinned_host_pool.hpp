@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -11,6 +12,8 @@
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
+
+class DeviceRuntime;
 
 struct PoolConfig {
   std::int64_t block_bytes = 0;  ///< bytes of one host block, a multiple of `alignment`
@@ -33,6 +36,10 @@ struct PoolConfig {
   /// Portable, it serves every device. -1: the calling thread's current one, which on a thread
   /// that never chose a device creates a context on device 0.
   int device = -1;
+  /// The device runtime that registers the pool (DeviceRuntime::host_register); null: the
+  /// CUDA runtime in a CUDA build, none otherwise. A simulated device (testing/sim_device.hpp)
+  /// registers it like CUDA would. The pool keeps it alive until it is unregistered.
+  std::shared_ptr<DeviceRuntime> runtime;
 };
 
 /// How the pool was allocated, for logs and the benchmark.
@@ -43,7 +50,7 @@ struct PoolReport {
   int fault_threads = 0;
   bool huge_pages = false;  ///< 2 MiB pages (hugetlb or transparent) were requested and given
   bool hugetlb = false;     ///< from the hugetlb pool (MAP_HUGETLB)
-  bool pinned = false;      ///< registered with CUDA
+  bool pinned = false;      ///< registered with the device runtime
   std::size_t registrations = 0;
 };
 
@@ -94,7 +101,8 @@ class KVOFFLOAD_EXPORT PinnedHostPool {
   std::int64_t num_rows_ = 1;
   std::int64_t num_blocks_ = 0;
   std::vector<std::pair<std::byte*, std::size_t>> registered_;
-  int device_ = -1;  // whose context registered the pool
+  std::shared_ptr<DeviceRuntime> runtime_;  // who registered registered_
+  int device_ = -1;                         // in this device's context
   PoolReport report_;
 };
 

@@ -22,6 +22,12 @@ using JobId = std::int64_t;
 
 inline constexpr GpuBlockId null_block = 0;
 
+/// A device stream, the one stream type of every API (a cudaStream_t's value). 0 is the
+/// legacy default stream.
+using StreamHandle = std::uintptr_t;
+/// A device event (a cudaEvent_t's value).
+using EventHandle = std::uintptr_t;
+
 /// An opaque content hash of 1 to 32 bytes, stored inline so keys never touch the heap.
 /// Bytes past size() are zero, so whole-array comparison is equality. A value type: safe to
 /// read from any number of threads.

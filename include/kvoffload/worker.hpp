@@ -36,7 +36,7 @@ struct WorkerConfig {
   /// false, wait on the device for the work queued on it when they are submitted. Unset:
   /// nothing is waited for, which is only right if the engine synchronizes before submitting.
   /// The host backend refuses it.
-  std::optional<std::uintptr_t> compute_stream;
+  std::optional<StreamHandle> compute_stream;
   bool loads_wait_for_compute = true;
   /// CUDA backend: how copies run (CudaBackendConfig::mode); auto picks per job.
   CopyMode copy_mode = CopyMode::automatic;
@@ -96,7 +96,7 @@ class KVOFFLOAD_EXPORT Worker {
   /// Changes the compute stream for jobs submitted from now on (WorkerConfig::compute_stream);
   /// nullopt turns the waits off. Throws invalid_argument for a backend other than CUDA or for
   /// cudaStreamPerThread.
-  void set_compute_stream(std::optional<std::uintptr_t> stream);
+  void set_compute_stream(std::optional<StreamHandle> stream);
   /// The CUDA backend's counts of the modes its jobs really used; nullopt for another backend.
   [[nodiscard]] std::optional<CudaBackendStats> cuda_stats() const;
 
@@ -110,8 +110,6 @@ class KVOFFLOAD_EXPORT Worker {
   void init(const WorkerConfig& config, std::unique_ptr<Backend> backend);
 
   std::unique_ptr<KvLayout> layout_;
-  std::shared_ptr<DeviceRuntime> registered_with_;  // a SimDevice the pool is registered with
-  int registered_device_ = 0;                       // on this device's context
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
   std::vector<std::unique_ptr<DiskTier>> tiers_;  // destroyed first: they read the pool

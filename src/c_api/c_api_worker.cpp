@@ -138,7 +138,7 @@ kvoffload_status_t kvoffload_worker_set_compute_stream(kvoffload_worker_t w, int
                                                        uintptr_t stream) {
   return guard([&] {
     require(w, "kvoffload_worker_set_compute_stream", "worker");
-    w->worker.set_compute_stream(has_stream != 0 ? std::optional<std::uintptr_t>(stream)
+    w->worker.set_compute_stream(has_stream != 0 ? std::optional<StreamHandle>(stream)
                                                  : std::nullopt);
   });
 }

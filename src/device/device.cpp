@@ -1,8 +1,6 @@
 #include "kvoffload/device.hpp"
 
-#if defined(KVOFFLOAD_HAVE_CUDA)
-#include "../cuda/device_query.cuh"
-#endif
+#include "kvoffload/device_runtime.hpp"
 
 namespace kvoffload {
 
@@ -15,11 +13,12 @@ bool built_with_cuda() noexcept {
 }
 
 int cuda_device_count() noexcept {
-#if defined(KVOFFLOAD_HAVE_CUDA)
-  return detail::cuda_visible_devices();
-#else
-  return 0;
-#endif
+  if (!built_with_cuda()) return 0;
+  try {
+    return cuda_runtime()->device_count();  // no driver or no device: 0, no error left
+  } catch (...) {
+    return 0;
+  }
 }
 
 }  // namespace kvoffload

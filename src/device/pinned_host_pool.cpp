@@ -16,10 +16,6 @@
 #include "kvoffload/device.hpp"
 #include "kvoffload/device_runtime.hpp"
 
-#if defined(KVOFFLOAD_HAVE_CUDA)
-#include "../cuda/host_registration.cuh"
-#endif
-
 namespace kvoffload {
 namespace {
 
@@ -156,48 +152,48 @@ void PinnedHostPool::prefault(int threads) {
   report_.fault_seconds = seconds_since(start);
 }
 
-#if defined(KVOFFLOAD_HAVE_CUDA)
 namespace {
 /// `device`'s primary context pushed for a scope (nothing for -1, the current device).
 class DeviceContext {
  public:
-  explicit DeviceContext(int device) : device_(device) {
-    if (device >= 0) status_ = cuda_runtime()->push_device(device);
+  DeviceContext(DeviceRuntime& runtime, int device) : runtime_(runtime), device_(device) {
+    if (device >= 0) status_ = runtime_.push_device(device);
   }
   ~DeviceContext() {
-    if (device_ >= 0 && status_ == 0) (void)cuda_runtime()->pop_device();
+    if (device_ >= 0 && status_ == 0) (void)runtime_.pop_device();
   }
   DeviceContext(const DeviceContext&) = delete;
   DeviceContext& operator=(const DeviceContext&) = delete;
   [[nodiscard]] int status() const noexcept { return status_; }
 
  private:
+  DeviceRuntime& runtime_;
   int device_;
   int status_ = 0;
 };
 }  // namespace
-#endif
 
 void PinnedHostPool::register_region(const PoolConfig& config) {
   if (config.pinning == Pinning::off) return;
   device_ = config.device;
-  const bool have_device = cuda_device_count() > 0;
-  if (!have_device) {
+  std::shared_ptr<DeviceRuntime> runtime = config.runtime;
+  if (runtime == nullptr && cuda_device_count() > 0) runtime = cuda_runtime();
+  if (runtime == nullptr || runtime->device_count() == 0) {
     if (config.pinning == Pinning::require) {
-      const std::string what = fmt::format(
-          "pinning: registration was required but {}",
-          built_with_cuda() ? "no CUDA device is visible" : "this build has no CUDA support");
+      const std::string what = fmt::format("pinning: registration was required but {}",
+                                           built_with_cuda() || config.runtime != nullptr
+                                               ? "no CUDA device is visible"
+                                               : "this build has no CUDA support");
       if (!config.allow_unpinned) throw unsupported(what);
       detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned)", what);
     }
     return;  // plain memory: the HostBackend and every CPU path work on it
   }
-#if defined(KVOFFLOAD_HAVE_CUDA)
   const auto start = std::chrono::steady_clock::now();
-  const DeviceContext context(config.device);
+  const DeviceContext context(*runtime, config.device);
   if (context.status() != 0) {
     const std::string what = fmt::format("host pool: making device {} current failed: {}",
-                                         config.device, cuda_runtime()->describe(context.status()));
+                                         config.device, runtime->describe(context.status()));
     if (!config.allow_unpinned) throw cuda_error(what);
     detail::logger().error("{}; continuing with UNPINNED memory (allow_unpinned)", what);
     return;
@@ -206,23 +202,24 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   const std::size_t blocks_per_chunk = std::max<std::size_t>(
       1, static_cast<std::size_t>(config.register_chunk_bytes) / block_bytes_);
   const std::size_t chunk = blocks_per_chunk * block_bytes_;
-  // Fault injection for tests: KVOFFLOAD_FAULT_REGISTER_CHUNK=k fails the k-th registration
-  // (from 0), after the earlier ones succeeded, to exercise the unwinding below.
+  // Fault injection for tests on a real GPU: KVOFFLOAD_FAULT_REGISTER_CHUNK=k fails the k-th
+  // registration (from 0), after the earlier ones succeeded, to exercise the unwinding below.
+  // (A simulated device injects its own: SimDevice::inject_failure("host_register", ...).)
   const char* inject = std::getenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
   const long fail_chunk = inject != nullptr ? std::strtol(inject, nullptr, 10) : -1L;
   for (std::size_t offset = 0; offset < size_bytes(); offset += chunk) {
     const std::size_t len = std::min(chunk, size_bytes() - offset);
     const int err = static_cast<long>(registered_.size()) == fail_chunk
-                        ? 2  // cudaErrorMemoryAllocation
-                        : detail::cuda_host_register(base_ + offset, len);
-    if (err == 0) {
+                        ? dev::memory_allocation
+                        : runtime->host_register(base_ + offset, len);
+    if (err == dev::ok) {
       registered_.emplace_back(base_ + offset, len);
       continue;
     }
     const std::string what =
         fmt::format("host pool: cudaHostRegister of {} at offset {} failed: {}", format_bytes(len),
-                    format_bytes(offset), detail::cuda_error_name(err));
-    for (const auto& [ptr, n] : registered_) (void)detail::cuda_host_unregister(ptr);
+                    format_bytes(offset), runtime->describe(err));
+    for (const auto& [ptr, n] : registered_) (void)runtime->host_unregister(ptr);
     registered_.clear();
     if (!config.allow_unpinned) throw cuda_error(what);
     detail::logger().error(
@@ -231,20 +228,19 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
         what);
     return;
   }
+  runtime_ = std::move(runtime);
   report_.pinned = true;
   report_.registrations = registered_.size();
   report_.register_seconds = seconds_since(start);
-#endif
 }
 
 void PinnedHostPool::release() noexcept {
-#if defined(KVOFFLOAD_HAVE_CUDA)
-  if (!registered_.empty()) {
-    const DeviceContext context(device_);
-    for (const auto& [ptr, n] : registered_) (void)detail::cuda_host_unregister(ptr);
+  if (!registered_.empty() && runtime_ != nullptr) {
+    const DeviceContext context(*runtime_, device_);
+    for (const auto& [ptr, n] : registered_) (void)runtime_->host_unregister(ptr);
   }
-#endif
   registered_.clear();
+  runtime_.reset();
   if (mapping_ != nullptr) munmap(mapping_, mapping_bytes_);
   mapping_ = base_ = nullptr;
   mapping_bytes_ = 0;

@@ -7,7 +7,6 @@
 #include "kvoffload/device_runtime.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/pinned_host_pool.hpp"
-#include "kvoffload/testing/sim_device.hpp"
 
 namespace kvoffload {
 namespace {
@@ -65,22 +64,16 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   PoolConfig pc;
   pc.block_bytes = layout_->pool_block_bytes();
   pc.host_blocks = c.host_blocks;
-  // Pinned (and mapped) for the CUDA runtime; a simulated device registers it itself.
-  pc.pinning =
-      c.backend == BackendKind::cuda && c.runtime == nullptr ? Pinning::require : Pinning::off;
-  if (pc.pinning == Pinning::require) pc.device = c.cuda_device;  // no context on device 0
-  pool_ = std::make_unique<PinnedHostPool>(pc);
-  if (auto* sim = dynamic_cast<SimDevice*>(c.runtime.get()); sim != nullptr) {
-    // On the worker's device, like the real pool's registration (no context elsewhere).
-    const bool pushed = sim->push_device(c.cuda_device) == dev::ok;
-    const int registered = sim->host_register(pool_->data(), pool_->size_bytes());
-    if (pushed) (void)sim->pop_device();
-    if (registered != dev::ok) {
-      throw cuda_error("worker: registering the pool with the simulated device failed");
-    }
-    registered_with_ = c.runtime;
-    registered_device_ = c.cuda_device;
+  // Pinned (and mapped) for the CUDA backend, by its device runtime (the CUDA runtime, or a
+  // simulated device), in the worker's device's context (no context on device 0).
+  if (c.backend == BackendKind::cuda || c.runtime != nullptr) {
+    pc.pinning = Pinning::require;
+    pc.device = c.cuda_device;
+    pc.runtime = c.runtime;
+  } else {
+    pc.pinning = Pinning::off;
   }
+  pool_ = std::make_unique<PinnedHostPool>(pc);
   if (backend == nullptr) {
     backend = make_backend(c, *pool_);
   } else if (c.compute_stream) {
@@ -161,15 +154,9 @@ Worker::~Worker() {
   tiers_.clear();
   shared_.clear();
   engine_.reset();
-  if (registered_with_ != nullptr && pool_ != nullptr) {
-    auto& sim = static_cast<SimDevice&>(*registered_with_);
-    const bool pushed = sim.push_device(registered_device_) == dev::ok;
-    (void)sim.host_unregister(pool_->data());
-    if (pushed) (void)sim.pop_device();
-  }
 }
 
-void Worker::set_compute_stream(std::optional<std::uintptr_t> stream) {
+void Worker::set_compute_stream(std::optional<StreamHandle> stream) {
   auto* cuda = dynamic_cast<CudaBackend*>(&engine_->backend());
   KVOFFLOAD_EXPECTS(cuda != nullptr,
                     "worker: set_compute_stream needs the CUDA backend (this worker's is not)");

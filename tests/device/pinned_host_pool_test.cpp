@@ -1,5 +1,6 @@
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <set>
 
 #include <catch2/catch_test_macros.hpp>
@@ -9,6 +10,7 @@
 #include "kvoffload/device.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/pinned_host_pool.hpp"
+#include "kvoffload/testing/sim_device.hpp"
 
 using namespace kvoffload;
 using Catch::Matchers::ContainsSubstring;
@@ -21,6 +23,46 @@ PoolConfig small(std::int64_t blocks, std::int64_t block_bytes) {
   c.block_bytes = block_bytes;
   c.pinning = Pinning::off;
   return c;
+}
+
+// Registration goes through the device runtime (issue 27, join 5): the same checks run on the
+// simulated device in every build and on the CUDA runtime on a GPU runner.
+void registers_in_block_aligned_chunks(const std::shared_ptr<DeviceRuntime>& runtime) {
+  PoolConfig c = small(100, 3 << 20);
+  c.pinning = Pinning::require;
+  c.runtime = runtime;
+  c.device = 0;
+  c.register_chunk_bytes = 64 << 20;  // 21 blocks of 3 MiB per registration
+  PinnedHostPool pool(c);
+  CHECK(pool.report().pinned);
+  CHECK(pool.report().registrations == 5);
+  // Every byte is pinned and mapped, across the chunks' seams too.
+  REQUIRE(runtime->push_device(0) == dev::ok);
+  bool mapped = false;
+  CHECK(runtime->host_mapped(pool.data(), pool.size_bytes(), &mapped) == dev::ok);
+  CHECK(mapped);
+  CHECK(runtime->host_mapped(pool.block(20), 2 * pool.block_bytes(), &mapped) == dev::ok);
+  CHECK(mapped);
+  CHECK(runtime->pop_device() == dev::ok);
+}
+
+void unwinds_a_failed_registration(const std::shared_ptr<DeviceRuntime>& runtime) {
+  PoolConfig c = small(8, 1 << 20);
+  c.pinning = Pinning::require;
+  c.runtime = runtime;
+  c.register_chunk_bytes = 2 << 20;  // 4 registrations; the second fails
+  ::setenv("KVOFFLOAD_FAULT_REGISTER_CHUNK", "1", 1);
+  CHECK_THROWS_AS(PinnedHostPool(c), cuda_error);
+  CHECK_THROWS_WITH(PinnedHostPool(c), ContainsSubstring("cudaHostRegister"));
+  c.allow_unpinned = true;
+  {
+    PinnedHostPool pool(c);
+    CHECK_FALSE(pool.report().pinned);
+    CHECK(pool.report().registrations == 0);  // the first chunk was unregistered again
+  }
+  ::unsetenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
+  c.allow_unpinned = false;
+  CHECK(PinnedHostPool(c).report().pinned);
 }
 
 }  // namespace
@@ -103,23 +145,41 @@ TEST_CASE("Without a CUDA device the pool is plain memory; requiring pinning fai
   CHECK(static_cast<unsigned char>(pool.block(3)[pool.block_bytes() - 1]) == 0x5a);
 }
 
+TEST_CASE("A pool is registered through the simulated device in block-aligned chunks",
+          "[pool][sim]") {
+  auto sim = std::make_shared<SimDevice>();
+  const std::size_t before = sim->live_allocations();
+  registers_in_block_aligned_chunks(sim);
+  CHECK(sim->live_allocations() == before);  // every chunk unregistered by the destructor
+  CHECK(sim->violations().empty());
+}
+
+TEST_CASE("A [gpu] pool is registered with CUDA in block-aligned chunks", "[gpu][pool]") {
+  if (cuda_device_count() == 0) SKIP("no CUDA device");
+  registers_in_block_aligned_chunks(cuda_runtime());
+}
+
+TEST_CASE("A registration that fails partway on the simulated device unwinds, or falls back",
+          "[pool][faults][sim]") {
+  auto sim = std::make_shared<SimDevice>();
+  const std::size_t before = sim->live_allocations();
+  unwinds_a_failed_registration(sim);
+  CHECK(sim->live_allocations() == before);
+  // The device's own refusal, not the test hook: the third registration fails.
+  PoolConfig c = small(8, 1 << 20);
+  c.pinning = Pinning::require;
+  c.runtime = sim;
+  c.register_chunk_bytes = 2 << 20;
+  sim->inject_failure("host_register", dev::memory_allocation, 2);
+  CHECK_THROWS_WITH(PinnedHostPool(c), ContainsSubstring("at offset 4.00 MiB"));
+  CHECK(sim->live_allocations() == before);
+  CHECK(sim->violations().empty());
+}
+
 TEST_CASE("A [gpu] registration that fails partway unwinds, or falls back when allowed",
           "[gpu][pool][faults]") {
   if (cuda_device_count() == 0) SKIP("no CUDA device");
-  PoolConfig c = small(8, 1 << 20);
-  c.pinning = Pinning::require;
-  c.register_chunk_bytes = 2 << 20;  // 4 registrations; the second fails
-  ::setenv("KVOFFLOAD_FAULT_REGISTER_CHUNK", "1", 1);
-  CHECK_THROWS_AS(PinnedHostPool(c), cuda_error);
-  c.allow_unpinned = true;
-  {
-    PinnedHostPool pool(c);
-    CHECK_FALSE(pool.report().pinned);
-    CHECK(pool.report().registrations == 0);  // the first chunk was unregistered again
-  }
-  ::unsetenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
-  c.allow_unpinned = false;
-  CHECK(PinnedHostPool(c).report().pinned);
+  unwinds_a_failed_registration(cuda_runtime());
 }
 
 TEST_CASE("Bad pool configurations name the field", "[pool]") {
@@ -143,14 +203,4 @@ TEST_CASE("Bad pool configurations name the field", "[pool]") {
   PoolConfig both = small(4, 4096);
   both.host_bytes = 1 << 20;
   rejects(both, "host_bytes");
-}
-
-TEST_CASE("A [gpu] pool is registered with CUDA in block-aligned chunks", "[gpu][pool]") {
-  if (cuda_device_count() == 0) SKIP("no CUDA device");
-  PoolConfig c = small(100, 3 << 20);
-  c.pinning = Pinning::require;
-  c.register_chunk_bytes = 64 << 20;  // 21 blocks of 3 MiB per registration
-  PinnedHostPool pool(c);
-  CHECK(pool.report().pinned);
-  CHECK(pool.report().registrations == 5);
 }

@@ -62,6 +62,9 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   int stream_priority_range(int* least, int* greatest) noexcept override;
   int can_map_host_memory(int device, bool* yes) noexcept override;
   int host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept override;
+  /// Marks host memory as pinned (and mapped if config.map_host_memory).
+  int host_register(void* ptr, std::size_t bytes) noexcept override;
+  int host_unregister(void* ptr) noexcept override;
   int stream_create(int priority, StreamHandle* stream) noexcept override;
   int stream_destroy(StreamHandle stream) noexcept override;
   int stream_synchronize(StreamHandle stream) noexcept override;
@@ -99,9 +102,6 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   void host_access(const void* ptr, std::size_t bytes, bool write) noexcept override;
 
   // ---- test hooks ----
-  /// cudaHostRegister: marks host memory as pinned (and mapped if config.map_host_memory).
-  int host_register(void* ptr, std::size_t bytes) noexcept;
-  int host_unregister(void* ptr) noexcept;
   /// A simulated kernel (the engine's forward pass, say): `run` executes on the stream's
   /// thread in stream order; `accesses` are checked for races like any operation's.
   int launch(StreamHandle stream, std::string name, std::vector<SimAccess> accesses,

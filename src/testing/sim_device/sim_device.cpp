@@ -100,10 +100,21 @@ int SimDevice::can_map_host_memory(int device, bool* yes) noexcept {
 int SimDevice::host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept {
   std::lock_guard lock(s_->m);
   s_->need_context();
-  AllocKind kind{};
-  *yes = s_->config.map_host_memory &&
-         s_->locate(reinterpret_cast<std::uintptr_t>(ptr), bytes, &kind) == State::Where::inside &&
-         kind != AllocKind::device;
+  *yes = false;
+  if (!s_->config.map_host_memory || bytes == 0) return dev::ok;
+  // Like CUDA's answer for a pool registered in chunks: covered end to end by adjacent live
+  // host allocations or registrations, none of it device memory.
+  auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  const std::uintptr_t end = p + bytes;
+  while (p < end) {
+    auto it = s_->allocs.upper_bound(p);
+    if (it == s_->allocs.begin()) return dev::ok;
+    it = std::prev(it);
+    const auto& a = it->second;
+    if (!a.live || a.kind == AllocKind::device || p >= it->first + a.bytes) return dev::ok;
+    p = it->first + a.bytes;
+  }
+  *yes = true;
   return dev::ok;
 }
 
@@ -407,8 +418,10 @@ void SimDevice::host_access(const void* ptr, std::size_t bytes, bool write) noex
 int SimDevice::host_register(void* ptr, std::size_t bytes) noexcept {
   std::lock_guard lock(s_->m);
   s_->need_context();
+  if (s_->poisoned) return s_->sticky;
+  if (const int e = s_->injected("host_register")) return e;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  if (s_->locate(p, bytes) != State::Where::outside) return dev::invalid_value;
+  if (bytes == 0 || s_->locate(p, bytes) != State::Where::outside) return dev::invalid_value;
   s_->allocs[p] = {bytes, AllocKind::registered, true};
   return dev::ok;
 }

@@ -83,7 +83,7 @@ CopyMode CudaBackend::mode_for(const CopyPlan& plan) const noexcept {
   return choose_copy_mode(plan, impl_->config, batch_available(), kernel_available());
 }
 
-void CudaBackend::set_compute_stream(std::optional<std::uintptr_t> stream) {
+void CudaBackend::set_compute_stream(std::optional<StreamHandle> stream) {
   std::lock_guard lock(impl_->mutex);
   impl_->set_compute(stream);
 }

@@ -165,7 +165,7 @@ struct CudaBackend::Impl {
     if (config.compute_stream) set_compute(config.compute_stream);
   }
 
-  void set_compute(std::optional<std::uintptr_t> stream) {
+  void set_compute(std::optional<StreamHandle> stream) {
     KVOFFLOAD_EXPECTS(!stream || *stream != per_thread_default_stream,
                       "compute_stream: cudaStreamPerThread names a different stream on each "
                       "thread; pass the engine's stream itself (torch.cuda.current_stream())");
@@ -402,7 +402,7 @@ struct CudaBackend::Impl {
   std::uint64_t ring_stride = 0;             // bytes between two streams' rings (64-byte aligned)
   std::vector<detail::RingAllocator> rings;  // per stream, over ring_memory
   detail::RingAllocator staging_ring;
-  std::optional<std::uintptr_t> compute;
+  std::optional<StreamHandle> compute;
   EventHandle compute_ready = 0;
   // Events recorded on compute streams the engine switched away from, not yet seen done;
   // and done ones kept for reuse.

@@ -51,7 +51,7 @@ DeviceCompactor::~DeviceCompactor() {
 void DeviceCompactor::compact(const std::int32_t* ids, std::int64_t n, const std::int64_t* offsets,
                               int groups, const std::int64_t* expected, std::int32_t* out,
                               std::int64_t* count, std::int64_t* group_counts, int* mismatch,
-                              std::uintptr_t stream) {
+                              StreamHandle stream) {
   KVOFFLOAD_EXPECTS(
       n >= 0 && n <= max_ids_ && groups >= 1 && groups <= max_groups_,
       "compactor: {} ids in {} groups exceed the {} ids and {} groups it was sized for", n, groups,
