@@ -4,7 +4,9 @@
 # never writes to the cluster, hits A's blocks from the shared tier and loads them byte for
 # byte (kvoffload-demo verifies every loaded byte). Then with a disk tier too: the blocks a
 # process promotes from the shared tier are written to its disk, so after a restart the disk
-# serves them and the shared tier is asked for far fewer.
+# serves them and the shared tier is asked for far fewer. Every run is --lockstep (each job
+# and existence check finishes in its step), so a run depends on its seed and the tiers'
+# contents only, not on timing: the comparisons below cannot flake under a loaded machine.
 # Usage: shared_two_process_test.sh DEMO SEED_NODE
 set -euo pipefail
 demo="$1"
@@ -19,7 +21,7 @@ field() {  # field FILE REGEX: the first number captured by the regex's (group)
 run() {  # run LOG NAME ARGS...
   local log="$1" ns="$2"
   shift 2
-  if ! timeout 300 "$demo" --steps 1500 --seed 11 --shared "$nodes" --shared-name "$ns" \
+  if ! timeout 300 "$demo" --steps 1500 --seed 11 --lockstep --shared "$nodes" --shared-name "$ns" \
     "$@" > "$log" 2>&1; then
     echo "FAILED: kvoffload-demo $* exited non-zero:"
     cat "$log"
@@ -59,10 +61,9 @@ echo "restart with disk + shared: $disk_promoted blocks promoted from disk;" \
   "from the shared tier $shared1 before the restart, $shared2 after"
 [ "${disk_promoted:-0}" -gt 0 ] || { cat "$work/d2.log"; echo "FAILED: nothing from disk"; exit 1; }
 [ "${shared1:-0}" -gt 0 ] || { cat "$work/d1.log"; echo "FAILED: d1 hit nothing shared"; exit 1; }
-# Fewer, not none: the runs' request orders drift apart (a lookup answers retry later while the
-# network works, so timing decides when a request runs), and the second run wants blocks the
-# first never did. The exact rule (a shared hit is written to the disk) is a unit test
-# (scheduler_shared_test.cpp); here 146 -> 19-34 blocks in a debug build, 76 -> 40 under ASan.
+# Fewer, not none: the second run's disk hits change which requests compute and which load,
+# so it goes on to want blocks the first never did. The exact rule (a shared hit is written to
+# the disk) is a unit test (scheduler_shared_test.cpp).
 if [ "$shared2" -ge "$shared1" ]; then
   cat "$work/d2.log"
   echo "FAILED: after the restart the shared tier served $shared2 blocks, $shared1 before:" \

@@ -57,6 +57,9 @@ int main(int argc, char** argv) {
                  "shared tier admission: write a block once it was looked up N times (0: "
                  "always; a huge N: read only)")
       ->capture_default_str();
+  app.add_flag("--lockstep", c.lockstep,
+               "every job and shared-tier check finishes in the step that starts it, so runs "
+               "with the same seed and tier contents repeat exactly (for comparing runs)");
   CLI11_PARSE(app, argc, argv);
   try {
     c.disk_capacity = kvoffload::parse_bytes(disk_capacity, "--disk-capacity");

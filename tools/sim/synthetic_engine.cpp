@@ -3,6 +3,39 @@
 
 namespace kvsim {
 
+namespace {
+
+/// Lockstep runs: a presence check answered before submit returns (bounded: the cluster
+/// presence answers every check, absent on a timeout, within its reply timeouts).
+class AnsweredAtOnce final : public PresenceCheck {
+ public:
+  explicit AnsweredAtOnce(std::shared_ptr<PresenceCheck> inner) : inner_(std::move(inner)) {}
+  void submit(std::uint64_t ticket, std::vector<Key> keys) override {
+    inner_->submit(ticket, std::move(keys));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (;;) {
+      bool answered = false;
+      for (PresenceAnswer& a : inner_->poll()) {
+        answered = answered || a.ticket == ticket;
+        answers_.push_back(std::move(a));
+      }
+      if (answered) return;
+      if (std::chrono::steady_clock::now() > deadline) {
+        throw kvoffload::error("synthetic engine (lockstep): presence check " +
+                               std::to_string(ticket) + " unanswered after 30 s");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+  std::vector<PresenceAnswer> poll() override { return std::exchange(answers_, {}); }
+
+ private:
+  std::shared_ptr<PresenceCheck> inner_;
+  std::vector<PresenceAnswer> answers_;
+};
+
+}  // namespace
+
 SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
   if (c.check_invariants && (c.reset_probability > 0 || c.report_failure_probability > 0)) {
     // The shadow cache follows the copies; a reset or a worker's failed report would make
@@ -75,6 +108,7 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
     tier.blocks = 1 << 20;  // keys remembered as present
     tier.store_threshold = c.shared_store_threshold;
     tier.presence = make_cluster_presence(shared, sc.block_size_factor);
+    if (c.lockstep) tier.presence = std::make_shared<AnsweredAtOnce>(tier.presence);
     sc.tiers.push_back(tier);
   }
   scheduler = std::make_unique<Scheduler>(sc);

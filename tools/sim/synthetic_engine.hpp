@@ -91,6 +91,11 @@ struct SimConfig {
   std::string shared_name = "kvoffload-demo synthetic";
   std::int64_t shared_store_threshold = 0;  ///< admission (a huge value: read-only)
   int shared_reply_timeout_ms = 1000;
+  /// Every job and every shared-tier existence check finishes in the step that started it
+  /// (the engine waits for them): a run is then a function of its seed and the tiers'
+  /// contents, not of timing, so two runs can be compared block for block (the two-process
+  /// test). Off by default: a real engine overlaps them with compute.
+  bool lockstep = false;
 };
 
 struct SimReport {

@@ -271,6 +271,8 @@ void SyntheticEngine::Impl::step() {
     if (config.check_invariants) store_keys.emplace(job.id, job.keys);
   }
 
+  // Lockstep: this step's jobs (and any still running) finish before the step reports.
+  if (config.lockstep) engine->wait(std::vector<JobId>(submitted.begin(), submitted.end()));
   for (const CompletedJob& c : report_finished()) {
     if (c.kind != JobKind::load) continue;
     auto found = requests.find(c.request_id);
