@@ -93,7 +93,7 @@ double time_job(SharedTier& tier, JobId id, TierJobKind kind, std::int64_t n,
   const double s = seconds_since(start);
   for (const FinishedTierJob& f : tier.get_finished()) {
     if (f.ok) continue;
-    const SharedTierStats st = tier.stats();
+    const SharedTierStats st = tier.shared_stats();
     throw error("shared bench: a " + std::string(to_string(kind)) +
                 " job failed: " + std::to_string(f.failed_blocks) + " of " + std::to_string(n) +
                 " blocks (read misses " + std::to_string(st.read_misses) + ", bad values " +

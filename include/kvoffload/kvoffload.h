@@ -534,7 +534,8 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_wait(kvoffload_worker_t work
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t worker,
                                                                 const kvoffload_tier_job_t* job);
 /* What the worker's tier `tier` found when it opened: per slot, present[i] = 1 and keys[i], or
- * 0. Valid until the next call on this worker. */
+ * 0 (a shared tier has no slots of its own: num_slots 0). Valid until the next call on this
+ * worker. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t worker,
                                                               size_t tier,
                                                               const kvoffload_key_t** keys,

@@ -79,17 +79,20 @@ class KVOFFLOAD_EXPORT Worker {
   /// Starts a tier job on tier job.tier. Throws invalid_argument naming the job for a tier
   /// that is not configured or a job that does not fit it.
   void submit_tier(const TierJob& job);
-  [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size() + shared_.size(); }
-  /// What tier t is (disk tiers first, then shared ones); throws invalid_argument past them.
+  [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
+  /// What tier t is; throws invalid_argument past the tiers.
   [[nodiscard]] Medium tier_medium(std::size_t t) const;
-  /// Empties every disk tier: call it after Scheduler::reset_cache (once the step's flush set
-  /// has finished), so the old cache's blocks do not come back after a restart.
+  /// Clears every tier (Tier::clear: a disk tier empties its slots): call it after
+  /// Scheduler::reset_cache, once the tier jobs have finished, so the old cache's blocks do
+  /// not come back after a restart.
   void clear_tiers();
-  /// Tier `t` of this worker (its scan, for Scheduler::restore_tier, and its counters).
-  /// Throws invalid_argument for a tier that is not configured or not a disk tier.
-  [[nodiscard]] const DiskTier& tier(std::size_t t) const;
-  /// Shared tier `t` (t counts all tiers, disk ones first). Throws invalid_argument for a tier
-  /// that is not configured or not a shared tier.
+  /// Tier `t` of this worker, in SchedulerConfig::tiers' order (its scan, for
+  /// Scheduler::restore_tier, and its counters). Throws invalid_argument past the tiers.
+  [[nodiscard]] const Tier& tier(std::size_t t) const;
+  /// Tier `t` as the kind it is, for that kind's own details (a disk tier's I/O engine and
+  /// slot counters, a shared tier's namespace and counters). Throws invalid_argument for a
+  /// tier that is not configured or of another kind.
+  [[nodiscard]] const DiskTier& disk_tier(std::size_t t) const;
   [[nodiscard]] const SharedTier& shared_tier(std::size_t t) const;
   /// The description of the host block layout that disk_layout_digest hashes.
   [[nodiscard]] std::string layout_description() const;
@@ -112,8 +115,7 @@ class KVOFFLOAD_EXPORT Worker {
   std::unique_ptr<KvLayout> layout_;
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
-  std::vector<std::unique_ptr<DiskTier>> tiers_;  // destroyed first: they read the pool
-  std::vector<std::unique_ptr<SharedTier>> shared_;
+  std::vector<std::unique_ptr<Tier>> tiers_;  // destroyed first: they read the pool
 };
 
 }  // namespace kvoffload

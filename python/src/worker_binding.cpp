@@ -112,7 +112,7 @@ void bind_worker(nb::module_& m) {
       .def(
           "shared_tier_stats",
           [](const Worker& w, std::size_t t) {
-            const SharedTierStats s = w.shared_tier(t).stats();
+            const SharedTierStats s = w.shared_tier(t).shared_stats();
             nb::dict d;
             d["reads"] = s.reads;
             d["read_misses"] = s.read_misses;
@@ -155,7 +155,9 @@ void bind_worker(nb::module_& m) {
           "tier"_a)
       .def(
           "tier_io",
-          [](const Worker& w, std::size_t t) { return std::string(to_string(w.tier(t).io())); },
+          [](const Worker& w, std::size_t t) {
+            return std::string(to_string(w.disk_tier(t).io()));
+          },
           "tier"_a)
       .def("start_step", &Worker::start_step)
       .def("get_finished",

@@ -101,7 +101,7 @@ def test_bad_disk_tier_configs_name_the_field(tmp_path):
     with pytest.raises(kv.InvalidArgument, match="tiers\\[0\\].blocks"):
         kv.Scheduler(groups=[kv.GroupConfig()], host_blocks=2, tiers=[kv.TierConfig(blocks=0)])
     w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2))
-    with pytest.raises(kv.InvalidArgument, match="tier 0 is not a disk tier"):
+    with pytest.raises(kv.InvalidArgument, match="tier 0 is not configured"):
         w.tier_scan(0)
 
 

@@ -259,8 +259,8 @@ kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
     require(present, fn, "present");
     require(num_slots, fn, "num_slots");
     if (tier >= w->worker.num_tiers()) {
-      throw invalid_argument(fmt::format("{}: tier {} is not configured ({} disk tiers)", fn, tier,
-                                         w->worker.num_tiers()));
+      throw invalid_argument(
+          fmt::format("{}: tier {} is not configured ({} tiers)", fn, tier, w->worker.num_tiers()));
     }
     const auto& scanned = w->worker.tier(tier).scanned();
     std::lock_guard lock(w->mutex);

@@ -94,7 +94,7 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
                                                 [this](HostBlockId id) { return host_block(id); }));
   }
   for (const SharedTierConfig& t : c.shared_tiers) {
-    shared_.push_back(
+    tiers_.push_back(
         std::make_unique<SharedTier>(t, layout_->block_size_factor(), layout, pool_->block_bytes(),
                                      [this](HostBlockId id) { return host_block(id); }));
   }
@@ -112,23 +112,28 @@ std::string Worker::layout_description() const {
   return d;
 }
 
-const DiskTier& Worker::tier(std::size_t t) const {
-  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not a disk tier ({} disk tiers)", t,
+const Tier& Worker::tier(std::size_t t) const {
+  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not configured ({} tiers)", t,
                     tiers_.size());
   return *tiers_[t];
 }
 
+const DiskTier& Worker::disk_tier(std::size_t t) const {
+  const Tier& tt = tier(t);
+  KVOFFLOAD_EXPECTS(tt.medium() == Medium::disk, "worker: tier {} is a {} tier, not a disk tier", t,
+                    to_string(tt.medium()));
+  return static_cast<const DiskTier&>(tt);
+}
+
 const SharedTier& Worker::shared_tier(std::size_t t) const {
-  KVOFFLOAD_EXPECTS(t >= tiers_.size() && t < num_tiers(),
-                    "worker: tier {} is not a shared tier (tiers {} to {} are)", t, tiers_.size(),
-                    num_tiers() - 1);
-  return *shared_[t - tiers_.size()];
+  const Tier& tt = tier(t);
+  KVOFFLOAD_EXPECTS(tt.medium() == Medium::shared,
+                    "worker: tier {} is a {} tier, not a shared tier", t, to_string(tt.medium()));
+  return static_cast<const SharedTier&>(tt);
 }
 
 Medium Worker::tier_medium(std::size_t t) const {
-  KVOFFLOAD_EXPECTS(t < num_tiers(), "worker: tier {} is not configured ({} tiers)", t,
-                    num_tiers());
-  return t < tiers_.size() ? Medium::disk : Medium::shared;
+  return tier(t).medium();
 }
 
 void Worker::clear_tiers() {
@@ -138,21 +143,16 @@ void Worker::clear_tiers() {
 void Worker::submit_tier(const TierJob& job) {
   KVOFFLOAD_EXPECTS(job.tier < num_tiers(), "tier job {}: tier {} is not configured ({} tiers)",
                     job.id, job.tier, num_tiers());
-  const bool shared = job.tier >= tiers_.size();
-  KVOFFLOAD_EXPECTS(shared == (job.medium == Medium::shared),
+  Tier& tier = *tiers_[job.tier];
+  KVOFFLOAD_EXPECTS(tier.medium() == job.medium,
                     "tier job {}: medium {} but the worker's tier {} is a {} tier", job.id,
-                    to_string(job.medium), job.tier, shared ? "shared" : "disk");
-  if (shared) {
-    shared_[job.tier - tiers_.size()]->submit(job);
-  } else {
-    tiers_[job.tier]->submit(job);
-  }
+                    to_string(job.medium), job.tier, to_string(tier.medium()));
+  tier.submit(job);
 }
 
 // The engine goes first: its backend may still be copying into the pool.
 Worker::~Worker() {
   tiers_.clear();
-  shared_.clear();
   engine_.reset();
 }
 
@@ -187,9 +187,6 @@ std::vector<FinishedTransfer> Worker::get_finished() {
   for (const auto& tier : tiers_) {
     for (const FinishedTierJob& f : tier->get_finished()) tier_jobs.push_back(f);
   }
-  for (const auto& tier : shared_) {
-    for (const FinishedTierJob& f : tier->get_finished()) tier_jobs.push_back(f);
-  }
   {
     for (const FinishedTierJob& f : tier_jobs) {
       FinishedTransfer t;
@@ -207,7 +204,6 @@ std::vector<FinishedTransfer> Worker::get_finished() {
 void Worker::wait(std::span<const JobId> jobs) {
   engine_->wait(jobs);
   for (const auto& tier : tiers_) tier->wait(jobs);
-  for (const auto& tier : shared_) tier->wait(jobs);
 }
 
 std::span<std::byte> Worker::host_block(HostBlockId id) const {

@@ -117,7 +117,7 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   const std::vector<Key> keys = {key(1), key(2), key(3), key(4), key(5, 1)};
   const std::vector<HostBlockId> sources = {0, 1, 2, 3, 4};
   REQUIRE(run(tier, job(1, TierJobKind::write, keys, sources)).ok);
-  CHECK(tier.stats().writes == 5);
+  CHECK(tier.shared_stats().writes == 5);
 
   // Another client damages key 2 (garbage), flips one payload byte of key 3 and deletes key 4.
   const auto name_of = [&](std::size_t i) { return shared_key(tier.key_namespace(), keys[i], 0); };
@@ -143,7 +143,7 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
     const auto b = pool.block(damaged);
     CHECK(std::all_of(b.begin(), b.end(), [](std::byte x) { return x == std::byte{0xAB}; }));
   }
-  const SharedTierStats s = tier.stats();
+  const SharedTierStats s = tier.shared_stats();
   CHECK(s.reads == 2);
   CHECK(s.bad_values == 2);
   CHECK(s.read_misses == 1);
@@ -155,19 +155,19 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
                    [&](HostBlockId id) { return pool.block(id); });
   CHECK(other.key_namespace() == tier.key_namespace());
   CHECK_FALSE(run(other, job(3, TierJobKind::promote, {keys[0]}, {13})).ok);
-  CHECK(other.stats().bad_values == 1);
+  CHECK(other.shared_stats().bad_values == 1);
   // Same name, another block size factor: other keys, so a miss without reading anything.
   SharedTier factor4(config(name), 4, "layout A", kBlockBytes,
                      [&](HostBlockId id) { return pool.block(id); });
   CHECK(factor4.key_namespace() != tier.key_namespace());
   CHECK_FALSE(run(factor4, job(6, TierJobKind::promote, {keys[0]}, {14})).ok);
-  CHECK(factor4.stats().read_misses == 1);
-  CHECK(factor4.stats().bad_values == 0);
+  CHECK(factor4.shared_stats().read_misses == 1);
+  CHECK(factor4.shared_stats().bad_values == 0);
   // A value marked partly written (valid_from at header offset 72 not 0), its payload sum
   // still right: refused, the tier holds whole blocks only (SEMANTICS 6.8).
   REQUIRE(cli("-c SETRANGE '" + name_of(0) + "' 72 1") != "");
   CHECK_FALSE(run(tier, job(7, TierJobKind::promote, {keys[0]}, {15})).ok);
-  CHECK(tier.stats().bad_values == 3);
+  CHECK(tier.shared_stats().bad_values == 3);
   // Jobs with lists that do not match are refused before anything runs.
   CHECK_THROWS_AS(tier.submit(job(4, TierJobKind::promote, keys, {1})), invalid_argument);
   CHECK_THROWS_AS(tier.submit(job(5, TierJobKind::promote, {keys[0]}, {99})), invalid_argument);
@@ -184,7 +184,7 @@ TEST_CASE("Shared tier: an unreachable cluster fails blocks within the timeouts"
   CHECK(w.failed_blocks == 2);
   const FinishedTierJob p = run(tier, job(2, TierJobKind::promote, {key(1)}, {2}));
   CHECK_FALSE(p.ok);
-  CHECK(tier.stats().write_errors == 2);
-  CHECK(tier.stats().read_errors == 1);
+  CHECK(tier.shared_stats().write_errors == 2);
+  CHECK(tier.shared_stats().read_errors == 1);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
 }

@@ -74,7 +74,7 @@ std::vector<CompletedJob> SyntheticEngine::Impl::report_finished(bool all_owed) 
     report.shared_failed_promotions = ts.failed_promotions;
     report.shared_blocks_written = ts.blocks_written;
     report.shared_failed_writes = ts.failed_writes;
-    const SharedTierStats ws = engine->shared_tier(shared_tier).stats();
+    const SharedTierStats ws = engine->shared_tier(shared_tier).shared_stats();
     report.shared_bad_values = ws.bad_values;
     report.shared_read_errors = ws.read_errors;
   }

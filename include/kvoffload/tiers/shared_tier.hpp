@@ -1,28 +1,26 @@
 #pragma once
 
-// The worker side of a shared tier on a Valkey (or Redis 7) cluster: runs the scheduler's tier
-// jobs (promote: GET values into host blocks; write: SET host blocks as values) on one I/O
-// thread with pipelined batches, and reports them finished. Every rank stores its own rows
+// The worker side of a shared tier (a Tier, tier.hpp) on a Valkey (or Redis 7) cluster: runs the
+// scheduler's tier jobs (promote: GET values into host blocks; write: SET host blocks as values) on
+// one I/O thread with pipelined batches, and reports them finished. Every rank stores its own rows
 // under its own key; a key's ranks share a hash tag, so one EXISTS answers for all of them.
 // A value is a header (magic, version, layout digest, key, length, XXH3 of the payload) and one
 // host block row, written with one SET: a reader never sees a partial block. Anything wrong
 // with a value, or with the cluster, fails the block (a miss for the scheduler) and is counted.
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
-#include "kvoffload/tiers/disk_tier.hpp"
+#include "kvoffload/tiers/tier.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
@@ -66,7 +64,7 @@ struct SharedTierStats {
   std::uint64_t bytes_written = 0;  ///< payload bytes written
 };
 
-class KVOFFLOAD_EXPORT SharedTier {
+class KVOFFLOAD_EXPORT SharedTier final : public Tier {
  public:
   /// `block_size_factor` is the worker's (part of the namespace, as for the scheduler's
   /// make_cluster_presence); `layout` is the worker's host block layout
@@ -77,24 +75,24 @@ class KVOFFLOAD_EXPORT SharedTier {
              std::string_view layout, std::uint64_t payload_bytes,
              std::function<std::span<std::byte>(HostBlockId)> host_block);
   /// Finishes the jobs already submitted (each bounded by the timeouts), then stops.
-  ~SharedTier();
-  SharedTier(const SharedTier&) = delete;
-  SharedTier& operator=(const SharedTier&) = delete;
+  ~SharedTier() override;
 
-  /// Starts a tier job. Throws invalid_argument naming the job for mismatched list lengths or a
-  /// host block out of range; nothing runs then.
-  void submit(const TierJob& job);
-  /// Jobs finished since the last call, in finishing order.
-  std::vector<FinishedTierJob> get_finished();
-  /// Blocks until these jobs (if submitted here and not yet taken) finished.
-  void wait(std::span<const JobId> jobs);
-  [[nodiscard]] SharedTierStats stats() const;
+  [[nodiscard]] Medium medium() const noexcept override { return Medium::shared; }
+  /// 0: the cluster holds the values, not slots of this tier.
+  [[nodiscard]] std::int64_t num_slots() const noexcept override { return 0; }
+  [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept override {
+    return no_scan_;
+  }
+  [[nodiscard]] TierIoStats stats() const override;
+  [[nodiscard]] SharedTierStats shared_stats() const;
   [[nodiscard]] const std::string& key_namespace() const noexcept { return namespace_; }
   [[nodiscard]] std::uint64_t layout_digest() const noexcept { return digest_; }
 
  private:
+  void check(const TierJob& job) const override;
+  /// The fleet's values are not this worker's to delete.
+  void clear_contents() override {}
   void run();
-  void run_job(const TierJob& job, std::int64_t& failed);
 
   std::string namespace_;
   std::uint64_t digest_ = 0;
@@ -103,14 +101,9 @@ class KVOFFLOAD_EXPORT SharedTier {
   std::uint64_t payload_bytes_ = 0;
   std::function<std::span<std::byte>(HostBlockId)> host_block_;
   std::unique_ptr<class ClusterClient> client_;  // the I/O thread's only
-  mutable std::mutex mutex_;
-  std::condition_variable work_ready_;
-  std::condition_variable job_done_;
-  std::deque<TierJob> queue_;
-  std::unordered_map<JobId, bool> open_;  // submitted, not yet taken by get_finished
-  std::vector<FinishedTierJob> finished_;
+  std::vector<std::optional<Key>> no_scan_;
+  mutable std::mutex stats_mutex_;
   SharedTierStats stats_;
-  bool stopping_ = false;
   std::thread thread_;
 };
 

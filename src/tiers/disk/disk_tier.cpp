@@ -10,6 +10,7 @@
 #include "common/expects.hpp"
 #include "common/logging.hpp"
 #include "tiers/disk/uring_io.hpp"
+#include "tiers/tier_queue.hpp"
 
 namespace kvoffload {
 
@@ -62,7 +63,9 @@ DiskSlotsConfig slots_config(const DiskTierConfig& c, std::string_view layout,
 DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
                    std::uint64_t payload_bytes,
                    std::function<std::span<std::byte>(HostBlockId)> host_block)
-    : slots_(slots_config(config, layout, payload_bytes)), host_block_(std::move(host_block)) {
+    : Tier("disk tier", /*failures_expected=*/false),
+      slots_(slots_config(config, layout, payload_bytes)),
+      host_block_(std::move(host_block)) {
   KVOFFLOAD_EXPECTS(config.io_depth >= 1 && config.io_depth <= 4096,
                     "disk tier: io_depth must be 1 to 4096, got {}", config.io_depth);
   std::string why;
@@ -96,15 +99,11 @@ DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
 }
 
 DiskTier::~DiskTier() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  work_ready_.notify_all();
+  stop();
   for (std::thread& t : threads_) t.join();
 }
 
-void DiskTier::submit(const TierJob& job) {
+void DiskTier::check(const TierJob& job) const {
   KVOFFLOAD_EXPECTS(
       job.keys.size() == job.host_block_ids.size() && job.keys.size() == job.tier_block_ids.size(),
       "tier job {}: {} keys, {} host blocks and {} slots", job.id, job.keys.size(),
@@ -115,74 +114,44 @@ void DiskTier::submit(const TierJob& job) {
                       slots_.num_slots() - 1);
   }
   for (const HostBlockId id : job.host_block_ids) (void)host_block_(id);  // throws if bad
-  auto state = std::make_unique<Job>();
-  state->job = job;
-  state->remaining = static_cast<std::int64_t>(job.keys.size());
-  std::lock_guard lock(mutex_);
-  KVOFFLOAD_EXPECTS(!jobs_.contains(job.id), "tier job {} was submitted twice", job.id);
-  Job* raw = state.get();
-  jobs_.emplace(job.id, std::move(state));
-  if (raw->remaining == 0) {
-    finished_.push_back(FinishedTierJob{job.id, job.kind, true, 0});
-    jobs_.erase(job.id);
-    job_done_.notify_all();
-    return;
-  }
-  for (std::size_t i = 0; i < job.keys.size(); ++i) queue_.emplace_back(raw, i);
-  work_ready_.notify_all();
 }
 
-bool DiskTier::take(std::vector<Task>& out, std::size_t max, bool busy) {
-  std::unique_lock lock(mutex_);
-  if (!busy) work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-  while (out.size() < max && !queue_.empty()) {
-    out.push_back(queue_.front());
-    queue_.pop_front();
-  }
-  // Stopping ends the loop only once every submitted block is done.
-  return !(stopping_ && queue_.empty() && out.empty() && !busy);
+TierIoStats DiskTier::stats() const {
+  const DiskSlotsStats s = slots_.stats();
+  // DiskSlots counts attempts; a tier counts blocks moved and blocks that failed.
+  return TierIoStats{s.reads - s.read_misses, s.read_misses, s.writes - s.write_errors,
+                     s.write_errors};
 }
 
-std::span<std::uint8_t> DiskTier::host_bytes(const Job& j, std::size_t i) const {
-  const std::span<std::byte> host = host_block_(j.job.host_block_ids[i]);
+std::span<std::uint8_t> DiskTier::host_bytes(const TierJob& job, std::size_t i) const {
+  const std::span<std::byte> host = host_block_(job.host_block_ids[i]);
   return {reinterpret_cast<std::uint8_t*>(host.data()), host.size()};
 }
 
-void DiskTier::block_done(Job& j, bool ok) {
-  std::lock_guard lock(mutex_);
-  if (!ok) ++j.failed;
-  if (--j.remaining > 0) return;
-  finished_.push_back(FinishedTierJob{j.job.id, j.job.kind, j.failed == 0, j.failed});
-  if (j.failed > 0) {
-    detail::logger().warn("tier job {} ({}): {} of {} block(s) failed", j.job.id,
-                          to_string(j.job.kind), j.failed, j.job.keys.size());
-  }
-  jobs_.erase(j.job.id);  // destroys j
-  job_done_.notify_all();
-}
+using Task = detail::TierQueue::Task;
 
 void DiskTier::run_threads() {
   std::vector<Task> tasks;
   for (;;) {
     tasks.clear();
-    if (!take(tasks, 1, false)) return;
+    if (!queue().take(tasks, 1, false)) return;
     if (tasks.empty()) continue;
-    Job& j = *tasks[0].first;
-    const std::size_t i = tasks[0].second;
-    const std::int64_t slot = j.job.tier_block_ids[i];
+    const TierJob& job = tasks[0].job->job;
+    const std::size_t i = tasks[0].index;
+    const std::int64_t slot = job.tier_block_ids[i];
     bool ok = false;
     try {
-      if (j.job.kind == TierJobKind::write) {
-        ok = slots_.write(slot, j.job.keys[i], host_bytes(j, i));
+      if (job.kind == TierJobKind::write) {
+        ok = slots_.write(slot, job.keys[i], host_bytes(job, i));
       } else {
-        ok = slots_.read(slot, j.job.keys[i], host_bytes(j, i));
+        ok = slots_.read(slot, job.keys[i], host_bytes(job, i));
         // Bad bytes stay bad: the slot is emptied so a restart does not find it again.
         if (!ok) (void)slots_.erase(slot);
       }
     } catch (const std::exception& e) {
-      detail::logger().error("tier job {}: slot {}: {}", j.job.id, slot, e.what());
+      detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
     }
-    block_done(j, ok);
+    queue().done(tasks[0], ok);
   }
 }
 
@@ -223,21 +192,20 @@ void DiskTier::run_uring() {
     const std::size_t room = std::min<std::size_t>(free_buffers.size(), depth - ready.size());
     tasks.clear();
     if (room == 0 && !idle) return true;
-    if (!take(tasks, room, !idle)) return false;
+    if (!queue().take(tasks, room, !idle)) return false;
     for (const Task& t : tasks) {
-      Job& j = *t.first;
-      const std::size_t i = t.second;
+      const TierJob& job = t.job->job;
+      const std::size_t i = t.index;
       const unsigned b = free_buffers.back();
       try {
-        const bool write = j.job.kind == TierJobKind::write;
-        const SlotIo io = write ? slots_.prepare_write(j.job.tier_block_ids[i], j.job.keys[i],
-                                                       host_bytes(j, i), ring.buffer(b))
-                                : slots_.prepare_read(j.job.tier_block_ids[i]);
+        const bool write = job.kind == TierJobKind::write;
+        const SlotIo io = write ? slots_.prepare_write(job.tier_block_ids[i], job.keys[i],
+                                                       host_bytes(job, i), ring.buffer(b))
+                                : slots_.prepare_read(job.tier_block_ids[i]);
         ready.push_back(Prepared{b, write, io});
       } catch (const std::exception& e) {
-        detail::logger().error("tier job {}: slot {}: {}", j.job.id, j.job.tier_block_ids[i],
-                               e.what());
-        block_done(j, false);
+        detail::logger().error("tier job {}: slot {}: {}", job.id, job.tier_block_ids[i], e.what());
+        queue().done(t, false);
         continue;
       }
       free_buffers.pop_back();
@@ -255,56 +223,26 @@ void DiskTier::run_uring() {
     busy -= static_cast<unsigned>(done.size());
     submit_ready();
     for (const auto& [b, res] : done) {
-      Job& j = *owner[b].first;
-      const std::size_t i = owner[b].second;
-      const std::int64_t slot = j.job.tier_block_ids[i];
+      const TierJob& job = owner[b].job->job;
+      const std::size_t i = owner[b].index;
+      const std::int64_t slot = job.tier_block_ids[i];
       const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
       bool ok = false;
-      if (j.job.kind == TierJobKind::write) {
+      if (job.kind == TierJobKind::write) {
         if (!complete) slots_.write_failed(slot, res < 0 ? static_cast<int>(-res) : EIO);
         ok = complete;
       } else {
         try {
-          ok = slots_.finish_read(ring.buffer(b), complete, j.job.keys[i], host_bytes(j, i));
+          ok = slots_.finish_read(ring.buffer(b), complete, job.keys[i], host_bytes(job, i));
         } catch (const std::exception& e) {
-          detail::logger().error("tier job {}: slot {}: {}", j.job.id, slot, e.what());
+          detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
         }
         if (!ok) (void)slots_.erase(slot);
       }
       free_buffers.push_back(b);
-      block_done(j, ok);
+      queue().done(owner[b], ok);
     }
   }
-}
-
-std::vector<FinishedTierJob> DiskTier::get_finished() {
-  std::lock_guard lock(mutex_);
-  std::vector<FinishedTierJob> out;
-  out.swap(finished_);
-  return out;
-}
-
-void DiskTier::wait(std::span<const JobId> jobs) {
-  std::unique_lock lock(mutex_);
-  job_done_.wait(lock, [&] {
-    return std::none_of(jobs.begin(), jobs.end(), [&](JobId id) { return jobs_.contains(id); });
-  });
-}
-
-void DiskTier::clear() {
-  std::lock_guard lock(mutex_);
-  if (!jobs_.empty()) {
-    throw error(
-        fmt::format("disk tier: clear() with {} tier job(s) still running (wait for "
-                    "the step's flush set first)",
-                    jobs_.size()));
-  }
-  slots_.clear();
-}
-
-bool DiskTier::owns(JobId job) const {
-  std::lock_guard lock(mutex_);
-  return jobs_.contains(job);
 }
 
 }  // namespace kvoffload

@@ -1,6 +1,7 @@
 #include "kvoffload/tiers/shared_tier.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #define XXH_INLINE_ALL
@@ -9,6 +10,7 @@
 #include "common/expects.hpp"
 #include "common/logging.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
+#include "tiers/tier_queue.hpp"
 
 namespace kvoffload {
 namespace {
@@ -55,7 +57,8 @@ std::string shared_key(std::string_view ns, const Key& key, int rank) {
 SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor,
                        std::string_view layout, std::uint64_t payload_bytes,
                        std::function<std::span<std::byte>(HostBlockId)> host_block)
-    : rank_(c.tp_rank),
+    : Tier("shared tier", /*failures_expected=*/true),
+      rank_(c.tp_rank),
       in_flight_(c.in_flight),
       payload_bytes_(payload_bytes),
       host_block_(std::move(host_block)) {
@@ -80,102 +83,61 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
 }
 
 SharedTier::~SharedTier() {
-  {
-    std::lock_guard lock(mutex_);
-    stopping_ = true;
-  }
-  work_ready_.notify_all();
+  stop();
   thread_.join();
 }
 
-void SharedTier::submit(const TierJob& job) {
+void SharedTier::check(const TierJob& job) const {
   KVOFFLOAD_EXPECTS(job.keys.size() == job.host_block_ids.size(),
                     "tier job {}: {} keys but {} host blocks", job.id, job.keys.size(),
                     job.host_block_ids.size());
   for (const HostBlockId id : job.host_block_ids) (void)host_block_(id);  // throws if out of range
-  {
-    std::lock_guard lock(mutex_);
-    KVOFFLOAD_EXPECTS(!open_.contains(job.id), "tier job {}: submitted twice", job.id);
-    open_[job.id] = false;
-    queue_.push_back(job);
-  }
-  work_ready_.notify_one();
 }
 
-std::vector<FinishedTierJob> SharedTier::get_finished() {
-  std::lock_guard lock(mutex_);
-  std::vector<FinishedTierJob> out;
-  out.swap(finished_);
-  for (const FinishedTierJob& f : out) open_.erase(f.job);
-  return out;
-}
-
-void SharedTier::wait(std::span<const JobId> jobs) {
-  std::unique_lock lock(mutex_);
-  job_done_.wait(lock, [&] {
-    return std::none_of(jobs.begin(), jobs.end(), [&](JobId j) {
-      const auto it = open_.find(j);
-      return it != open_.end() && !it->second;
-    });
-  });
-}
-
-SharedTierStats SharedTier::stats() const {
-  std::lock_guard lock(mutex_);
+SharedTierStats SharedTier::shared_stats() const {
+  std::lock_guard lock(stats_mutex_);
   return stats_;
 }
 
-void SharedTier::run() {
-  for (;;) {
-    TierJob job;
-    {
-      std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and everything submitted has run
-      job = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    std::int64_t failed = 0;
-    run_job(job, failed);
-    {
-      std::lock_guard lock(mutex_);
-      open_[job.id] = true;
-      finished_.push_back(FinishedTierJob{job.id, job.kind, failed == 0, failed});
-    }
-    job_done_.notify_all();
-    if (failed > 0) {
-      detail::logger().debug("shared tier: {} job {}: {} of {} block(s) failed",
-                             to_string(job.kind), job.id, failed, job.keys.size());
-    }
-  }
+TierIoStats SharedTier::stats() const {
+  const SharedTierStats s = shared_stats();
+  return TierIoStats{s.reads, s.read_misses + s.bad_values + s.read_errors, s.writes,
+                     s.write_errors};
 }
 
-void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
-  const bool promote = job.kind == TierJobKind::promote;
+// Up to in_flight blocks per pipelined batch, from one job or several in a row.
+void SharedTier::run() {
+  using Task = detail::TierQueue::Task;
+  std::vector<Task> tasks;
   std::vector<std::string> keys;
   std::vector<std::array<std::byte, shared_value_header_bytes>> headers;
   std::vector<ClusterCommand> commands;
-  SharedTierStats delta;
-  for (std::size_t first = 0; first < job.keys.size();
-       first += static_cast<std::size_t>(in_flight_)) {
-    const std::size_t n = std::min(job.keys.size() - first, static_cast<std::size_t>(in_flight_));
+  std::vector<bool> ok;
+  for (;;) {
+    tasks.clear();
+    if (!queue().take(tasks, static_cast<std::size_t>(in_flight_), false)) return;
+    const std::size_t n = tasks.size();
+    if (n == 0) continue;
     keys.resize(n);
     headers.resize(n);
-    commands.resize(n);
+    commands.assign(n, ClusterCommand{});
+    ok.assign(n, false);
     for (std::size_t i = 0; i < n; ++i) {
-      const Key& k = job.keys[first + i];
+      const TierJob& job = tasks[i].job->job;
+      const std::size_t b = tasks[i].index;
+      const Key& k = job.keys[b];
       keys[i] = shared_key(namespace_, k, rank_);
-      if (promote) {
+      if (job.kind == TierJobKind::promote) {
         // The payload goes straight into the host block; it counts only once verified (the
         // block is the promotion's alone, and a failed one is never a hit).
-        commands[i] = ClusterCommand{
-            .key = keys[i],
-            .args = {"GET", keys[i]},
-            .reply_into = host_block_(job.host_block_ids[first + i]).first(payload_bytes_),
-            .reply_prefix = shared_value_header_bytes};
+        commands[i] =
+            ClusterCommand{.key = keys[i],
+                           .args = {"GET", keys[i]},
+                           .reply_into = host_block_(job.host_block_ids[b]).first(payload_bytes_),
+                           .reply_prefix = shared_value_header_bytes};
         continue;
       }
-      const std::span<std::byte> payload = host_block_(job.host_block_ids[first + i]);
+      const std::span<std::byte> payload = host_block_(job.host_block_ids[b]);
       std::byte* h = headers[i].data();
       std::memset(h, 0, shared_value_header_bytes);
       put<std::uint32_t>(h, 0, kMagic);
@@ -197,26 +159,26 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
             put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), n));
           }};
     }
+    SharedTierStats delta;
     client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
-      const Key& k = job.keys[first + i];
-      if (!promote) {
+      const TierJob& job = tasks[i].job->job;
+      const Key& k = job.keys[tasks[i].index];
+      if (job.kind == TierJobKind::write) {
         if (r.kind == ClusterReplyKind::status && r.text == "OK") {
           ++delta.writes;
           delta.bytes_written += payload_bytes_;
+          ok[i] = true;
         } else {
           ++delta.write_errors;
-          ++failed;
         }
         return;
       }
       if (r.kind == ClusterReplyKind::nil) {
         ++delta.read_misses;  // evicted (or never there) since the existence check
-        ++failed;
         return;
       }
       if (r.kind != ClusterReplyKind::string) {
         ++delta.read_errors;
-        ++failed;
         return;
       }
       // A value of the right length arrived in place: its header, then the payload's sum.
@@ -232,22 +194,26 @@ void SharedTier::run_job(const TierJob& job, std::int64_t& failed) {
           get<std::uint64_t>(v, 64) == XXH3_64bits(payload, payload_bytes_);
       if (!valid) {
         ++delta.bad_values;
-        ++failed;
         return;
       }
       ++delta.reads;
       delta.bytes_read += payload_bytes_;
+      ok[i] = true;
     });
+    {
+      std::lock_guard lock(stats_mutex_);
+      stats_.reads += delta.reads;
+      stats_.read_misses += delta.read_misses;
+      stats_.bad_values += delta.bad_values;
+      stats_.read_errors += delta.read_errors;
+      stats_.writes += delta.writes;
+      stats_.write_errors += delta.write_errors;
+      stats_.bytes_read += delta.bytes_read;
+      stats_.bytes_written += delta.bytes_written;
+    }
+    // Stats first: a caller that sees the job finished sees its counters too.
+    for (std::size_t i = 0; i < n; ++i) queue().done(tasks[i], ok[i]);
   }
-  std::lock_guard lock(mutex_);
-  stats_.reads += delta.reads;
-  stats_.read_misses += delta.read_misses;
-  stats_.bad_values += delta.bad_values;
-  stats_.read_errors += delta.read_errors;
-  stats_.writes += delta.writes;
-  stats_.write_errors += delta.write_errors;
-  stats_.bytes_read += delta.bytes_read;
-  stats_.bytes_written += delta.bytes_written;
 }
 
 }  // namespace kvoffload

@@ -1,0 +1,130 @@
+#include "kvoffload/tiers/tier.hpp"
+
+#include <algorithm>
+
+#include "common/expects.hpp"
+#include "common/logging.hpp"
+#include "tiers/tier_queue.hpp"
+
+namespace kvoffload {
+
+namespace detail {
+
+TierQueue::TierQueue(std::string name, bool failures_expected)
+    : name_(std::move(name)), failures_expected_(failures_expected) {}
+
+void TierQueue::submit(const TierJob& job) {
+  auto state = std::make_unique<Job>();
+  state->job = job;
+  state->remaining = static_cast<std::int64_t>(job.keys.size());
+  {
+    std::lock_guard lock(mutex_);
+    KVOFFLOAD_EXPECTS(!jobs_.contains(job.id), "tier job {}: submitted twice to the {}", job.id,
+                      name_);
+    if (state->remaining == 0) {
+      finished_.push_back(FinishedTierJob{job.id, job.kind, true, 0});
+      job_done_.notify_all();
+      return;
+    }
+    Job* raw = state.get();
+    jobs_.emplace(job.id, std::move(state));
+    for (std::size_t i = 0; i < job.keys.size(); ++i) queue_.push_back(Task{raw, i});
+  }
+  work_ready_.notify_all();
+}
+
+bool TierQueue::take(std::vector<Task>& out, std::size_t max, bool busy) {
+  std::unique_lock lock(mutex_);
+  if (!busy) work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
+  while (out.size() < max && !queue_.empty()) {
+    out.push_back(queue_.front());
+    queue_.pop_front();
+  }
+  // Stopping ends the loop only once every submitted block is done.
+  return !(stopping_ && queue_.empty() && out.empty() && !busy);
+}
+
+void TierQueue::done(const Task& task, bool ok) {
+  Job& j = *task.job;
+  std::lock_guard lock(mutex_);
+  if (!ok) ++j.failed;
+  if (--j.remaining > 0) return;
+  finished_.push_back(FinishedTierJob{j.job.id, j.job.kind, j.failed == 0, j.failed});
+  if (j.failed > 0) {
+    logger().log(failures_expected_ ? spdlog::level::debug : spdlog::level::warn,
+                 "{}: tier job {} ({}): {} of {} block(s) failed", name_, j.job.id,
+                 to_string(j.job.kind), j.failed, j.job.keys.size());
+  }
+  jobs_.erase(j.job.id);  // destroys j
+  job_done_.notify_all();
+}
+
+std::vector<FinishedTierJob> TierQueue::get_finished() {
+  std::lock_guard lock(mutex_);
+  return std::exchange(finished_, {});
+}
+
+void TierQueue::wait(std::span<const JobId> jobs) {
+  std::unique_lock lock(mutex_);
+  job_done_.wait(lock, [&] {
+    return std::none_of(jobs.begin(), jobs.end(), [&](JobId id) { return jobs_.contains(id); });
+  });
+}
+
+bool TierQueue::owns(JobId job) const {
+  std::lock_guard lock(mutex_);
+  return jobs_.contains(job);
+}
+
+void TierQueue::when_idle(std::string_view what, const std::function<void()>& f) {
+  std::lock_guard lock(mutex_);
+  if (!jobs_.empty()) {
+    throw error(
+        fmt::format("{}: {} with {} tier job(s) still running (wait for the step's "
+                    "flush set first)",
+                    name_, what, jobs_.size()));
+  }
+  f();
+}
+
+void TierQueue::stop() noexcept {
+  {
+    std::lock_guard lock(mutex_);
+    stopping_ = true;
+  }
+  work_ready_.notify_all();
+}
+
+}  // namespace detail
+
+Tier::Tier(std::string name, bool failures_expected)
+    : queue_(std::make_unique<detail::TierQueue>(std::move(name), failures_expected)) {}
+
+Tier::~Tier() = default;
+
+void Tier::submit(const TierJob& job) {
+  check(job);
+  queue_->submit(job);
+}
+
+std::vector<FinishedTierJob> Tier::get_finished() {
+  return queue_->get_finished();
+}
+
+void Tier::wait(std::span<const JobId> jobs) {
+  queue_->wait(jobs);
+}
+
+bool Tier::owns(JobId job) const {
+  return queue_->owns(job);
+}
+
+void Tier::clear() {
+  queue_->when_idle("clear()", [this] { clear_contents(); });
+}
+
+void Tier::stop() noexcept {
+  queue_->stop();
+}
+
+}  // namespace kvoffload

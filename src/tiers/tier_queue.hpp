@@ -1,0 +1,66 @@
+#pragma once
+
+// The job bookkeeping every tier shares (tier.hpp): submitted jobs by id, their blocks queued
+// in order, per-job progress, the finished list, waiting and stopping.
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kvoffload/job.hpp"
+#include "kvoffload/tiers/tier.hpp"
+
+namespace kvoffload::detail {
+
+class TierQueue {
+ public:
+  struct Job {
+    TierJob job;
+    std::int64_t remaining = 0;
+    std::int64_t failed = 0;
+  };
+  /// One block of a job: the job (alive until its last block is done) and the block's index
+  /// into its lists.
+  struct Task {
+    Job* job = nullptr;
+    std::size_t index = 0;
+  };
+
+  TierQueue(std::string name, bool failures_expected);
+
+  /// Queues every block of `job` (a job without blocks finishes at once). Throws
+  /// invalid_argument if a job of that id is still running.
+  void submit(const TierJob& job);
+  /// Appends up to `max` queued blocks to `out`, waiting for one unless `busy` (the caller has
+  /// work in flight). False once stopping with nothing queued, nothing taken and not busy.
+  bool take(std::vector<Task>& out, std::size_t max, bool busy);
+  /// Counts one block done; the job finishes with its last block.
+  void done(const Task& task, bool ok);
+  std::vector<FinishedTierJob> get_finished();
+  void wait(std::span<const JobId> jobs);
+  [[nodiscard]] bool owns(JobId job) const;
+  /// Runs `f` with no job running, none able to start meanwhile; throws kvoffload::error
+  /// naming `what` if jobs are running.
+  void when_idle(std::string_view what, const std::function<void()>& f);
+  void stop() noexcept;
+
+ private:
+  std::string name_;
+  bool failures_expected_;
+  mutable std::mutex mutex_;
+  std::condition_variable work_ready_;
+  std::condition_variable job_done_;
+  std::unordered_map<JobId, std::unique_ptr<Job>> jobs_;  // submitted, not finished
+  std::deque<Task> queue_;
+  std::vector<FinishedTierJob> finished_;
+  bool stopping_ = false;
+};
+
+}  // namespace kvoffload::detail
