@@ -47,8 +47,7 @@ std::optional<double> fio_bandwidth(const fs::path& file, bool write, std::uint6
 }
 
 /// One timed tier job of `n` blocks (host blocks cycled over the pool).
-double time_job(DiskTier& tier, JobId id, TierJobKind kind, std::int64_t n,
-                std::int64_t pool_blocks) {
+double time_job(DiskTier& tier, JobId id, JobKind kind, std::int64_t n, std::int64_t pool_blocks) {
   TierJob job;
   job.id = id;
   job.kind = kind;
@@ -100,9 +99,9 @@ nlohmann::json throughput(const Options& opt, const fs::path& dir, std::uint64_t
           engine = std::string(to_string(tier.io()));
           direct = tier.slots().direct();
           kw.push_back(static_cast<double>(n) * static_cast<double>(bs) /
-                       time_job(tier, 1, TierJobKind::write, n, pool_blocks));
+                       time_job(tier, 1, JobKind::write, n, pool_blocks));
           kr.push_back(static_cast<double>(n) * static_cast<double>(bs) /
-                       time_job(tier, 2, TierJobKind::promote, n, pool_blocks));
+                       time_job(tier, 2, JobKind::promote, n, pool_blocks));
         }
         fs::remove_all(tier_dir);
         if (have_fio) {

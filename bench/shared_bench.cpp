@@ -75,12 +75,11 @@ std::optional<std::pair<double, double>> tool_rates(const std::string& tool,
 /// A timed job of n blocks: distinct keys from distinct host blocks (the tier's pattern), or
 /// with one_key, one key from one host block n times (the baseline's pattern: one value
 /// rewritten or reread, hot in both caches).
-double time_job(SharedTier& tier, JobId id, TierJobKind kind, std::int64_t n,
-                std::int64_t pool_blocks, std::uint64_t salt, bool one_key) {
+double time_job(SharedTier& tier, JobId id, JobKind kind, std::int64_t n, std::int64_t pool_blocks,
+                std::uint64_t salt, bool one_key) {
   TierJob job;
   job.id = id;
   job.kind = kind;
-  job.medium = Medium::shared;
   for (std::int64_t i = 0; i < n; ++i) {
     job.keys.push_back(bench_key(one_key ? 0 : i, salt));
     job.host_block_ids.push_back(static_cast<HostBlockId>(one_key ? 0 : i % pool_blocks));
@@ -148,11 +147,10 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
         {
           SharedTier tier(c, 1, "bench", bs, [&](HostBlockId id) { return pool.block(id); });
           const double bytes = static_cast<double>(n) * static_cast<double>(bs);
-          kw.push_back(bytes / time_job(tier, 1, TierJobKind::write, n, pool_blocks, salt, false));
-          kr.push_back(bytes /
-                       time_job(tier, 2, TierJobKind::promote, n, pool_blocks, salt, false));
-          hw.push_back(bytes / time_job(tier, 3, TierJobKind::write, n, pool_blocks, salt, true));
-          hr.push_back(bytes / time_job(tier, 4, TierJobKind::promote, n, pool_blocks, salt, true));
+          kw.push_back(bytes / time_job(tier, 1, JobKind::write, n, pool_blocks, salt, false));
+          kr.push_back(bytes / time_job(tier, 2, JobKind::promote, n, pool_blocks, salt, false));
+          hw.push_back(bytes / time_job(tier, 3, JobKind::write, n, pool_blocks, salt, true));
+          hr.push_back(bytes / time_job(tier, 4, JobKind::promote, n, pool_blocks, salt, true));
         }
         if (!tool.empty()) {
           if (const auto rates = tool_rates(tool, base_node, bs, inflight, n)) {

@@ -14,15 +14,19 @@ namespace kvoffload {
 /// A KV-cache group's attention (SEMANTICS 1).
 enum class GroupKind : std::uint8_t { full_attention, sliding_window, mamba };
 
-/// A transfer's direction: load (host to GPU) or store (GPU to host). The numbering is the C
-/// API's (KVOFFLOAD_JOB_LOAD = 0, KVOFFLOAD_JOB_STORE = 1).
-enum class JobKind : std::uint8_t { load, store };
+/// Every job the scheduler emits, in one vocabulary: a transfer between GPU and host memory,
+/// load (host to GPU) or store (GPU to host), or a tier job between host memory and a tier,
+/// promote (tier to host memory) or write (host memory to the tier). The numbering is the C
+/// API's (KVOFFLOAD_JOB_LOAD = 0, _STORE = 1, _TIER_PROMOTE = 2, _TIER_WRITE = 3).
+enum class JobKind : std::uint8_t { load, store, promote, write };
+
+/// Whether `kind` is a tier job's (TierJob, Worker::submit_tier), not a transfer's.
+[[nodiscard]] constexpr bool is_tier_job(JobKind kind) noexcept {
+  return kind == JobKind::promote || kind == JobKind::write;
+}
 
 /// Where a cached block lives: the host cache, or a tier below it.
 enum class Medium : std::uint8_t { host, disk, shared };
-
-/// A tier job's direction: promote (tier to host memory) or write (host memory to the tier).
-enum class TierJobKind : std::uint8_t { promote, write };
 
 /// How a disk tier does its I/O.
 enum class DiskIo : std::uint8_t {
@@ -77,7 +81,6 @@ KVOFFLOAD_EXPORT std::string_view to_string(Medium v) noexcept;
 /// "auto", "io_uring", "threads".
 KVOFFLOAD_EXPORT std::string_view to_string(DiskIo v) noexcept;
 /// "promote", "write".
-KVOFFLOAD_EXPORT std::string_view to_string(TierJobKind v) noexcept;
 /// "lru", "arc".
 KVOFFLOAD_EXPORT std::string_view to_string(EvictionPolicyKind v) noexcept;
 /// "miss", "pending", "hit".
@@ -94,7 +97,6 @@ KVOFFLOAD_EXPORT JobKind parse_job_kind(std::string_view name, std::string_view 
 KVOFFLOAD_EXPORT BackendKind parse_backend_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT Medium parse_medium(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT DiskIo parse_disk_io(std::string_view name, std::string_view field);
-KVOFFLOAD_EXPORT TierJobKind parse_tier_job_kind(std::string_view name, std::string_view field);
 KVOFFLOAD_EXPORT EvictionPolicyKind parse_eviction_policy(std::string_view name,
                                                           std::string_view field);
 KVOFFLOAD_EXPORT HugePages parse_huge_pages(std::string_view name, std::string_view field);

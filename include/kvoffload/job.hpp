@@ -35,10 +35,9 @@ struct TransferJob {
 /// host_block_ids and tier_block_ids have the same order.
 struct TierJob {
   JobId id = 0;
-  TierJobKind kind = TierJobKind::write;
-  std::uint32_t tier = 0;  ///< index into SchedulerConfig::tiers
-  Medium medium = Medium::disk;
-  std::string request_id;  ///< promote: the request whose lookup started it; write: empty
+  JobKind kind = JobKind::write;  ///< promote or write
+  std::uint32_t tier = 0;         ///< index into SchedulerConfig::tiers (the worker's too)
+  std::string request_id;         ///< promote: the request whose lookup started it; write: empty
   std::vector<Key> keys;
   std::vector<HostBlockId> host_block_ids;
   std::vector<std::int64_t> tier_block_ids;  ///< slots of the tier

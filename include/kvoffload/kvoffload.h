@@ -84,12 +84,14 @@ typedef enum kvoffload_group_kind {
   KVOFFLOAD_MAMBA = 2
 } kvoffload_group_kind_t;
 
+/* Every job the scheduler emits, in one vocabulary: transfers (kvoffload_job_t) load or store,
+ * tier jobs (kvoffload_tier_job_t, kvoffload_worker_submit_tier) promote or write. (Before
+ * 0.2 a tier job's kind was a kvoffload_tier_job_kind_t, 0 promote, 1 write.) */
 typedef enum kvoffload_job_kind {
   KVOFFLOAD_JOB_LOAD = 0,
   KVOFFLOAD_JOB_STORE = 1,
-  /* Only in kvoffload_finished_transfer_t: tier jobs (kvoffload_worker_submit_tier). */
-  KVOFFLOAD_JOB_TIER_PROMOTE = 2,
-  KVOFFLOAD_JOB_TIER_WRITE = 3
+  KVOFFLOAD_JOB_TIER_PROMOTE = 2, /* slots into host blocks */
+  KVOFFLOAD_JOB_TIER_WRITE = 3    /* host blocks into slots */
 } kvoffload_job_kind_t;
 
 /* ---- scheduler --------------------------------------------------------------------------- */
@@ -235,17 +237,12 @@ typedef struct kvoffload_job {
   size_t num_groups;
 } kvoffload_job_t;
 
-typedef enum kvoffload_tier_job_kind {
-  KVOFFLOAD_TIER_PROMOTE = 0, /* slots into host blocks */
-  KVOFFLOAD_TIER_WRITE = 1    /* host blocks into slots */
-} kvoffload_tier_job_kind_t;
-
 /* A tier job as the scheduler emitted it: a view into a step (valid until it is destroyed). */
 typedef struct kvoffload_tier_job {
   kvoffload_job_id_t id;
-  kvoffload_tier_job_kind_t kind;
-  uint32_t tier;          /* index into the scheduler's tiers */
-  const char* request_id; /* promotions: the request whose lookup started it; writes: "" */
+  kvoffload_job_kind_t kind; /* KVOFFLOAD_JOB_TIER_PROMOTE or _TIER_WRITE */
+  uint32_t tier;             /* index into the scheduler's tiers (and the worker's) */
+  const char* request_id;    /* promotions: the request whose lookup started it; writes: "" */
   const kvoffload_key_t* keys;
   const int32_t* host_block_ids;
   const int64_t* slots;

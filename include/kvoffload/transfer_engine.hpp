@@ -21,7 +21,8 @@ struct TransferEngineConfig {
   bool defer_stores = false;
 };
 
-/// A job the engine finished: the worker reports it to the scheduler (on_completed).
+/// A job the engine (or, for a tier job, a tier) finished: the worker reports it to the
+/// scheduler (on_completed). `kind` says which (is_tier_job: a tier job).
 struct FinishedTransfer {
   JobId job = 0;
   JobKind kind = JobKind::store;
@@ -29,8 +30,6 @@ struct FinishedTransfer {
   std::string error;
   std::uint64_t bytes = 0;
   double seconds = 0;
-  bool tier = false;  ///< a tier job (Worker::submit_tier); then tier_kind, not kind, applies
-  TierJobKind tier_kind = TierJobKind::write;
 };
 
 struct TransferStats {

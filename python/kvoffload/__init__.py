@@ -462,7 +462,7 @@ class Worker:
         self._w.submit(job)
 
     def submit_tier(self, job: TierJob) -> None:
-        """Starts a promotion or a tier write (finished as kind "tier_promote"/"tier_write")."""
+        """Starts a promotion or a tier write (finished as kind "promote"/"write")."""
         self._w.submit_tier(job)
 
     def clear_tiers(self) -> None:

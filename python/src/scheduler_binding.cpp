@@ -104,7 +104,7 @@ nb::list scan_to_list(const std::vector<std::optional<Key>>& scan) {
 namespace {
 
 void bind_tier_job(nb::module_& m) {
-  using TierState = std::tuple<JobId, std::string, std::uint32_t, std::string, std::string,
+  using TierState = std::tuple<JobId, std::string, std::uint32_t, std::string,
                                std::vector<std::pair<nb::bytes, std::uint32_t>>,
                                std::vector<HostBlockId>, std::vector<std::int64_t>>;
   nb::class_<TierJob>(m, "TierJob",
@@ -112,7 +112,6 @@ void bind_tier_job(nb::module_& m) {
       .def_ro("id", &TierJob::id)
       .def_prop_ro("kind", [](const TierJob& j) { return std::string(to_string(j.kind)); })
       .def_ro("tier", &TierJob::tier)
-      .def_prop_ro("medium", [](const TierJob& j) { return std::string(to_string(j.medium)); })
       .def_ro("request_id", &TierJob::request_id)
       .def_prop_ro("keys", [](const TierJob& j) { return keys_to_list(j.keys); })
       .def_prop_ro(
@@ -131,17 +130,19 @@ void bind_tier_job(nb::module_& m) {
            [](const TierJob& j) {
              std::vector<std::pair<nb::bytes, std::uint32_t>> keys;
              for (const Key& k : j.keys) keys.emplace_back(to_bytes(k.hash), k.group);
-             return TierState(j.id, std::string(to_string(j.kind)), j.tier,
-                              std::string(to_string(j.medium)), j.request_id, std::move(keys),
-                              j.host_block_ids, j.tier_block_ids);
+             return TierState(j.id, std::string(to_string(j.kind)), j.tier, j.request_id,
+                              std::move(keys), j.host_block_ids, j.tier_block_ids);
            })
       .def("__setstate__", [](TierJob& j, const TierState& state) {
         new (&j) TierJob();
-        const auto& [id, kind, tier, medium, request, keys, hosts, slots] = state;
+        const auto& [id, kind, tier, request, keys, hosts, slots] = state;
         j.id = id;
-        j.kind = parse_tier_job_kind(kind, "TierJob: kind");
+        j.kind = parse_job_kind(kind, "TierJob: kind");
+        if (!is_tier_job(j.kind)) {
+          throw invalid_argument("TierJob: kind \"" + kind +
+                                 "\" is not a tier job's (promote or write)");
+        }
         j.tier = tier;
-        j.medium = parse_medium(medium, "TierJob: medium");
         j.request_id = request;
         for (std::size_t i = 0; i < keys.size(); ++i) {
           j.keys.push_back(Key{to_hash(keys[i].first, "TierJob", i), keys[i].second});

@@ -164,9 +164,8 @@ void bind_worker(nb::module_& m) {
            [](Worker& w) {
              nb::list out;
              for (const FinishedTransfer& f : w.get_finished()) {
-               const std::string kind = f.tier ? "tier_" + std::string(to_string(f.tier_kind))
-                                               : std::string(to_string(f.kind));
-               out.append(nb::make_tuple(f.job, kind, f.ok, f.error, f.bytes));
+               out.append(
+                   nb::make_tuple(f.job, std::string(to_string(f.kind)), f.ok, f.error, f.bytes));
              }
              return out;
            })

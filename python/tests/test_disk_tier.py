@@ -52,14 +52,14 @@ def test_written_through_then_promoted_after_a_restart(tmp_path):
     s.on_allocated("a", [kv.AllocatedGroup([])], 0)
     run(s, w, s.build_step([kv.ScheduledRequest("a", 0, 64, [first])]))
     step = s.build_step([])
-    assert [(j.kind, j.medium, len(j.keys)) for j in step.tier_jobs] == [("write", "disk", 2)]
+    assert [(j.kind, j.tier, len(j.keys)) for j in step.tier_jobs] == [("write", 0, 2)]
     finished_kinds = []
     w.submit_step(step)
     w.wait([j.id for j in step.tier_jobs])
     for f in w.get_finished():
         finished_kinds.append(f.kind)
         s.on_completed([kv.JobReport(f.job, ok=f.ok)])
-    assert finished_kinds == ["tier_write"]
+    assert finished_kinds == ["write"]
     assert s.tier_stats(0)["blocks_written"] == 2
     events = s.take_events()
     assert [(e.removed, e.medium, len(e.keys)) for e in events] == [(False, "host", 2),

@@ -79,7 +79,7 @@ def test_engine_b_loads_what_engine_a_stored(cluster):
     s.on_allocated("a", [kv.AllocatedGroup([])], 0)
     run(s, w, s.build_step([kv.ScheduledRequest("a", 0, 64, [first])]))
     step = s.build_step([])
-    assert [(j.kind, j.medium, len(j.keys)) for j in step.tier_jobs] == [("write", "shared", 2)]
+    assert [(j.kind, j.tier, len(j.keys)) for j in step.tier_jobs] == [("write", 0, 2)]
     run(s, w, step)
     assert s.tier_stats(0)["blocks_written"] == 2
     assert w.shared_tier_stats(0)["writes"] == 2

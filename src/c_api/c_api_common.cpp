@@ -70,6 +70,15 @@ kvoffload_key_t to_c(const Key& key) noexcept {
   return out;
 }
 
+static_assert(static_cast<int>(JobKind::load) == KVOFFLOAD_JOB_LOAD &&
+              static_cast<int>(JobKind::store) == KVOFFLOAD_JOB_STORE &&
+              static_cast<int>(JobKind::promote) == KVOFFLOAD_JOB_TIER_PROMOTE &&
+              static_cast<int>(JobKind::write) == KVOFFLOAD_JOB_TIER_WRITE);
+
+kvoffload_job_kind_t to_c(JobKind kind) noexcept {
+  return static_cast<kvoffload_job_kind_t>(kind);
+}
+
 Key from_c(const kvoffload_key_t& key, std::string_view fn, std::size_t index) {
   return Key{to_hash(key.hash, fn, index), key.group};
 }

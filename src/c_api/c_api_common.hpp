@@ -79,6 +79,8 @@ void require_struct_size(std::size_t got, std::size_t want, std::string_view fn,
 
 BlockHash to_hash(const kvoffload_block_hash_t& h, std::string_view fn, std::size_t index);
 kvoffload_key_t to_c(const Key& key) noexcept;
+/// The C API numbers JobKind the same way (checked at compile time).
+kvoffload_job_kind_t to_c(JobKind kind) noexcept;
 Key from_c(const kvoffload_key_t& key, std::string_view fn, std::size_t index);
 /// Checks struct_size and nodes/name (naming `what`), then converts.
 SharedTierConfig from_c(const kvoffload_shared_tier_config_t& c, std::string_view fn,

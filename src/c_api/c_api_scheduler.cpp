@@ -433,7 +433,7 @@ kvoffload_status_t kvoffload_step_get_tier_job(kvoffload_step_t step, size_t ind
     }
     const TierJob& j = jobs[index];
     job->id = j.id;
-    job->kind = j.kind == TierJobKind::promote ? KVOFFLOAD_TIER_PROMOTE : KVOFFLOAD_TIER_WRITE;
+    job->kind = to_c(j.kind);
     job->tier = j.tier;
     job->request_id = j.request_id.c_str();
     job->keys = step->tier_keys[index].data();

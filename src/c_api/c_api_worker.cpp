@@ -180,14 +180,8 @@ kvoffload_status_t kvoffload_worker_get_finished(kvoffload_worker_t w,
     }
     for (std::size_t i = 0; i < w->handed.size(); ++i) {
       const FinishedTransfer& f = w->handed[i];
-      kvoffload_job_kind_t kind =
-          f.kind == JobKind::load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE;
-      if (f.tier) {
-        kind = f.tier_kind == TierJobKind::promote ? KVOFFLOAD_JOB_TIER_PROMOTE
-                                                   : KVOFFLOAD_JOB_TIER_WRITE;
-      }
-      finished[i] =
-          kvoffload_finished_transfer_t{f.job, kind, f.ok ? 1 : 0, f.error.c_str(), f.bytes};
+      finished[i] = kvoffload_finished_transfer_t{f.job, to_c(f.kind), f.ok ? 1 : 0,
+                                                  f.error.c_str(), f.bytes};
     }
     *num_finished = w->handed.size();
   });
@@ -226,16 +220,15 @@ kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t w,
     TierJob t;
     t.id = job->id;
     switch (raw_enum(job->kind)) {
-      case KVOFFLOAD_TIER_PROMOTE: t.kind = TierJobKind::promote; break;
-      case KVOFFLOAD_TIER_WRITE: t.kind = TierJobKind::write; break;
+      case KVOFFLOAD_JOB_TIER_PROMOTE: t.kind = JobKind::promote; break;
+      case KVOFFLOAD_JOB_TIER_WRITE: t.kind = JobKind::write; break;
       default:
-        throw invalid_argument(fmt::format("{}: job {}: kind is {} (0 promote, 1 write)", fn,
-                                           job->id, raw_enum(job->kind)));
+        throw invalid_argument(fmt::format(
+            "{}: job {}: kind is {} (KVOFFLOAD_JOB_TIER_PROMOTE {} or _TIER_WRITE {})", fn, job->id,
+            raw_enum(job->kind), static_cast<int>(KVOFFLOAD_JOB_TIER_PROMOTE),
+            static_cast<int>(KVOFFLOAD_JOB_TIER_WRITE)));
     }
-    t.tier = job->tier;
-    // kvoffload_tier_job_t carries no medium: the worker's own tier t says what it is (a
-    // shared-tier job from C used to be taken for a disk one and refused).
-    if (t.tier < w->worker.num_tiers()) t.medium = w->worker.tier_medium(t.tier);
+    t.tier = job->tier;  // the worker's tier t knows its own kind
     if (job->request_id != nullptr) t.request_id = job->request_id;
     require_array(job->keys, job->num_blocks, fn, "job->keys");
     require_array(job->host_block_ids, job->num_blocks, fn, "job->host_block_ids");

@@ -10,11 +10,10 @@ namespace {
 
 // One table per enum, in enumerator order: to_string indexes it, parse searches it.
 constexpr std::array<std::string_view, 3> kGroupKind{"full_attention", "sliding_window", "mamba"};
-constexpr std::array<std::string_view, 2> kJobKind{"load", "store"};
+constexpr std::array<std::string_view, 4> kJobKind{"load", "store", "promote", "write"};
 constexpr std::array<std::string_view, 2> kBackendKind{"host", "cuda"};
 constexpr std::array<std::string_view, 3> kMedium{"host", "disk", "shared"};
 constexpr std::array<std::string_view, 3> kDiskIo{"auto", "io_uring", "threads"};
-constexpr std::array<std::string_view, 2> kTierJobKind{"promote", "write"};
 constexpr std::array<std::string_view, 2> kEvictionPolicy{"lru", "arc"};
 constexpr std::array<std::string_view, 3> kLookupResult{"miss", "pending", "hit"};
 constexpr std::array<std::string_view, 3> kHugePages{"off", "prefer", "require"};
@@ -57,7 +56,6 @@ KVOFFLOAD_ENUM_NAMES(JobKind, kJobKind, parse_job_kind, "job kind")
 KVOFFLOAD_ENUM_NAMES(BackendKind, kBackendKind, parse_backend_kind, "backend")
 KVOFFLOAD_ENUM_NAMES(Medium, kMedium, parse_medium, "medium")
 KVOFFLOAD_ENUM_NAMES(DiskIo, kDiskIo, parse_disk_io, "disk I/O engine")
-KVOFFLOAD_ENUM_NAMES(TierJobKind, kTierJobKind, parse_tier_job_kind, "tier job kind")
 KVOFFLOAD_ENUM_NAMES(EvictionPolicyKind, kEvictionPolicy, parse_eviction_policy, "eviction policy")
 KVOFFLOAD_ENUM_NAMES(HugePages, kHugePages, parse_huge_pages, "huge page setting")
 KVOFFLOAD_ENUM_NAMES(Pinning, kPinning, parse_pinning, "pinning")

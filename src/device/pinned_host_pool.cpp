@@ -207,6 +207,10 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   // (A simulated device injects its own: SimDevice::inject_failure("host_register", ...).)
   const char* inject = std::getenv("KVOFFLOAD_FAULT_REGISTER_CHUNK");
   const long fail_chunk = inject != nullptr ? std::strtol(inject, nullptr, 10) : -1L;
+  // Who registered what is known before the first registration: whatever throws from here
+  // on, release() (the constructor's unwinding, or the destructor) unregisters it.
+  registered_.reserve((size_bytes() + chunk - 1) / chunk);
+  runtime_ = runtime;
   for (std::size_t offset = 0; offset < size_bytes(); offset += chunk) {
     const std::size_t len = std::min(chunk, size_bytes() - offset);
     const int err = static_cast<long>(registered_.size()) == fail_chunk
@@ -216,11 +220,13 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
       registered_.emplace_back(base_ + offset, len);
       continue;
     }
+    // Unwound first: formatting the message may throw.
+    for (const auto& [ptr, n] : registered_) (void)runtime->host_unregister(ptr);
+    registered_.clear();
+    runtime_.reset();
     const std::string what =
         fmt::format("host pool: cudaHostRegister of {} at offset {} failed: {}", format_bytes(len),
                     format_bytes(offset), runtime->describe(err));
-    for (const auto& [ptr, n] : registered_) (void)runtime->host_unregister(ptr);
-    registered_.clear();
     if (!config.allow_unpinned) throw cuda_error(what);
     detail::logger().error(
         "{}; continuing with UNPINNED memory (allow_unpinned): copies will "
@@ -228,7 +234,6 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
         what);
     return;
   }
-  runtime_ = std::move(runtime);
   report_.pinned = true;
   report_.registrations = registered_.size();
   report_.register_seconds = seconds_since(start);

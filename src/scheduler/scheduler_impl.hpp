@@ -95,7 +95,7 @@ struct PresenceTicket {
 
 struct TierJobState {
   JobId id = 0;
-  TierJobKind kind = TierJobKind::write;
+  JobKind kind = JobKind::write;
   std::uint32_t tier = 0;
   std::vector<Key> keys;
   std::vector<HostBlockId> host_ids;
@@ -217,7 +217,7 @@ struct Scheduler::Impl {
   /// build_step, write-back tiers: writes the blocks the host policy would evict next, so
   /// free_target host blocks stay free.
   void write_back();
-  TierJob& new_tier_job(TierJobKind kind, std::uint32_t tier, std::string request_id);
+  TierJob& new_tier_job(JobKind kind, std::uint32_t tier, std::string request_id);
 
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,

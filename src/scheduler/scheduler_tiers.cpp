@@ -32,13 +32,11 @@ TierState::TierState(const TierConfig& c, bool events)
       index(index_config(c, events)),
       queue_limit(c.write_queue_blocks > 0 ? c.write_queue_blocks : kDefaultWriteQueueBlocks) {}
 
-TierJob& Scheduler::Impl::new_tier_job(TierJobKind kind, std::uint32_t tier,
-                                       std::string request_id) {
+TierJob& Scheduler::Impl::new_tier_job(JobKind kind, std::uint32_t tier, std::string request_id) {
   TierJob& job = pending_tier_jobs.emplace_back();
   job.id = next_job++;
   job.kind = kind;
   job.tier = tier;
-  job.medium = tiers[tier]->config.medium;
   job.request_id = std::move(request_id);
   return job;
 }
@@ -121,7 +119,7 @@ void Scheduler::Impl::start_promotions(StepResult& out) {
           promote_release.push_back(p.keys[i]);
           continue;
         }
-        if (job == nullptr) job = &new_tier_job(TierJobKind::promote, t, p.request_id);
+        if (job == nullptr) job = &new_tier_job(JobKind::promote, t, p.request_id);
         const HostBlockId host = manager.block_of(p.keys[i]);
         KVOFFLOAD_ASSERT(host >= 0, "promotion of {}: no host block was prepared",
                          to_string(p.keys[i]));
@@ -133,7 +131,7 @@ void Scheduler::Impl::start_promotions(StepResult& out) {
       if (job == nullptr) continue;
       TierJobState& state = tier_jobs[job->id];
       state.id = job->id;
-      state.kind = TierJobKind::promote;
+      state.kind = JobKind::promote;
       state.tier = t;
       state.keys = job->keys;
       state.host_ids = job->host_block_ids;
@@ -177,7 +175,7 @@ bool Scheduler::Impl::issue_write(std::uint32_t t, std::span<const Key> keys,
     return false;
   }
   if (prepared.keys_to_store.empty()) return false;
-  TierJob& job = new_tier_job(TierJobKind::write, t, {});
+  TierJob& job = new_tier_job(JobKind::write, t, {});
   for (std::size_t i = 0; i < keys.size(); ++i) {
     if (prepared.key_stored[i] == 0) continue;  // a host block given twice
     job.keys.push_back(keys[i]);
@@ -188,7 +186,7 @@ bool Scheduler::Impl::issue_write(std::uint32_t t, std::span<const Key> keys,
   tier.queued += static_cast<std::int64_t>(job.keys.size());
   TierJobState& state = tier_jobs[job.id];
   state.id = job.id;
-  state.kind = TierJobKind::write;
+  state.kind = JobKind::write;
   state.tier = t;
   state.keys = job.keys;
   state.host_ids = job.host_block_ids;
@@ -255,7 +253,7 @@ void Scheduler::Impl::complete_tier_job(TierJobState& job) {
   TierState& tier = *tiers[job.tier];
   const auto n = static_cast<std::uint64_t>(job.keys.size());
   std::vector<HostBlockId> slots(job.tier_ids.begin(), job.tier_ids.end());
-  if (job.kind == TierJobKind::promote) {
+  if (job.kind == JobKind::promote) {
     manager.complete_store_blocks(job.host_ids, job.ok);
     tier.index.complete_load(job.keys);
     if (job.ok) {

@@ -10,6 +10,17 @@ namespace kvoffload {
 
 namespace detail {
 
+void check_host_blocks(const TierJob& job,
+                       const std::function<std::span<std::byte>(HostBlockId)>& host_block) {
+  for (const HostBlockId id : job.host_block_ids) {
+    try {
+      (void)host_block(id);
+    } catch (const invalid_argument& e) {
+      throw invalid_argument(fmt::format("tier job {}: {}", job.id, e.what()));
+    }
+  }
+}
+
 TierQueue::TierQueue(std::string name, bool failures_expected)
     : name_(std::move(name)), failures_expected_(failures_expected) {}
 
@@ -55,7 +66,8 @@ void TierQueue::done(const Task& task, bool ok) {
                  "{}: tier job {} ({}): {} of {} block(s) failed", name_, j.job.id,
                  to_string(j.job.kind), j.failed, j.job.keys.size());
   }
-  jobs_.erase(j.job.id);  // destroys j
+  const JobId id = j.job.id;
+  jobs_.erase(id);  // destroys j
   job_done_.notify_all();
 }
 
@@ -120,6 +132,7 @@ bool Tier::owns(JobId job) const {
 }
 
 void Tier::clear() {
+  if (num_slots() == 0) return;  // nothing of its own to clear (a shared tier)
   queue_->when_idle("clear()", [this] { clear_contents(); });
 }
 

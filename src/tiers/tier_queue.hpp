@@ -19,6 +19,11 @@
 
 namespace kvoffload::detail {
 
+/// Checks every host block of `job` exists (host_block throws invalid_argument otherwise),
+/// naming the job in the error.
+void check_host_blocks(const TierJob& job,
+                       const std::function<std::span<std::byte>(HostBlockId)>& host_block);
+
 class TierQueue {
  public:
   struct Job {

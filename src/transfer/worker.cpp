@@ -144,9 +144,8 @@ void Worker::submit_tier(const TierJob& job) {
   KVOFFLOAD_EXPECTS(job.tier < num_tiers(), "tier job {}: tier {} is not configured ({} tiers)",
                     job.id, job.tier, num_tiers());
   Tier& tier = *tiers_[job.tier];
-  KVOFFLOAD_EXPECTS(tier.medium() == job.medium,
-                    "tier job {}: medium {} but the worker's tier {} is a {} tier", job.id,
-                    to_string(job.medium), job.tier, to_string(tier.medium()));
+  KVOFFLOAD_EXPECTS(is_tier_job(job.kind), "tier job {}: kind {} is not a tier job's", job.id,
+                    to_string(job.kind));
   tier.submit(job);
 }
 
@@ -192,8 +191,7 @@ std::vector<FinishedTransfer> Worker::get_finished() {
       FinishedTransfer t;
       t.job = f.job;
       t.ok = f.ok;
-      t.tier = true;
-      t.tier_kind = f.kind;
+      t.kind = f.kind;
       if (!f.ok) t.error = fmt::format("{} block(s) failed", f.failed_blocks);
       out.push_back(std::move(t));
     }

@@ -36,16 +36,15 @@ TEST_CASE("Every public enum has names that parse back, and bad names are refuse
   check_names<GroupKind>({GroupKind::full_attention, GroupKind::sliding_window, GroupKind::mamba},
                          {"full_attention", "sliding_window", "mamba"}, parse_group_kind,
                          "full_attention, sliding_window or mamba");
-  check_names<JobKind>({JobKind::load, JobKind::store}, {"load", "store"}, parse_job_kind,
-                       "load or store");
+  check_names<JobKind>({JobKind::load, JobKind::store, JobKind::promote, JobKind::write},
+                       {"load", "store", "promote", "write"}, parse_job_kind,
+                       "load, store, promote or write");
   check_names<BackendKind>({BackendKind::host, BackendKind::cuda}, {"host", "cuda"},
                            parse_backend_kind, "host or cuda");
   check_names<Medium>({Medium::host, Medium::disk, Medium::shared}, {"host", "disk", "shared"},
                       parse_medium, "host, disk or shared");
   check_names<DiskIo>({DiskIo::automatic, DiskIo::io_uring, DiskIo::threads},
                       {"auto", "io_uring", "threads"}, parse_disk_io, "auto, io_uring or threads");
-  check_names<TierJobKind>({TierJobKind::promote, TierJobKind::write}, {"promote", "write"},
-                           parse_tier_job_kind, "promote or write");
   check_names<EvictionPolicyKind>({EvictionPolicyKind::lru, EvictionPolicyKind::arc},
                                   {"lru", "arc"}, parse_eviction_policy, "lru or arc");
   check_names<HugePages>({HugePages::off, HugePages::prefer, HugePages::require},
@@ -57,7 +56,14 @@ TEST_CASE("Every public enum has names that parse back, and bad names are refuse
       {"auto", "batch", "memcpy", "kernel", "staged"}, parse_copy_mode,
       "auto, batch, memcpy, kernel or staged");
   CHECK(to_string(LookupResult::pending) == "pending");
-  // The C API's numbering (kvoffload.h: KVOFFLOAD_JOB_LOAD 0, KVOFFLOAD_JOB_STORE 1).
+  // The C API's numbering (kvoffload.h: KVOFFLOAD_JOB_LOAD 0, _STORE 1, _TIER_PROMOTE 2,
+  // _TIER_WRITE 3), and which kinds are a tier job's.
   CHECK(static_cast<int>(JobKind::load) == 0);
   CHECK(static_cast<int>(JobKind::store) == 1);
+  CHECK(static_cast<int>(JobKind::promote) == 2);
+  CHECK(static_cast<int>(JobKind::write) == 3);
+  CHECK_FALSE(is_tier_job(JobKind::load));
+  CHECK_FALSE(is_tier_job(JobKind::store));
+  CHECK(is_tier_job(JobKind::promote));
+  CHECK(is_tier_job(JobKind::write));
 }

@@ -117,8 +117,8 @@ TEST_CASE("Keys missed in host memory are checked once, without waiting, then pr
   CHECK_FALSE(t.h->s.lookup("r", 0).has_value());
   const auto jobs = t.tier_jobs();
   REQUIRE(jobs.size() == 1);
-  CHECK(jobs[0].kind == TierJobKind::promote);
-  CHECK(jobs[0].medium == Medium::shared);
+  CHECK(jobs[0].kind == JobKind::promote);
+  CHECK(jobs[0].tier == 0);  // the only tier, the shared one
   CHECK(jobs[0].request_id == "r");
   CHECK(jobs[0].keys == keys_of({a[0], a[1], a[2]}));
   t.complete(jobs[0]);
@@ -167,8 +167,8 @@ TEST_CASE("Stores are written through to the shared tier and then need no check"
   t.h->complete(st.store_jobs[0].id);
   auto jobs = t.tier_jobs();
   REQUIRE(jobs.size() == 1);
-  CHECK(jobs[0].kind == TierJobKind::write);
-  CHECK(jobs[0].medium == Medium::shared);
+  CHECK(jobs[0].kind == JobKind::write);
+  CHECK(jobs[0].tier == 0);  // the only tier, the shared one
   CHECK(jobs[0].keys == keys_of(a));
   CHECK(jobs[0].host_block_ids == st.store_jobs[0].host_block_ids);
   t.complete(jobs[0]);
@@ -188,7 +188,7 @@ TEST_CASE("Stores are written through to the shared tier and then need no check"
   CHECK(t.presence->asked.size() == 2);
   jobs = t.tier_jobs();
   REQUIRE(jobs.size() == 1);
-  CHECK(jobs[0].kind == TierJobKind::promote);
+  CHECK(jobs[0].kind == JobKind::promote);
   CHECK(jobs[0].keys == keys_of(a));
 }
 
@@ -237,14 +237,12 @@ TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[schedu
   std::vector<TierJob> jobs;
   for (TierJob& j : h.s.build_step({}).tier_jobs) {
     // a[0]'s write-through to both tiers goes out too; then the promotions.
-    if (j.kind == TierJobKind::promote) jobs.push_back(std::move(j));
+    if (j.kind == JobKind::promote) jobs.push_back(std::move(j));
   }
   REQUIRE(jobs.size() == 2);
-  CHECK(jobs[0].tier == 0);
-  CHECK(jobs[0].medium == Medium::disk);
+  CHECK(jobs[0].tier == 0);  // the disk
   CHECK(jobs[0].keys == keys_of({a[1], a[2]}));
-  CHECK(jobs[1].tier == 1);
-  CHECK(jobs[1].medium == Medium::shared);
+  CHECK(jobs[1].tier == 1);  // the shared tier
   CHECK(jobs[1].keys == keys_of({a[3]}));
   for (const TierJob& j : jobs) (void)h.s.on_completed(std::vector<JobReport>{{j.id, 1, true}});
   CHECK(h.s.lookup("r", 0) == 64);
@@ -263,7 +261,7 @@ TEST_CASE("A block promoted from the shared tier is written to the disk, not bac
   CHECK_FALSE(h.s.lookup("r", 0).has_value());
   std::vector<TierJob> promotions = h.s.build_step({}).tier_jobs;
   REQUIRE(promotions.size() == 2);
-  REQUIRE(promotions[1].medium == Medium::shared);
+  REQUIRE(promotions[1].tier == 1);  // the shared tier
   REQUIRE(promotions[1].keys == keys_of({a[1], a[2]}));
 
   SECTION("both succeed: the shared tier's blocks go to the disk, nothing to the cluster") {
@@ -272,7 +270,7 @@ TEST_CASE("A block promoted from the shared tier is written to the disk, not bac
     }
     const std::vector<TierJob> writes = h.s.build_step({}).tier_jobs;
     REQUIRE(writes.size() == 1);
-    CHECK(writes[0].kind == TierJobKind::write);
+    CHECK(writes[0].kind == JobKind::write);
     CHECK(writes[0].tier == 0);
     CHECK(writes[0].keys == keys_of({a[1], a[2]}));
     CHECK(writes[0].host_block_ids == promotions[1].host_block_ids);

@@ -78,8 +78,8 @@ TEST_CASE("A completed store is written through to the tier, its host blocks pin
   const auto jobs = t.tier_jobs();
   REQUIRE(jobs.size() == 1);
   const TierJob& w = jobs[0];
-  CHECK(w.kind == TierJobKind::write);
-  CHECK(w.medium == Medium::disk);
+  CHECK(w.kind == JobKind::write);
+  CHECK(w.tier == 0);
   CHECK(w.keys == keys_of(a));
   CHECK(w.host_block_ids == store.host_block_ids);
   CHECK(w.tier_block_ids == std::vector<std::int64_t>{0, 1, 2, 3});
@@ -133,7 +133,7 @@ TEST_CASE("A key only in the tier is promoted before the lookup answers", "[sche
   for (const BlockHash& hash : a) CHECK(t.in_host(hash) == LookupResult::pending);
   REQUIRE(jobs.size() == 1);
   const TierJob& p = jobs[0];
-  CHECK(p.kind == TierJobKind::promote);
+  CHECK(p.kind == JobKind::promote);
   CHECK(p.request_id == "c");
   CHECK(p.keys == keys_of(a));
   CHECK(p.tier_block_ids == std::vector<std::int64_t>{0, 1, 2, 3});
@@ -380,7 +380,7 @@ TEST_CASE(
   CHECK_FALSE(t.h.lookup("c", a, 65, 0).has_value());
   const auto promote = t.tier_jobs();
   REQUIRE(promote.size() == 1);
-  CHECK(promote[0].kind == TierJobKind::promote);
+  CHECK(promote[0].kind == JobKind::promote);
   CHECK(promote[0].keys == std::vector<Key>{Key{a[2], 0}, Key{a[3], 0}});
   t.complete(promote[0]);
   CHECK(t.h.s.lookup("c", 0) == 64);

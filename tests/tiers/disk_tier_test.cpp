@@ -70,8 +70,7 @@ DiskTierConfig config_in(const TempDir& dir, std::uint64_t slots = 64, int threa
   return c;
 }
 
-TierJob job_of(JobId id, TierJobKind kind, int first, int n, HostBlockId host0,
-               std::int64_t slot0) {
+TierJob job_of(JobId id, JobKind kind, int first, int n, HostBlockId host0, std::int64_t slot0) {
   TierJob j;
   j.id = id;
   j.kind = kind;
@@ -104,8 +103,8 @@ TEST_CASE("Tier jobs write host blocks to slots and promote them back byte for b
               std::string(to_string(tier.io())).c_str(),
               tier.slots().direct() ? "O_DIRECT" : "buffered");
   if (io == DiskIo::threads) CHECK(tier.io() == DiskIo::threads);
-  const TierJob w1 = job_of(1, TierJobKind::write, 0, 25, 0, 10);
-  const TierJob w2 = job_of(2, TierJobKind::write, 25, 15, 25, 40);
+  const TierJob w1 = job_of(1, JobKind::write, 0, 25, 0, 10);
+  const TierJob w2 = job_of(2, JobKind::write, 25, 15, 25, 40);
   tier.submit(w1);
   tier.submit(w2);
   const std::vector<JobId> writes{1, 2};
@@ -117,7 +116,7 @@ TEST_CASE("Tier jobs write host blocks to slots and promote them back byte for b
   // Promote them into other host blocks (40..79), reversed, and compare.
   TierJob p;
   p.id = 3;
-  p.kind = TierJobKind::promote;
+  p.kind = JobKind::promote;
   for (int i = 0; i < 40; ++i) {
     p.keys.push_back(key_of(i));
     p.host_block_ids.push_back(79 - i);
@@ -144,7 +143,7 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
   {
     DiskTier tier(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
                   [&](HostBlockId id) { return pool.block(id); });
-    tier.submit(job_of(1, TierJobKind::write, 0, 4, 0, 0));
+    tier.submit(job_of(1, JobKind::write, 0, 4, 0, 0));
     const std::vector<JobId> ids{1};
     REQUIRE(finish(tier, ids).at(0).ok);
     layout_dir = tier.slots().layout_directory();
@@ -167,7 +166,7 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
     REQUIRE(scanned[static_cast<std::size_t>(i)].has_value());  // headers are fine
     CHECK(*scanned[static_cast<std::size_t>(i)] == key_of(i));
   }
-  TierJob p = job_of(2, TierJobKind::promote, 0, 4, 4, 0);
+  TierJob p = job_of(2, JobKind::promote, 0, 4, 4, 0);
   tier.submit(p);
   const std::vector<JobId> ids{2};
   const auto done = finish(tier, ids);
@@ -191,13 +190,13 @@ TEST_CASE("clear() empties the tier, also for the next start", "[disk][tier]") {
   {
     DiskTier tier(config_in(dir, 8), "l", kBlockBytes,
                   [&](HostBlockId id) { return pool.block(id); });
-    tier.submit(job_of(1, TierJobKind::write, 0, 4, 0, 0));
+    tier.submit(job_of(1, JobKind::write, 0, 4, 0, 0));
     const std::vector<JobId> ids{1};
     REQUIRE(finish(tier, ids).at(0).ok);
     tier.clear();
     for (const auto& k : tier.scanned()) CHECK_FALSE(k.has_value());
     // A promotion of a cleared slot is a miss.
-    tier.submit(job_of(2, TierJobKind::promote, 0, 1, 3, 0));
+    tier.submit(job_of(2, JobKind::promote, 0, 1, 3, 0));
     const std::vector<JobId> p{2};
     CHECK_FALSE(finish(tier, p).at(0).ok);
   }
@@ -243,9 +242,9 @@ TEST_CASE("Bad tier jobs are refused before any I/O", "[disk][tier]") {
   Pool pool(4);
   DiskTier tier(config_in(dir, 4), "l", kBlockBytes,
                 [&](HostBlockId id) { return pool.block(id); });
-  TierJob j = job_of(1, TierJobKind::write, 0, 2, 0, 3);  // slot 4 is out of range
+  TierJob j = job_of(1, JobKind::write, 0, 2, 0, 3);  // slot 4 is out of range
   CHECK_THROWS_AS(tier.submit(j), invalid_argument);
-  j = job_of(1, TierJobKind::write, 0, 2, 0, 0);
+  j = job_of(1, JobKind::write, 0, 2, 0, 0);
   j.tier_block_ids.pop_back();
   CHECK_THROWS_AS(tier.submit(j), invalid_argument);
   CHECK(tier.slots().stats().writes == 0);
@@ -273,8 +272,8 @@ TEST_CASE("A full disk fails the writes that do not fit and nothing else", "[dis
       DiskTierConfig c = config_in(dir, 16, 2, io);
       DiskTier tier(c, "l", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
       // The slab file is sparse and 16 slots long: slots 0..5 fit under the limit.
-      tier.submit(job_of(1, TierJobKind::write, 0, 4, 0, 0));
-      tier.submit(job_of(2, TierJobKind::write, 4, 4, 4, 8));
+      tier.submit(job_of(1, JobKind::write, 0, 4, 0, 0));
+      tier.submit(job_of(2, JobKind::write, 4, 4, 4, 8));
       const std::vector<JobId> ids{1, 2};
       tier.wait(ids);
       auto done = tier.get_finished();
@@ -282,7 +281,7 @@ TEST_CASE("A full disk fails the writes that do not fit and nothing else", "[dis
       if (done.size() != 2 || !done[0].ok || done[1].ok || done[1].failed_blocks != 4) status |= 1;
       if (tier.slots().stats().write_errors != 4) status |= 2;
       // The process goes on: a promotion of the good slots still works.
-      tier.submit(job_of(3, TierJobKind::promote, 0, 4, 8, 0));
+      tier.submit(job_of(3, JobKind::promote, 0, 4, 8, 0));
       const std::vector<JobId> p{3};
       tier.wait(p);
       const auto got = tier.get_finished();
@@ -412,7 +411,7 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   DiskTierConfig c = config_in(dir, 200, 1);
   c.io_depth = depth;
   DiskTier tier(c, "l", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
-  TierJob w = job_of(1, TierJobKind::write, 0, 0, 0, 0);
+  TierJob w = job_of(1, JobKind::write, 0, 0, 0, 0);
   for (int i = 0; i < 200; ++i) {
     w.keys.push_back(key_of(i));
     w.host_block_ids.push_back(i % 8);
@@ -425,7 +424,7 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   CHECK(done[0].ok);
   TierJob p = w;
   p.id = 2;
-  p.kind = TierJobKind::promote;
+  p.kind = JobKind::promote;
   for (auto& h : p.host_block_ids) h = 8 + h;
   tier.submit(p);
   const std::vector<JobId> pid{2};

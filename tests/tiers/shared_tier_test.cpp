@@ -47,12 +47,11 @@ Key key(std::uint64_t seed, std::uint32_t group = 0) {
   return Key{BlockHash::from_bytes(b), group};
 }
 
-TierJob job(JobId id, TierJobKind kind, const std::vector<Key>& keys,
+TierJob job(JobId id, JobKind kind, const std::vector<Key>& keys,
             const std::vector<HostBlockId>& hosts) {
   TierJob j;
   j.id = id;
   j.kind = kind;
-  j.medium = Medium::shared;
   j.keys = keys;
   j.host_block_ids = hosts;
   j.tier_block_ids.assign(keys.size(), -1);
@@ -116,7 +115,7 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   for (auto& b : pool.bytes) b = static_cast<std::byte>(rng());
   const std::vector<Key> keys = {key(1), key(2), key(3), key(4), key(5, 1)};
   const std::vector<HostBlockId> sources = {0, 1, 2, 3, 4};
-  REQUIRE(run(tier, job(1, TierJobKind::write, keys, sources)).ok);
+  REQUIRE(run(tier, job(1, JobKind::write, keys, sources)).ok);
   CHECK(tier.shared_stats().writes == 5);
 
   // Another client damages key 2 (garbage), flips one payload byte of key 3 and deletes key 4.
@@ -127,7 +126,7 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
 
   // Promote all five into blocks 8..12, filled with a sentinel first.
   std::memset(pool.block(8).data(), 0xAB, 5 * kBlockBytes);
-  const FinishedTierJob f = run(tier, job(2, TierJobKind::promote, keys, {8, 9, 10, 11, 12}));
+  const FinishedTierJob f = run(tier, job(2, JobKind::promote, keys, {8, 9, 10, 11, 12}));
   CHECK_FALSE(f.ok);
   CHECK(f.failed_blocks == 3);
   for (const std::size_t i : {std::size_t{0}, std::size_t{4}}) {
@@ -154,23 +153,23 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   SharedTier other(config(name), 2, "layout B", kBlockBytes,
                    [&](HostBlockId id) { return pool.block(id); });
   CHECK(other.key_namespace() == tier.key_namespace());
-  CHECK_FALSE(run(other, job(3, TierJobKind::promote, {keys[0]}, {13})).ok);
+  CHECK_FALSE(run(other, job(3, JobKind::promote, {keys[0]}, {13})).ok);
   CHECK(other.shared_stats().bad_values == 1);
   // Same name, another block size factor: other keys, so a miss without reading anything.
   SharedTier factor4(config(name), 4, "layout A", kBlockBytes,
                      [&](HostBlockId id) { return pool.block(id); });
   CHECK(factor4.key_namespace() != tier.key_namespace());
-  CHECK_FALSE(run(factor4, job(6, TierJobKind::promote, {keys[0]}, {14})).ok);
+  CHECK_FALSE(run(factor4, job(6, JobKind::promote, {keys[0]}, {14})).ok);
   CHECK(factor4.shared_stats().read_misses == 1);
   CHECK(factor4.shared_stats().bad_values == 0);
   // A value marked partly written (valid_from at header offset 72 not 0), its payload sum
   // still right: refused, the tier holds whole blocks only (SEMANTICS 6.8).
   REQUIRE(cli("-c SETRANGE '" + name_of(0) + "' 72 1") != "");
-  CHECK_FALSE(run(tier, job(7, TierJobKind::promote, {keys[0]}, {15})).ok);
+  CHECK_FALSE(run(tier, job(7, JobKind::promote, {keys[0]}, {15})).ok);
   CHECK(tier.shared_stats().bad_values == 3);
   // Jobs with lists that do not match are refused before anything runs.
-  CHECK_THROWS_AS(tier.submit(job(4, TierJobKind::promote, keys, {1})), invalid_argument);
-  CHECK_THROWS_AS(tier.submit(job(5, TierJobKind::promote, {keys[0]}, {99})), invalid_argument);
+  CHECK_THROWS_AS(tier.submit(job(4, JobKind::promote, keys, {1})), invalid_argument);
+  CHECK_THROWS_AS(tier.submit(job(5, JobKind::promote, {keys[0]}, {99})), invalid_argument);
 }
 
 TEST_CASE("Shared tier: an unreachable cluster fails blocks within the timeouts", "[cluster]") {
@@ -179,10 +178,10 @@ TEST_CASE("Shared tier: an unreachable cluster fails blocks within the timeouts"
   c.nodes = "127.0.0.1:1";
   SharedTier tier(c, 1, "layout", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
   const auto start = std::chrono::steady_clock::now();
-  const FinishedTierJob w = run(tier, job(1, TierJobKind::write, {key(1), key(2)}, {0, 1}));
+  const FinishedTierJob w = run(tier, job(1, JobKind::write, {key(1), key(2)}, {0, 1}));
   CHECK_FALSE(w.ok);
   CHECK(w.failed_blocks == 2);
-  const FinishedTierJob p = run(tier, job(2, TierJobKind::promote, {key(1)}, {2}));
+  const FinishedTierJob p = run(tier, job(2, JobKind::promote, {key(1)}, {2}));
   CHECK_FALSE(p.ok);
   CHECK(tier.shared_stats().write_errors == 2);
   CHECK(tier.shared_stats().read_errors == 1);

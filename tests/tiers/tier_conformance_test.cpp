@@ -8,6 +8,7 @@
 
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -50,12 +51,10 @@ Key key_of(std::uint64_t run, int i) {
   return Key{BlockHash::from_bytes(b), static_cast<std::uint32_t>(i % 3)};
 }
 
-TierJob job_of(JobId id, TierJobKind kind, Medium medium, std::uint64_t run, int first, int n,
-               HostBlockId host0) {
+TierJob job_of(JobId id, JobKind kind, std::uint64_t run, int first, int n, HostBlockId host0) {
   TierJob j;
   j.id = id;
   j.kind = kind;
-  j.medium = medium;
   for (int i = 0; i < n; ++i) {
     j.keys.push_back(key_of(run, first + i));
     j.host_block_ids.push_back(host0 + i);
@@ -90,16 +89,16 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
 
   SECTION("written blocks promote back byte for byte, and are counted") {
     const TierIoStats before = tier->stats();
-    tier->submit(job_of(1, TierJobKind::write, medium, run, 0, kBlocks, 0));
+    tier->submit(job_of(1, JobKind::write, run, 0, kBlocks, 0));
     const FinishedTierJob w = finish(*tier, 1);
     CHECK(w.ok);
-    CHECK(w.kind == TierJobKind::write);
+    CHECK(w.kind == JobKind::write);
     CHECK(w.failed_blocks == 0);
     std::memset(pool.bytes.data() + kBlocks * kBlockBytes, 0, kBlocks * kBlockBytes);
-    tier->submit(job_of(2, TierJobKind::promote, medium, run, 0, kBlocks, kBlocks));
+    tier->submit(job_of(2, JobKind::promote, run, 0, kBlocks, kBlocks));
     const FinishedTierJob p = finish(*tier, 2);
     CHECK(p.ok);
-    CHECK(p.kind == TierJobKind::promote);
+    CHECK(p.kind == JobKind::promote);
     CHECK(std::memcmp(pool.bytes.data() + kBlocks * kBlockBytes, written.data(), written.size()) ==
           0);
     const TierIoStats after = tier->stats();
@@ -110,10 +109,10 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
   }
 
   SECTION("a promotion of a key the tier does not hold fails, counted, with no bytes claimed") {
-    tier->submit(job_of(1, TierJobKind::write, medium, run, 0, 4, 0));
+    tier->submit(job_of(1, JobKind::write, run, 0, 4, 0));
     CHECK(finish(*tier, 1).ok);
     // The same slots (and host blocks), other keys: never another key's bytes.
-    TierJob other = job_of(2, TierJobKind::promote, medium, run + 1, 0, 4, kBlocks);
+    TierJob other = job_of(2, JobKind::promote, run + 1, 0, 4, kBlocks);
     other.tier_block_ids = {0, 1, 2, 3};
     const TierIoStats before = tier->stats();
     tier->submit(other);
@@ -127,8 +126,7 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
   SECTION("a job without blocks finishes at once; unknown ids are not waited for") {
     TierJob empty;
     empty.id = 7;
-    empty.kind = TierJobKind::promote;
-    empty.medium = medium;
+    empty.kind = JobKind::promote;
     tier->submit(empty);
     CHECK(finish(*tier, 7).ok);
     const JobId unknown[] = {12345};
@@ -137,10 +135,10 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
   }
 
   SECTION("a job that does not fit is refused, naming it, and nothing runs") {
-    TierJob bad = job_of(9, TierJobKind::write, medium, run, 0, 3, 0);
+    TierJob bad = job_of(9, JobKind::write, run, 0, 3, 0);
     bad.host_block_ids.pop_back();
     CHECK_THROWS_WITH(tier->submit(bad), ContainsSubstring("tier job 9"));
-    TierJob outside = job_of(10, TierJobKind::write, medium, run, 0, 3, 0);
+    TierJob outside = job_of(10, JobKind::write, run, 0, 3, 0);
     outside.host_block_ids[1] = 2 * kBlocks;  // past the pool
     CHECK_THROWS_AS(tier->submit(outside), invalid_argument);
     const JobId ids[] = {9, 10};
@@ -150,21 +148,58 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
   }
 
   SECTION("destruction finishes the jobs submitted; a new instance finds their blocks") {
-    tier->submit(job_of(1, TierJobKind::write, medium, run, 0, kBlocks, 0));
+    tier->submit(job_of(1, JobKind::write, run, 0, kBlocks, 0));
     tier.reset();  // at once: the write must still complete
     tier = make(pool);
     std::memset(pool.bytes.data() + kBlocks * kBlockBytes, 0, kBlocks * kBlockBytes);
-    tier->submit(job_of(2, TierJobKind::promote, medium, run, 0, kBlocks, kBlocks));
+    tier->submit(job_of(2, JobKind::promote, run, 0, kBlocks, kBlocks));
     CHECK(finish(*tier, 2).ok);
     CHECK(std::memcmp(pool.bytes.data() + kBlocks * kBlockBytes, written.data(), written.size()) ==
           0);
   }
 
+  SECTION("many jobs in flight at once each finish once, with their own result") {
+    // Six writes of 4 blocks, submitted back to back (a tier may batch across them); then,
+    // once they are done (the scheduler never reads a slot being written), six promotions,
+    // every other one of keys nobody wrote.
+    std::map<JobId, FinishedTierJob> seen;
+    const auto collect = [&](const std::vector<JobId>& ids) {
+      tier->wait(ids);
+      for (const FinishedTierJob& f : tier->get_finished()) {
+        CHECK(seen.emplace(f.job, f).second);  // once
+      }
+    };
+    for (JobId id = 0; id < 6; ++id) {
+      tier->submit(job_of(id, JobKind::write, run, static_cast<int>(id) * 4, 4,
+                          static_cast<HostBlockId>(id) * 4));
+    }
+    collect({0, 1, 2, 3, 4, 5});
+    std::memset(pool.bytes.data() + kBlocks * kBlockBytes, 0, kBlocks * kBlockBytes);
+    for (JobId id = 6; id < 12; ++id) {
+      const int first = static_cast<int>(id - 6) * 4;
+      tier->submit(
+          job_of(id, JobKind::promote, id % 2 == 0 ? run : run + 7, first, 4, kBlocks + first));
+    }
+    collect({6, 7, 8, 9, 10, 11});
+    REQUIRE(seen.size() == 12);
+    for (JobId id = 0; id < 6; ++id) CHECK(seen[id].ok);
+    for (JobId id = 6; id < 12; ++id) {
+      const bool was_written = id % 2 == 0;
+      CHECK(seen[id].ok == was_written);
+      CHECK(seen[id].failed_blocks == (was_written ? 0 : 4));
+      if (was_written) {
+        const std::size_t at = static_cast<std::size_t>(id - 6) * 4 * kBlockBytes;
+        CHECK(std::memcmp(pool.bytes.data() + kBlocks * kBlockBytes + at, written.data() + at,
+                          4 * kBlockBytes) == 0);
+      }
+    }
+  }
+
   SECTION("clear() with no job running succeeds; a job id can run again once finished") {
-    tier->submit(job_of(1, TierJobKind::write, medium, run, 0, 2, 0));
+    tier->submit(job_of(1, JobKind::write, run, 0, 2, 0));
     CHECK(finish(*tier, 1).ok);
     CHECK_NOTHROW(tier->clear());
-    tier->submit(job_of(1, TierJobKind::write, medium, run, 0, 2, 0));
+    tier->submit(job_of(1, JobKind::write, run, 0, 2, 0));
     CHECK(finish(*tier, 1).ok);
   }
 }

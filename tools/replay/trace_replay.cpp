@@ -137,14 +137,15 @@ ordered job_json(const TransferJob& job) {
   return j;
 }
 
-ordered tier_job_json(const TierJob& job) {
+// The medium is the scheduler's tier's (a job does not carry it: the worker knows its tiers).
+ordered tier_job_json(const TierJob& job, const SchedulerConfig& config) {
   ordered keys = ordered::array();
   for (const Key& k : job.keys) keys.push_back(key_json(k));
   ordered j;
   j["job"] = job.id;
   j["kind"] = std::string(to_string(job.kind));
   j["tier"] = job.tier;
-  j["medium"] = std::string(to_string(job.medium));
+  j["medium"] = std::string(to_string(config.tiers.at(job.tier).medium));
   j["req"] = job.request_id;
   j["keys"] = std::move(keys);
   j["host"] = ordered{{"block_ids", job.host_block_ids}};
@@ -342,7 +343,8 @@ class Replayer {
         o["flush"] = r.flush;
         if (!s.config().tiers.empty()) {
           ordered tier_jobs = ordered::array();
-          for (const TierJob& job : r.tier_jobs) tier_jobs.push_back(tier_job_json(job));
+          for (const TierJob& job : r.tier_jobs)
+            tier_jobs.push_back(tier_job_json(job, s.config()));
           o["tier_jobs"] = std::move(tier_jobs);
         }
         out_ << o.dump() << "\n";

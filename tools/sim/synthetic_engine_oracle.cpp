@@ -101,7 +101,7 @@ void SyntheticEngine::Impl::after_build(const StepResult& out,
 /// The worker's view: a successful store puts its keys in the shadow cache; a failed load
 /// must come back from the scheduler as failed.
 void SyntheticEngine::Impl::transfer_finished(const FinishedTransfer& t) {
-  if (t.tier) {
+  if (is_tier_job(t.kind)) {
     auto it = tier_keys.find(t.job);
     if (it == tier_keys.end()) {
       return violation("tier job " + std::to_string(t.job) + " finished twice");
@@ -109,7 +109,7 @@ void SyntheticEngine::Impl::transfer_finished(const FinishedTransfer& t) {
     // A promotion puts its keys in host memory; a write puts them on disk.
     const bool shared_write = shared_writes.erase(t.job) > 0;
     if (t.ok && !shared_write) {
-      auto& shadow = t.tier_kind == TierJobKind::promote ? stored_ok : disk_ok;
+      auto& shadow = t.kind == JobKind::promote ? stored_ok : disk_ok;
       shadow.insert(it->second.begin(), it->second.end());
     }
     tier_keys.erase(it);

@@ -7,7 +7,7 @@ void SyntheticEngine::Impl::submit_tier_jobs(const StepResult& out) {
   for (const TierJob& job : out.tier_jobs) {
     // Which sub-blocks hold written data travels with the bytes (record_written).
     for (std::size_t i = 0; i < job.keys.size(); ++i) {
-      if (job.kind == TierJobKind::write) {
+      if (job.kind == JobKind::write) {
         auto it = host_written.find(job.host_block_ids[i]);
         if (it != host_written.end()) disk_written[job.keys[i]] = it->second;
       } else if (auto it = disk_written.find(job.keys[i]); it != disk_written.end()) {
@@ -19,7 +19,8 @@ void SyntheticEngine::Impl::submit_tier_jobs(const StepResult& out) {
     engine->submit_tier(job);
     submitted.insert(job.id);
     if (config.check_invariants) tier_keys.emplace(job.id, job.keys);
-    if (config.check_invariants && job.medium == Medium::shared && job.kind == TierJobKind::write) {
+    if (config.check_invariants && !config.shared_nodes.empty() && job.tier == shared_tier &&
+        job.kind == JobKind::write) {
       shared_writes.insert(job.id);
     }
   }

@@ -118,6 +118,8 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   [[nodiscard]] std::size_t live_streams() const;
   [[nodiscard]] std::size_t live_events() const;
   [[nodiscard]] std::size_t live_allocations() const;
+  /// Host ranges registered (host_register) and not unregistered.
+  [[nodiscard]] std::size_t live_registrations() const;
   /// Whether a fault poisoned the context.
   [[nodiscard]] bool poisoned() const;
 

@@ -80,6 +80,7 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
  private:
   void check(const TierJob& job) const override;
   void clear_contents() override { slots_.clear(); }
+  void start_threads(int n, const std::function<void()>& body);
   void run_threads();
   void run_uring();
   [[nodiscard]] std::span<std::uint8_t> host_bytes(const TierJob& job, std::size_t i) const;

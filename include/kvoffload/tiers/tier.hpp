@@ -28,7 +28,7 @@ class TierQueue;
 /// A finished tier job: the worker reports it to the scheduler (on_completed).
 struct FinishedTierJob {
   JobId job = 0;
-  TierJobKind kind = TierJobKind::write;
+  JobKind kind = JobKind::write;
   bool ok = true;
   std::int64_t failed_blocks = 0;
 };
@@ -62,8 +62,8 @@ class KVOFFLOAD_EXPORT Tier {
   [[nodiscard]] bool owns(JobId job) const;
   /// Forgets what this worker's tier holds (after Scheduler::reset_cache, so the old cache's
   /// blocks do not come back at the next start): a disk tier empties its slots; a shared tier
-  /// holds nothing of its own (the fleet's values stay). Throws kvoffload::error if tier jobs
-  /// are still running.
+  /// holds nothing of its own (the fleet's values stay) and does nothing. Throws
+  /// kvoffload::error if a tier with slots still runs tier jobs.
   void clear();
 
   /// Slots the tier holds (its capacity in blocks); 0 for a tier with no slots of its own (a

@@ -100,21 +100,11 @@ int SimDevice::can_map_host_memory(int device, bool* yes) noexcept {
 int SimDevice::host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexcept {
   std::lock_guard lock(s_->m);
   s_->need_context();
-  *yes = false;
-  if (!s_->config.map_host_memory || bytes == 0) return dev::ok;
-  // Like CUDA's answer for a pool registered in chunks: covered end to end by adjacent live
-  // host allocations or registrations, none of it device memory.
-  auto p = reinterpret_cast<std::uintptr_t>(ptr);
-  const std::uintptr_t end = p + bytes;
-  while (p < end) {
-    auto it = s_->allocs.upper_bound(p);
-    if (it == s_->allocs.begin()) return dev::ok;
-    it = std::prev(it);
-    const auto& a = it->second;
-    if (!a.live || a.kind == AllocKind::device || p >= it->first + a.bytes) return dev::ok;
-    p = it->first + a.bytes;
-  }
-  *yes = true;
+  AllocKind kind{};
+  // locate joins adjacent registrations: a pool registered in chunks is mapped end to end.
+  *yes = s_->config.map_host_memory && bytes > 0 &&
+         s_->locate(reinterpret_cast<std::uintptr_t>(ptr), bytes, &kind) == State::Where::inside &&
+         kind != AllocKind::device;
   return dev::ok;
 }
 
@@ -478,6 +468,13 @@ std::size_t SimDevice::live_streams() const {
 std::size_t SimDevice::live_events() const {
   std::lock_guard lock(s_->m);
   return s_->events.size();
+}
+
+std::size_t SimDevice::live_registrations() const {
+  std::lock_guard lock(s_->m);
+  return static_cast<std::size_t>(
+      std::count_if(s_->allocs.begin(), s_->allocs.end(),
+                    [](const auto& a) { return a.second.kind == AllocKind::registered; }));
 }
 
 std::size_t SimDevice::live_allocations() const {

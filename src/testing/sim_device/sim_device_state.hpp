@@ -195,7 +195,19 @@ struct SimDevice::State {
       if (p < prev->first + prev->second.bytes) {
         if (!prev->second.live) return Where::straddles;  // freed: not a valid range
         if (kind != nullptr) *kind = prev->second.kind;
-        return p + n <= prev->first + prev->second.bytes ? Where::inside : Where::straddles;
+        std::uintptr_t end = prev->first + prev->second.bytes;
+        // Adjacent registrations (a host pool registered in chunks) are one range, as on a
+        // GPU: the memory is contiguous and all of it pinned and mapped.
+        while (p + n > end && prev->second.kind == AllocKind::registered) {
+          const auto next = std::next(prev);
+          if (next == allocs.end() || next->first != end || !next->second.live ||
+              next->second.kind != AllocKind::registered) {
+            break;
+          }
+          prev = next;
+          end = prev->first + prev->second.bytes;
+        }
+        return p + n <= end ? Where::inside : Where::straddles;
       }
     }
     if (it != allocs.end() && it->first < p + n) return Where::straddles;

@@ -85,7 +85,7 @@ DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
         "buffers, {} I/O",
         slots_.num_slots(), slots_.slot_bytes(), slots_.layout_directory(), config.io_depth,
         uring_->registered() ? "registered" : "plain", mode);
-    threads_.emplace_back([this] { run_uring(); });
+    start_threads(1, [this] { run_uring(); });
   } else {
     io_ = DiskIo::threads;
     detail::logger().info(
@@ -93,8 +93,20 @@ DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
         "{} I/O",
         slots_.num_slots(), slots_.slot_bytes(), slots_.layout_directory(), config.io_threads,
         why.empty() ? "" : " (no io_uring: " + why + ")", mode);
-    threads_.reserve(static_cast<std::size_t>(config.io_threads));
-    for (int i = 0; i < config.io_threads; ++i) threads_.emplace_back([this] { run_threads(); });
+    start_threads(config.io_threads, [this] { run_threads(); });
+  }
+}
+
+void DiskTier::start_threads(int n, const std::function<void()>& body) {
+  threads_.reserve(static_cast<std::size_t>(n));
+  try {
+    for (int i = 0; i < n; ++i) threads_.emplace_back(body);
+  } catch (...) {
+    // A thread that cannot start: the ones that did are stopped and joined before the
+    // constructor's exception destroys what they use.
+    stop();
+    for (std::thread& t : threads_) t.join();
+    throw;
   }
 }
 
@@ -113,7 +125,7 @@ void DiskTier::check(const TierJob& job) const {
                       "tier job {}: slot {} is outside the tier's 0..{}", job.id, slot,
                       slots_.num_slots() - 1);
   }
-  for (const HostBlockId id : job.host_block_ids) (void)host_block_(id);  // throws if bad
+  detail::check_host_blocks(job, host_block_);
 }
 
 TierIoStats DiskTier::stats() const {
@@ -141,7 +153,7 @@ void DiskTier::run_threads() {
     const std::int64_t slot = job.tier_block_ids[i];
     bool ok = false;
     try {
-      if (job.kind == TierJobKind::write) {
+      if (job.kind == JobKind::write) {
         ok = slots_.write(slot, job.keys[i], host_bytes(job, i));
       } else {
         ok = slots_.read(slot, job.keys[i], host_bytes(job, i));
@@ -198,7 +210,7 @@ void DiskTier::run_uring() {
       const std::size_t i = t.index;
       const unsigned b = free_buffers.back();
       try {
-        const bool write = job.kind == TierJobKind::write;
+        const bool write = job.kind == JobKind::write;
         const SlotIo io = write ? slots_.prepare_write(job.tier_block_ids[i], job.keys[i],
                                                        host_bytes(job, i), ring.buffer(b))
                                 : slots_.prepare_read(job.tier_block_ids[i]);
@@ -228,7 +240,7 @@ void DiskTier::run_uring() {
       const std::int64_t slot = job.tier_block_ids[i];
       const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
       bool ok = false;
-      if (job.kind == TierJobKind::write) {
+      if (job.kind == JobKind::write) {
         if (!complete) slots_.write_failed(slot, res < 0 ? static_cast<int>(-res) : EIO);
         ok = complete;
       } else {

@@ -91,7 +91,7 @@ void SharedTier::check(const TierJob& job) const {
   KVOFFLOAD_EXPECTS(job.keys.size() == job.host_block_ids.size(),
                     "tier job {}: {} keys but {} host blocks", job.id, job.keys.size(),
                     job.host_block_ids.size());
-  for (const HostBlockId id : job.host_block_ids) (void)host_block_(id);  // throws if out of range
+  detail::check_host_blocks(job, host_block_);
 }
 
 SharedTierStats SharedTier::shared_stats() const {
@@ -118,88 +118,94 @@ void SharedTier::run() {
     if (!queue().take(tasks, static_cast<std::size_t>(in_flight_), false)) return;
     const std::size_t n = tasks.size();
     if (n == 0) continue;
-    keys.resize(n);
-    headers.resize(n);
-    commands.assign(n, ClusterCommand{});
     ok.assign(n, false);
-    for (std::size_t i = 0; i < n; ++i) {
-      const TierJob& job = tasks[i].job->job;
-      const std::size_t b = tasks[i].index;
-      const Key& k = job.keys[b];
-      keys[i] = shared_key(namespace_, k, rank_);
-      if (job.kind == TierJobKind::promote) {
-        // The payload goes straight into the host block; it counts only once verified (the
-        // block is the promotion's alone, and a failed one is never a hit).
-        commands[i] =
-            ClusterCommand{.key = keys[i],
-                           .args = {"GET", keys[i]},
-                           .reply_into = host_block_(job.host_block_ids[b]).first(payload_bytes_),
-                           .reply_prefix = shared_value_header_bytes};
-        continue;
-      }
-      const std::span<std::byte> payload = host_block_(job.host_block_ids[b]);
-      std::byte* h = headers[i].data();
-      std::memset(h, 0, shared_value_header_bytes);
-      put<std::uint32_t>(h, 0, kMagic);
-      put<std::uint32_t>(h, 4, kVersion);
-      put<std::uint64_t>(h, 8, digest_);
-      std::memcpy(h + 16, k.hash.data(), k.hash.size());
-      put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
-      put<std::uint32_t>(h, 52, k.group);
-      put<std::uint64_t>(h, 56, payload_bytes_);
-      put<std::uint32_t>(h, 72, 0);  // valid_from: the scheduler writes whole blocks only
-      commands[i] = ClusterCommand{
-          .key = keys[i],
-          .args = {"SET", keys[i]},
-          .value = {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
-                    std::string_view(reinterpret_cast<const char*>(payload.data()),
-                                     payload_bytes_)},
-          // The checksum while the node stores the block before this one.
-          .before_send = [h, payload, n = payload_bytes_] {
-            put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), n));
-          }};
-    }
     SharedTierStats delta;
-    client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
-      const TierJob& job = tasks[i].job->job;
-      const Key& k = job.keys[tasks[i].index];
-      if (job.kind == TierJobKind::write) {
-        if (r.kind == ClusterReplyKind::status && r.text == "OK") {
-          ++delta.writes;
-          delta.bytes_written += payload_bytes_;
-          ok[i] = true;
-        } else {
-          ++delta.write_errors;
+    try {
+      keys.resize(n);
+      headers.resize(n);
+      commands.assign(n, ClusterCommand{});
+      for (std::size_t i = 0; i < n; ++i) {
+        const TierJob& job = tasks[i].job->job;
+        const std::size_t b = tasks[i].index;
+        const Key& k = job.keys[b];
+        keys[i] = shared_key(namespace_, k, rank_);
+        if (job.kind == JobKind::promote) {
+          // The payload goes straight into the host block; it counts only once verified (the
+          // block is the promotion's alone, and a failed one is never a hit).
+          commands[i] =
+              ClusterCommand{.key = keys[i],
+                             .args = {"GET", keys[i]},
+                             .reply_into = host_block_(job.host_block_ids[b]).first(payload_bytes_),
+                             .reply_prefix = shared_value_header_bytes};
+          continue;
         }
-        return;
+        const std::span<std::byte> payload = host_block_(job.host_block_ids[b]);
+        std::byte* h = headers[i].data();
+        std::memset(h, 0, shared_value_header_bytes);
+        put<std::uint32_t>(h, 0, kMagic);
+        put<std::uint32_t>(h, 4, kVersion);
+        put<std::uint64_t>(h, 8, digest_);
+        std::memcpy(h + 16, k.hash.data(), k.hash.size());
+        put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
+        put<std::uint32_t>(h, 52, k.group);
+        put<std::uint64_t>(h, 56, payload_bytes_);
+        put<std::uint32_t>(h, 72, 0);  // valid_from: the scheduler writes whole blocks only
+        commands[i] = ClusterCommand{
+            .key = keys[i],
+            .args = {"SET", keys[i]},
+            .value = {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
+                      std::string_view(reinterpret_cast<const char*>(payload.data()),
+                                       payload_bytes_)},
+            // The checksum while the node stores the block before this one.
+            .before_send = [h, payload, n = payload_bytes_] {
+              put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), n));
+            }};
       }
-      if (r.kind == ClusterReplyKind::nil) {
-        ++delta.read_misses;  // evicted (or never there) since the existence check
-        return;
-      }
-      if (r.kind != ClusterReplyKind::string) {
-        ++delta.read_errors;
-        return;
-      }
-      // A value of the right length arrived in place: its header, then the payload's sum.
-      const char* v = r.text.data();
-      const std::byte* payload = commands[i].reply_into.data();
-      const bool valid =
-          r.in_place && r.text.size() == shared_value_header_bytes &&
-          get<std::uint32_t>(v, 0) == kMagic && get<std::uint32_t>(v, 4) == kVersion &&
-          get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
-          std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
-          get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
-          get<std::uint32_t>(v, 72) == 0 && get<std::uint32_t>(v, 76) == 0 &&
-          get<std::uint64_t>(v, 64) == XXH3_64bits(payload, payload_bytes_);
-      if (!valid) {
-        ++delta.bad_values;
-        return;
-      }
-      ++delta.reads;
-      delta.bytes_read += payload_bytes_;
-      ok[i] = true;
-    });
+      client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
+        const TierJob& job = tasks[i].job->job;
+        const Key& k = job.keys[tasks[i].index];
+        if (job.kind == JobKind::write) {
+          if (r.kind == ClusterReplyKind::status && r.text == "OK") {
+            ++delta.writes;
+            delta.bytes_written += payload_bytes_;
+            ok[i] = true;
+          } else {
+            ++delta.write_errors;
+          }
+          return;
+        }
+        if (r.kind == ClusterReplyKind::nil) {
+          ++delta.read_misses;  // evicted (or never there) since the existence check
+          return;
+        }
+        if (r.kind != ClusterReplyKind::string) {
+          ++delta.read_errors;
+          return;
+        }
+        // A value of the right length arrived in place: its header, then the payload's sum.
+        const char* v = r.text.data();
+        const std::byte* payload = commands[i].reply_into.data();
+        const bool valid =
+            r.in_place && r.text.size() == shared_value_header_bytes &&
+            get<std::uint32_t>(v, 0) == kMagic && get<std::uint32_t>(v, 4) == kVersion &&
+            get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
+            std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
+            get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
+            get<std::uint32_t>(v, 72) == 0 && get<std::uint32_t>(v, 76) == 0 &&
+            get<std::uint64_t>(v, 64) == XXH3_64bits(payload, payload_bytes_);
+        if (!valid) {
+          ++delta.bad_values;
+          return;
+        }
+        ++delta.reads;
+        delta.bytes_read += payload_bytes_;
+        ok[i] = true;
+      });
+    } catch (const std::exception& e) {
+      // Building a batch or running it failed (out of memory): its unanswered blocks fail,
+      // and every block is still reported once.
+      detail::logger().error("shared tier: a batch of {} block(s) failed: {}", n, e.what());
+    }
     {
       std::lock_guard lock(stats_mutex_);
       stats_.reads += delta.reads;
