@@ -72,15 +72,14 @@ enum class CopyMode : std::uint8_t {
 
 /// "full_attention", "sliding_window", "mamba".
 KVOFFLOAD_EXPORT std::string_view to_string(GroupKind v) noexcept;
-/// "load", "store".
+/// "load", "store", "promote", "write".
 KVOFFLOAD_EXPORT std::string_view to_string(JobKind v) noexcept;
 /// "host", "cuda".
 KVOFFLOAD_EXPORT std::string_view to_string(BackendKind v) noexcept;
-/// "host", "disk".
+/// "host", "disk", "shared".
 KVOFFLOAD_EXPORT std::string_view to_string(Medium v) noexcept;
 /// "auto", "io_uring", "threads".
 KVOFFLOAD_EXPORT std::string_view to_string(DiskIo v) noexcept;
-/// "promote", "write".
 /// "lru", "arc".
 KVOFFLOAD_EXPORT std::string_view to_string(EvictionPolicyKind v) noexcept;
 /// "miss", "pending", "hit".

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "kvoffload/config.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
@@ -82,6 +83,11 @@ class KVOFFLOAD_EXPORT Worker {
   [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
   /// What tier t is; throws invalid_argument past the tiers.
   [[nodiscard]] Medium tier_medium(std::size_t t) const;
+  /// Checks that this worker's tiers are the scheduler's (SchedulerConfig::tiers): as many,
+  /// of the same kinds, in the same order. Tier jobs name a tier by index only, so a worker
+  /// configured apart from its scheduler must be checked once, at start. Throws
+  /// invalid_argument naming the first tier that differs.
+  void check_tiers(std::span<const TierConfig> scheduler_tiers) const;
   /// Clears every tier (Tier::clear: a disk tier empties its slots): call it after
   /// Scheduler::reset_cache, once the tier jobs have finished, so the old cache's blocks do
   /// not come back after a restart.

@@ -202,6 +202,11 @@ void bind_scheduler(nb::module_& m) {
              const auto& [id, kind, request, keys, ids, sizes, indices, hosts] = state;
              j.id = id;
              j.kind = parse_job_kind(kind, "Job: kind");
+             if (is_tier_job(j.kind)) {
+               throw invalid_argument("Job: kind \"" + kind +
+                                      "\" is a tier job's (TierJob, submit_tier), not a "
+                                      "transfer's (load or store)");
+             }
              j.request_id = request;
              for (std::size_t i = 0; i < keys.size(); ++i) {
                j.keys.push_back(Key{to_hash(keys[i].first, "Job", i), keys[i].second});

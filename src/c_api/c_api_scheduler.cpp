@@ -42,11 +42,14 @@ GroupKind to_kind(const kvoffload_group_kind_t& kind, std::size_t g) {
       g, k));
 }
 
-/// A job kind from a C caller: true for loads; throws for anything but 0 and 1.
+/// A transfer's kind from a C caller: true for loads; throws for anything but 0 and 1.
 bool is_load(const kvoffload_job_kind_t& kind, std::string_view fn) {
   const int k = raw_enum(kind);
   if (k != KVOFFLOAD_JOB_LOAD && k != KVOFFLOAD_JOB_STORE) {
-    throw invalid_argument(fmt::format("{}: kind is {} (0 load, 1 store)", fn, k));
+    throw invalid_argument(
+        fmt::format("{}: kind is {} (KVOFFLOAD_JOB_LOAD 0 or _STORE 1; tier jobs are "
+                    "kvoffload_step_num_tier_jobs/_get_tier_job's)",
+                    fn, k));
   }
   return k == KVOFFLOAD_JOB_LOAD;
 }
@@ -290,9 +293,8 @@ kvoffload_status_t kvoffload_scheduler_on_completed(kvoffload_scheduler_t s,
     s->completed = s->scheduler.on_completed(r);
     for (std::size_t i = 0; i < s->completed.size(); ++i) {
       const CompletedJob& c = s->completed[i];
-      completed[i] = kvoffload_completed_job_t{
-          c.job, c.kind == JobKind::load ? KVOFFLOAD_JOB_LOAD : KVOFFLOAD_JOB_STORE,
-          c.request_id.c_str(), c.ok ? 1 : 0};
+      completed[i] =
+          kvoffload_completed_job_t{c.job, to_c(c.kind), c.request_id.c_str(), c.ok ? 1 : 0};
     }
     *num_completed = s->completed.size();
   });

@@ -295,7 +295,19 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   if (r.finished && r.jobs.empty()) forget(r);
 }
 
+JobState& Scheduler::Impl::add_tier_job(JobId id, JobKind kind, std::uint32_t tier) {
+  JobState& state = new_job(id, kind);
+  state.tier = tier;
+  return state;
+}
+
 JobState& Scheduler::Impl::add_job(JobId id, JobKind kind, RequestState& r) {
+  JobState& state = new_job(id, kind);
+  state.request = &r;
+  return state;
+}
+
+JobState& Scheduler::Impl::new_job(JobId id, JobKind kind) {
   JobState* state = nullptr;
   if (spare_jobs.empty()) {
     state = &jobs[id];
@@ -307,7 +319,6 @@ JobState& Scheduler::Impl::add_job(JobId id, JobKind kind, RequestState& r) {
   }
   state->id = id;
   state->kind = kind;
-  state->request = &r;
   state->remaining = config.num_workers;
   return *state;
 }
@@ -426,22 +437,17 @@ std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> rep
   std::vector<CompletedJob> done;
   for (const JobReport& report : reports) {
     auto it = s.jobs.find(report.job);
-    if (it == s.jobs.end()) {
-      auto tier_it = s.tier_jobs.find(report.job);
-      if (tier_it == s.tier_jobs.end()) continue;  // stale: issued before reset_cache()
-      TierJobState& job = tier_it->second;
-      job.remaining -= report.count;
-      job.ok = job.ok && report.ok;
-      if (job.remaining == 0) {
-        s.complete_tier_job(job);
-        s.tier_jobs.erase(tier_it);
-      }
-      continue;
-    }
+    if (it == s.jobs.end()) continue;  // stale: issued before reset_cache()
     JobState& job = it->second;
     job.remaining -= report.count;
     job.ok = job.ok && report.ok;
-    if (job.remaining == 0) s.complete(job, done);
+    if (job.remaining > 0) continue;
+    if (is_tier_job(job.kind)) {
+      s.complete_tier_job(job);
+      s.retire_job(job.id);
+    } else {
+      s.complete(job, done);
+    }
   }
   return done;
 }
@@ -467,11 +473,15 @@ void Scheduler::on_finished(std::string_view request_id) {
 void Scheduler::reset_cache() {
   KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
   Impl& s = *impl_;
-  for (const auto& [id, job] : s.jobs) s.flush.push_back(id);
-  for (const auto& [id, job] : s.tier_jobs) s.flush.push_back(id);
+  // Transfers first, then tier jobs: every job in flight.
+  for (const auto& [id, job] : s.jobs) {
+    if (!is_tier_job(job.kind)) s.flush.push_back(id);
+  }
+  for (const auto& [id, job] : s.jobs) {
+    if (is_tier_job(job.kind)) s.flush.push_back(id);
+  }
   // The tiers are dropped too: reset_cache means the cached KV is no longer valid (new
   // weights, say), wherever it is. Tier jobs not yet emitted never run.
-  s.tier_jobs.clear();
   s.pending_tier_jobs.clear();
   s.planned_promotions.clear();
   s.promoting.clear();
@@ -527,7 +537,7 @@ std::size_t Scheduler::num_requests() const noexcept {
   return impl_->requests.size();
 }
 std::size_t Scheduler::num_jobs_in_flight() const noexcept {
-  return impl_->jobs.size() + impl_->tier_jobs.size();
+  return impl_->jobs.size();
 }
 
 CacheStats Scheduler::cache_stats() const noexcept {

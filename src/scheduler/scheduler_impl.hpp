@@ -47,12 +47,14 @@ struct RequestState {
   std::vector<JobId> jobs;  // in flight: one load, or any number of stores
 };
 
+/// A job in flight, of any kind (one record, one map: Impl::jobs): a transfer (load, store)
+/// of a request, or a tier job (promote, write) of a tier.
 struct JobState {
   JobId id = 0;
   JobKind kind = JobKind::store;
-  RequestState* request = nullptr;
-  std::vector<Key> keys;              // loads only (the "being loaded" set needs them)
-  std::vector<HostBlockId> host_ids;  // stores: completed by block, without key lookups
+  RequestState* request = nullptr;    // transfers only
+  std::vector<Key> keys;              // loads (the "being loaded" set needs them), tier jobs
+  std::vector<HostBlockId> host_ids;  // stores (completed by block, without key lookups), tier
   std::int64_t remaining = 0;         // worker reports still expected
   bool ok = true;
   // A store's source ids and per-group counts: window-group ids are registered (fenced) at
@@ -60,6 +62,10 @@ struct JobState {
   std::vector<GpuBlockId> source_ids;
   std::vector<std::int64_t> group_sizes;
   bool full_registered = false;
+  // A tier job's tier and slots; a write-back write evicts its host blocks once written.
+  std::uint32_t tier = 0;
+  std::vector<std::int64_t> tier_ids;
+  bool write_back = false;
 
   /// Empties the job for reuse, keeping its vectors' capacity.
   void recycle() {
@@ -71,6 +77,9 @@ struct JobState {
     source_ids.clear();
     group_sizes.clear();
     full_registered = false;
+    tier = 0;
+    tier_ids.clear();
+    write_back = false;
   }
 };
 
@@ -91,18 +100,6 @@ struct PresenceTicket {
   std::string request_id;
   std::uint32_t tier = 0;
   std::vector<Key> keys;
-};
-
-struct TierJobState {
-  JobId id = 0;
-  JobKind kind = JobKind::write;
-  std::uint32_t tier = 0;
-  std::vector<Key> keys;
-  std::vector<HostBlockId> host_ids;
-  std::vector<std::int64_t> tier_ids;
-  std::int64_t remaining = 0;
-  bool ok = true;
-  bool write_back = false;  // evict the host blocks once written
 };
 
 /// A promotion a lookup planned: the tier's slots are reserved (readers) at once, the host
@@ -209,7 +206,7 @@ struct Scheduler::Impl {
   /// room or nothing to write.
   bool issue_write(std::uint32_t t, std::span<const Key> keys, std::span<const HostBlockId> sources,
                    bool write_back);
-  void complete_tier_job(TierJobState& job);
+  void complete_tier_job(JobState& job);
   /// Applies the shared tiers' finished existence checks: present keys enter the tier's index.
   void poll_presence();
   /// Starts the check of shared_unknown for request r on every shared tier.
@@ -241,6 +238,10 @@ struct Scheduler::Impl {
   /// A new entry in `jobs`, reusing a completed job's node and vectors when there is one:
   /// steady-state steps then allocate only the vectors handed to the worker.
   JobState& add_job(JobId id, JobKind kind, RequestState& r);
+  /// A tier job of tier `tier` (kind promote or write), reported by every worker.
+  JobState& add_tier_job(JobId id, JobKind kind, std::uint32_t tier);
+  /// A recycled record (or a new one) in `jobs`, with id, kind and the workers' reports set.
+  JobState& new_job(JobId id, JobKind kind);
   void retire_job(JobId id);
   void touch(const RequestState& r);
   /// touch() right after prepare_store, reusing the blocks it found for the candidates.
@@ -306,7 +307,6 @@ struct Scheduler::Impl {
 
   // Tiers (empty without): their indexes, jobs in flight and jobs for the next step.
   std::vector<std::unique_ptr<TierState>> tiers;
-  std::unordered_map<JobId, TierJobState> tier_jobs;
   std::vector<TierJob> pending_tier_jobs;
   std::vector<PlannedPromotion> planned_promotions;
   detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting;  // keys of planned promotions

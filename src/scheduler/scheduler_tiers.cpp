@@ -129,14 +129,10 @@ void Scheduler::Impl::start_promotions(StepResult& out) {
       }
       tiers[t]->index.complete_load(promote_release);
       if (job == nullptr) continue;
-      TierJobState& state = tier_jobs[job->id];
-      state.id = job->id;
-      state.kind = JobKind::promote;
-      state.tier = t;
+      JobState& state = add_tier_job(job->id, JobKind::promote, t);
       state.keys = job->keys;
       state.host_ids = job->host_block_ids;
       state.tier_ids = job->tier_block_ids;
-      state.remaining = config.num_workers;
       ++tiers[t]->stats.promote_jobs;
     }
   }
@@ -184,14 +180,10 @@ bool Scheduler::Impl::issue_write(std::uint32_t t, std::span<const Key> keys,
   }
   manager.pin_blocks(job.host_block_ids);
   tier.queued += static_cast<std::int64_t>(job.keys.size());
-  TierJobState& state = tier_jobs[job.id];
-  state.id = job.id;
-  state.kind = JobKind::write;
-  state.tier = t;
+  JobState& state = add_tier_job(job.id, JobKind::write, t);
   state.keys = job.keys;
   state.host_ids = job.host_block_ids;
   state.tier_ids = job.tier_block_ids;
-  state.remaining = config.num_workers;
   state.write_back = write_back;
   ++tier.stats.write_jobs;
   return true;
@@ -249,7 +241,7 @@ void Scheduler::Impl::write_back() {
   }
 }
 
-void Scheduler::Impl::complete_tier_job(TierJobState& job) {
+void Scheduler::Impl::complete_tier_job(JobState& job) {
   TierState& tier = *tiers[job.tier];
   const auto n = static_cast<std::uint64_t>(job.keys.size());
   std::vector<HostBlockId> slots(job.tier_ids.begin(), job.tier_ids.end());

@@ -196,8 +196,6 @@ void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
     std::int64_t remaining = 0;
     if (auto it = jobs.find(report.job); it != jobs.end()) {
       remaining = it->second.remaining;
-    } else if (auto tier_it = tier_jobs.find(report.job); tier_it != tier_jobs.end()) {
-      remaining = tier_it->second.remaining;
     } else {
       KVOFFLOAD_EXPECTS(false, "complete: unknown job {}", report.job);
     }

@@ -115,6 +115,9 @@ Tier::Tier(std::string name, bool failures_expected)
 Tier::~Tier() = default;
 
 void Tier::submit(const TierJob& job) {
+  KVOFFLOAD_EXPECTS(is_tier_job(job.kind),
+                    "tier job {}: kind {} is not a tier job's (promote or write)", job.id,
+                    to_string(job.kind));
   check(job);
   queue_->submit(job);
 }

@@ -132,6 +132,17 @@ const SharedTier& Worker::shared_tier(std::size_t t) const {
   return static_cast<const SharedTier&>(tt);
 }
 
+void Worker::check_tiers(std::span<const TierConfig> scheduler_tiers) const {
+  KVOFFLOAD_EXPECTS(scheduler_tiers.size() == tiers_.size(),
+                    "worker: {} tier(s), but the scheduler has {}", tiers_.size(),
+                    scheduler_tiers.size());
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    KVOFFLOAD_EXPECTS(scheduler_tiers[t].medium == tiers_[t]->medium(),
+                      "worker: tier {} is a {} tier, but the scheduler's tier {} is {}", t,
+                      to_string(tiers_[t]->medium()), t, to_string(scheduler_tiers[t].medium));
+  }
+}
+
 Medium Worker::tier_medium(std::size_t t) const {
   return tier(t).medium();
 }
@@ -169,6 +180,9 @@ std::optional<CudaBackendStats> Worker::cuda_stats() const {
 }
 
 void Worker::submit(const TransferJob& job) {
+  KVOFFLOAD_EXPECTS(!is_tier_job(job.kind),
+                    "job {}: kind {} is a tier job's (a TierJob, for Worker::submit_tier)", job.id,
+                    to_string(job.kind));
   if (job.kind == JobKind::load) {
     engine_->submit_load(job);
   } else {

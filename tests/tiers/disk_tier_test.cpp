@@ -5,6 +5,7 @@
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -19,6 +20,7 @@
 
 #include "kvoffload/error.hpp"
 #include "kvoffload/tiers/disk_tier.hpp"
+#include "kvoffload/worker.hpp"
 #include "sim/synthetic_engine.hpp"
 #include "support/temp_dir.hpp"
 
@@ -432,4 +434,28 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   REQUIRE(got.size() == 1);
   CHECK(got[0].ok);
   for (int i = 0; i < 8; ++i) CHECK(pool.holds(8 + i, 300 + static_cast<std::uint64_t>(i)));
+}
+
+TEST_CASE("A worker's tiers are checked against the scheduler's, by count and kind",
+          "[disk][tier]") {
+  TempDir dir;
+  std::vector<std::byte> gpu(4 * 4096);
+  WorkerConfig wc;
+  wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 4, 4096, 4096});
+  wc.groups = {{{0, 4096}}};
+  wc.host_blocks = 4;
+  wc.threads = 1;
+  wc.disk_tiers.push_back(config_in(dir));
+  const Worker w(wc);
+  TierConfig disk;
+  disk.blocks = 8;
+  TierConfig shared;
+  shared.medium = Medium::shared;
+  shared.blocks = 8;
+  CHECK_NOTHROW(w.check_tiers(std::vector<TierConfig>{disk}));
+  CHECK_THROWS_WITH(w.check_tiers(std::vector<TierConfig>{shared}),
+                    Catch::Matchers::ContainsSubstring("tier 0 is a disk tier") &&
+                        Catch::Matchers::ContainsSubstring("is shared"));
+  CHECK_THROWS_WITH(w.check_tiers(std::vector<TierConfig>{disk, shared}),
+                    Catch::Matchers::ContainsSubstring("1 tier(s), but the scheduler has 2"));
 }

@@ -140,8 +140,11 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
     CHECK_THROWS_WITH(tier->submit(bad), ContainsSubstring("tier job 9"));
     TierJob outside = job_of(10, JobKind::write, run, 0, 3, 0);
     outside.host_block_ids[1] = 2 * kBlocks;  // past the pool
-    CHECK_THROWS_AS(tier->submit(outside), invalid_argument);
-    const JobId ids[] = {9, 10};
+    CHECK_THROWS_WITH(tier->submit(outside), ContainsSubstring("tier job 10"));
+    TierJob transfer = job_of(11, JobKind::store, run, 0, 3, 0);  // a transfer's kind
+    CHECK_THROWS_WITH(tier->submit(transfer),
+                      ContainsSubstring("tier job 11") && ContainsSubstring("not a tier job"));
+    const JobId ids[] = {9, 10, 11};
     tier->wait(ids);
     CHECK(tier->get_finished().empty());
     CHECK_FALSE(tier->owns(9));

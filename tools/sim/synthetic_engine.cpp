@@ -112,6 +112,7 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
     sc.tiers.push_back(tier);
   }
   scheduler = std::make_unique<Scheduler>(sc);
+  engine->check_tiers(sc.tiers);
   if (!c.disk_dir.empty()) {
     report.disk_slots = engine->tier(0).num_slots();
     report.disk_restored = scheduler->restore_tier(0, engine->tier(0).scanned());

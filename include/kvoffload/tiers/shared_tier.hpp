@@ -20,6 +20,7 @@
 
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
+#include "kvoffload/tiers/cluster_client.hpp"
 #include "kvoffload/tiers/tier.hpp"
 #include "kvoffload/types.hpp"
 
@@ -100,7 +101,8 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   int in_flight_ = 8;
   std::uint64_t payload_bytes_ = 0;
   std::function<std::span<std::byte>(HostBlockId)> host_block_;
-  std::unique_ptr<class ClusterClient> client_;  // the I/O thread's only
+  ClusterClientConfig client_config_;
+  std::unique_ptr<ClusterClient> client_;  // the I/O thread's only; null after a failed batch
   std::vector<std::optional<Key>> no_scan_;
   mutable std::mutex stats_mutex_;
   SharedTierStats stats_;

@@ -75,6 +75,7 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   cc.connect_timeout_ms = c.connect_timeout_ms;
   cc.reply_timeout_ms = c.reply_timeout_ms;
   namespace_ = shared_namespace(c.name, c.tp_size, block_size_factor);  // checks the factor
+  client_config_ = cc;
   client_ = std::make_unique<ClusterClient>(cc);
   const std::string text = fmt::format("kvoffload shared tier v2\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
@@ -161,6 +162,7 @@ void SharedTier::run() {
               put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), n));
             }};
       }
+      if (client_ == nullptr) client_ = std::make_unique<ClusterClient>(client_config_);
       client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
         const TierJob& job = tasks[i].job->job;
         const Key& k = job.keys[tasks[i].index];
@@ -205,6 +207,10 @@ void SharedTier::run() {
       // Building a batch or running it failed (out of memory): its unanswered blocks fail,
       // and every block is still reported once.
       detail::logger().error("shared tier: a batch of {} block(s) failed: {}", n, e.what());
+      // The client may hold part of the batch or unread replies: the next batch starts over
+      // with a new one (new connections, a fresh slot map) rather than read replies out of
+      // step.
+      client_.reset();
     }
     {
       std::lock_guard lock(stats_mutex_);
