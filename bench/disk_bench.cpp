@@ -148,21 +148,13 @@ nlohmann::json latency(const Options& opt, const fs::path& dir) {
   for (std::int64_t i = 0; i < TierRig::kBlocks; ++i)
     prefix.push_back(bench_key(i + 1000, 0x5a).hash);
   const auto make = [&] {  // each a restart: the host cache empty, the tier as it was
-    return std::make_unique<TierRig>(
-        page,
-        [&](WorkerConfig& wc) {
-          DiskTierConfig dc;
-          dc.path = tier_dir.string();
-          dc.capacity_bytes = 4 * TierRig::kBlocks * (page + 8192);
-          dc.model = "bench-latency";
-          wc.disk_tiers.push_back(dc);
-        },
-        [](Worker& w) {
-          TierConfig tc;
-          tc.blocks = w.tier(0).num_slots();
-          return tc;
-        },
-        prefix);
+    DiskTierConfig dc;
+    dc.path = tier_dir.string();
+    dc.capacity_bytes = 4 * TierRig::kBlocks * (page + 8192);
+    dc.model = "bench-latency";
+    TierConfig tc;
+    tc.store = dc;
+    return std::make_unique<TierRig>(page, tc, prefix);
   };
   nlohmann::json out = hit_latency(opt, "disk", page, make);
   fs::remove_all(tier_dir);

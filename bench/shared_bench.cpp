@@ -216,16 +216,11 @@ nlohmann::json latency(const Options& opt, const std::string& nodes) {
     shared.nodes = nodes;
     shared.name = name;
     shared.in_flight = 16;
-    return std::make_unique<TierRig>(
-        page, [&](WorkerConfig& wc) { wc.shared_tiers.push_back(shared); },
-        [&](Worker&) {
-          TierConfig tc;
-          tc.medium = Medium::shared;
-          tc.blocks = 1024;
-          tc.presence = make_cluster_presence(shared, 1);
-          return tc;
-        },
-        prefix);
+    TierConfig tc;
+    tc.medium = Medium::shared;
+    tc.blocks = 1024;
+    tc.store = shared;
+    return std::make_unique<TierRig>(page, tc, prefix);
   };
   return hit_latency(opt, "shared", page, make);
 }

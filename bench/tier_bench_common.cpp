@@ -8,6 +8,7 @@
 #include <span>
 
 #include "kvoffload/error.hpp"
+#include "kvoffload/tiers/shared_presence.hpp"
 
 namespace kvbench {
 
@@ -39,28 +40,26 @@ Key bench_key(std::int64_t i, std::uint64_t salt) {
   return Key{BlockHash::from_bytes(b), 0};
 }
 
-TierRig::TierRig(std::uint64_t page_bytes, const std::function<void(WorkerConfig&)>& add_tier,
-                 const std::function<TierConfig(Worker&)>& scheduler_tier,
-                 std::vector<BlockHash> prefix)
+TierRig::TierRig(std::uint64_t page_bytes, TierConfig tier, std::vector<BlockHash> prefix)
     : gpu(static_cast<std::size_t>(64 * page_bytes)), hashes(std::move(prefix)) {
   if (static_cast<std::int64_t>(hashes.size()) != kBlocks) {
     throw invalid_argument("tier rig: the prefix needs " + std::to_string(kBlocks) + " hashes");
   }
+  SchedulerConfig sc;
+  sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
+  sc.manager.host_blocks = 2 * kBlocks;
+  sc.manager.enable_events = false;
+  if (tier.medium == Medium::disk) tier.blocks = 1;  // the worker's slots, once it is open
+  sc.tiers.push_back(std::move(tier));
   WorkerConfig wc;
   wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 64,
                         static_cast<std::int64_t>(page_bytes),
                         static_cast<std::int64_t>(page_bytes)});
   wc.groups = {{{0, static_cast<std::int64_t>(page_bytes)}}};
-  wc.host_blocks = 2 * kBlocks;
   wc.threads = 2;
-  add_tier(wc);
-  worker = std::make_unique<Worker>(wc);
-  SchedulerConfig sc;
-  sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
-  sc.manager.host_blocks = wc.host_blocks;
-  sc.manager.enable_events = false;
-  sc.tiers.push_back(scheduler_tier(*worker));
-  scheduler = std::make_unique<Scheduler>(sc);
+  worker = std::make_unique<Worker>(derive_worker_config(sc, std::move(wc)));
+  if (sc.tiers[0].medium == Medium::disk) sc.tiers[0].blocks = worker->tier(0).num_slots();
+  scheduler = std::make_unique<Scheduler>(sc, make_scheduler_services(sc));
   if (sc.tiers[0].medium == Medium::disk) {
     (void)scheduler->restore_tier(0, worker->tier(0).scanned());
   }

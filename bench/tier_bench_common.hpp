@@ -42,10 +42,9 @@ kvoffload::Key bench_key(std::int64_t i, std::uint64_t salt);
 struct TierRig {
   static constexpr std::int64_t kBlocks = 16;
 
-  /// `add_tier` puts the tier into the worker's config; `scheduler_tier` gives the scheduler's
-  /// TierConfig for the worker built. A disk tier's index is restored from the worker's scan.
-  TierRig(std::uint64_t page_bytes, const std::function<void(kvoffload::WorkerConfig&)>& add_tier,
-          const std::function<kvoffload::TierConfig(kvoffload::Worker&)>& scheduler_tier,
+  /// `tier` describes the tier once (its store included); the worker is derived from it. A
+  /// disk tier's blocks are the worker's slots, its index restored from the worker's scan.
+  TierRig(std::uint64_t page_bytes, kvoffload::TierConfig tier,
           std::vector<kvoffload::BlockHash> prefix);
 
   /// Runs the step's jobs on the worker, waits for them and reports them; returns their count.

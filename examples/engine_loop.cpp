@@ -65,10 +65,9 @@ class Engine {
           w.tensors = {
               {reinterpret_cast<std::uintptr_t>(gpu_.data()), kGpuBlocks, kPageBytes, kPageBytes}};
           w.groups = {{{0, kPageBytes}}};
-          w.block_size_factor = kFactor;
-          w.host_blocks = 64;
           w.threads = 1;
-          return w;
+          // The factor and the pool's size come from the scheduler's config: given once.
+          return derive_worker_config(scheduler_.config(), w);
         }()) {
     for (GpuBlockId b = kGpuBlocks - 1; b >= 1; --b) free_.push_back(b);  // 0 is the null block
   }

@@ -38,12 +38,13 @@ class Engine:
     def __init__(self, quiet=False):
         self.quiet = quiet
         self.gpu = np.zeros((GPU_BLOCKS, PAGE), dtype=np.uint8)
-        self.scheduler = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)],
-                                      host_blocks=64, block_size_factor=FACTOR,
-                                      gpu_blocks=GPU_BLOCKS)
-        self.worker = kv.Worker(kv.WorkerConfig(
-            tensors=[kv.tensor_of(self.gpu)], groups=[[(0, PAGE)]], host_blocks=64,
-            block_size_factor=FACTOR, threads=1))
+        config = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)],
+                                    host_blocks=64, block_size_factor=FACTOR,
+                                    gpu_blocks=GPU_BLOCKS)
+        self.scheduler = kv.Scheduler(config)
+        # The factor and the pool's size come from the scheduler's config: given once.
+        self.worker = kv.Worker(kv.derive_worker_config(config, kv.WorkerConfig(
+            tensors=[kv.tensor_of(self.gpu)], groups=[[(0, PAGE)]], threads=1)))
         self.free = list(range(GPU_BLOCKS - 1, 0, -1))  # block 0 is the null block
         self.waiting, self.running = [], {}
         self.steps = self.verified = self.mismatches = 0

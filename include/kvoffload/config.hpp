@@ -1,17 +1,16 @@
 #pragma once
 
 #include <cstdint>
-#include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "kvoffload/enums.hpp"
 #include "kvoffload/export.hpp"
+#include "kvoffload/tiers/tier_config.hpp"
 
 namespace kvoffload {
-
-class PresenceCheck;
 
 /// One KV-cache group of the model (SEMANTICS 1).
 struct GroupConfig {
@@ -38,8 +37,9 @@ struct ManagerConfig {
   Medium medium = Medium::host;
 };
 
-/// A tier below the host cache (docs/semantics.md, "Tiers"): the scheduler keeps its index
-/// (which key is in which slot), the workers move the bytes.
+/// A tier below the host cache (docs/semantics.md, "Tiers"), described once for both sides:
+/// the scheduler keeps its index (which key is in which slot: the fields below), the workers
+/// run its store and move the bytes (derive_worker_config hands them `store`).
 struct TierConfig {
   Medium medium = Medium::disk;
   std::int64_t blocks = 0;  ///< capacity in offloaded blocks (slots), > 0
@@ -56,10 +56,11 @@ struct TierConfig {
   /// them once written; a block whose key the tier has, or does not admit, is evicted at once.
   bool write_back = false;
   std::int64_t write_back_free_blocks = 0;
-  /// Medium::shared only, and required there: how lookups learn which keys the shared tier
-  /// holds (make_cluster_presence, or the engine's own). The tier's `blocks` then bound the
-  /// keys the scheduler remembers as present.
-  std::shared_ptr<PresenceCheck> presence;
+  /// The workers' side: the disk tier's files or the shared tier's cluster, of this medium.
+  /// The scheduler reads none of it; a worker derived from this config (derive_worker_config)
+  /// and make_scheduler_services (a shared tier's presence checks) need it. Unset: a config
+  /// for a scheduler whose workers and services are configured apart.
+  std::optional<TierStore> store;
 };
 
 /// Everything the scheduler needs to know about the model and the cache.

@@ -132,20 +132,56 @@ typedef struct kvoffload_shared_tier_config {
         8                                   /* in_flight */                   \
   }
 
-/* A tier below the host cache (docs/semantics.md section 11): the scheduler keeps its index. */
+/* A disk tier's store, as a worker runs it: its own rows, in files of its own rank
+ * (kvoffload::DiskTierConfig). */
+typedef struct kvoffload_disk_tier_config {
+  size_t struct_size;
+  const char* path;        /* root directory */
+  uint64_t capacity_bytes; /* bound on this worker's files */
+  const char* model;       /* with dtype and the rank, names the layout's directory */
+  const char* dtype;
+  int tp_rank;
+  int tp_size;
+  const char* io; /* "auto" (io_uring, else threads), "io_uring" or "threads"; NULL: "auto" */
+  int io_depth;   /* io_uring: operations in flight */
+  int io_threads; /* threads: pread/pwrite threads */
+  int direct_io;  /* 1: O_DIRECT where the file system allows it */
+} kvoffload_disk_tier_config_t;
+/* kvoffload::DiskTierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+#define KVOFFLOAD_DISK_TIER_CONFIG_INIT                                            \
+  {                                                                                \
+    sizeof(kvoffload_disk_tier_config_t), /* struct_size */                        \
+        NULL,                             /* path: the caller sets it */           \
+        0,                                /* capacity_bytes: the caller sets it */ \
+        "",                               /* model */                              \
+        "",                               /* dtype */                              \
+        0,                                /* tp_rank */                            \
+        1,                                /* tp_size */                            \
+        NULL,                             /* io: "auto" */                         \
+        32,                               /* io_depth */                           \
+        4,                                /* io_threads */                         \
+        1                                 /* direct_io */                          \
+  }
+
+/* A tier below the host cache (docs/semantics.md section 11), described once for both sides:
+ * the scheduler keeps its index (medium to write_back_free_blocks), the workers run its store
+ * (disk or shared). One array of these serves the scheduler (kvoffload_scheduler_config_t's
+ * tiers) and, through it, every worker (kvoffload_worker_config_t's scheduler). */
 typedef struct kvoffload_tier_config {
   size_t struct_size;
-  const char* medium;             /* "disk"; NULL: "disk" */
+  const char* medium;             /* "disk" or "shared"; NULL: "disk" */
   int64_t blocks;                 /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
   const char* policy;             /* "lru" or "arc"; NULL: "lru" */
   int64_t store_threshold;        /* 0 or N >= 2 lookups before a key is written to the tier */
   int64_t write_queue_blocks;     /* blocks queued for tier writes at most (0: 1024) */
   int write_back;                 /* 1: write blocks when evicted instead of after each store */
   int64_t write_back_free_blocks; /* write-back keeps this many host blocks free (0: 1/16) */
-  /* Read only when struct_size covers it. medium "shared": the cluster whose existence checks
-   * the scheduler asks (nodes, name, tp_size, timeouts); blocks then bound the keys it
-   * remembers as present. NULL for other media. */
+  /* medium "shared": its cluster, which the workers read and write and whose existence checks
+   * the scheduler asks (blocks then bound the keys it remembers as present). NULL otherwise. */
   const kvoffload_shared_tier_config_t* shared;
+  /* medium "disk": its files, for the workers (a scheduler alone may leave it NULL). NULL
+   * otherwise. */
+  const kvoffload_disk_tier_config_t* disk;
 } kvoffload_tier_config_t;
 /* kvoffload::TierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_TIER_CONFIG_INIT                                      \
@@ -158,7 +194,8 @@ typedef struct kvoffload_tier_config {
         0,                           /* write_queue_blocks: 1024 */     \
         0,                           /* write_back: off */              \
         0,                           /* write_back_free_blocks: 1/16 */ \
-        NULL                         /* shared: none */                 \
+        NULL,                        /* shared: none */                 \
+        NULL                         /* disk: none */                   \
   }
 
 typedef struct kvoffload_scheduler_config {
@@ -404,44 +441,16 @@ typedef enum kvoffload_backend_kind {
   KVOFFLOAD_BACKEND_CUDA = 1  /* CUDA copies; the KV tensors are device memory */
 } kvoffload_backend_kind_t;
 
-/* A disk tier of a worker: its own rows, in files of its own rank. */
-typedef struct kvoffload_disk_tier_config {
-  size_t struct_size;
-  const char* path;        /* root directory */
-  uint64_t capacity_bytes; /* bound on this worker's files */
-  const char* model;       /* with dtype and the rank, names the layout's directory */
-  const char* dtype;
-  int tp_rank;
-  int tp_size;
-  const char* io; /* "auto" (io_uring, else threads), "io_uring" or "threads"; NULL: "auto" */
-  int io_depth;   /* io_uring: operations in flight */
-  int io_threads; /* threads: pread/pwrite threads */
-  int direct_io;  /* 1: O_DIRECT where the file system allows it */
-} kvoffload_disk_tier_config_t;
-/* kvoffload::DiskTierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
-#define KVOFFLOAD_DISK_TIER_CONFIG_INIT                                            \
-  {                                                                                \
-    sizeof(kvoffload_disk_tier_config_t), /* struct_size */                        \
-        NULL,                             /* path: the caller sets it */           \
-        0,                                /* capacity_bytes: the caller sets it */ \
-        "",                               /* model */                              \
-        "",                               /* dtype */                              \
-        0,                                /* tp_rank */                            \
-        1,                                /* tp_size */                            \
-        NULL,                             /* io: "auto" */                         \
-        32,                               /* io_depth */                           \
-        4,                                /* io_threads */                         \
-        1                                 /* direct_io */                          \
-  }
-
 typedef struct kvoffload_worker_config {
   size_t struct_size;
+  /* The description the worker shares with its scheduler, given once: the block size factor,
+   * host_blocks (the host pool, allocated by the worker) and the tiers, in order, each with its
+   * disk or shared store. The scheduler's own config, or an equal one in another process. */
+  const kvoffload_scheduler_config_t* scheduler;
   const kvoffload_kv_tensor_t* tensors;
   size_t num_tensors;
   const kvoffload_group_tensors_t* groups; /* the scheduler's groups, in order */
   size_t num_groups;
-  int64_t block_size_factor;
-  int64_t host_blocks; /* the host pool (allocated by the worker): the scheduler's host_blocks */
   kvoffload_backend_kind_t backend;
   int threads;      /* host backend copy threads (0: all cores) */
   int cuda_device;  /* CUDA backend device */
@@ -457,35 +466,23 @@ typedef struct kvoffload_worker_config {
   int has_compute_stream;
   uintptr_t compute_stream;
   int loads_wait_for_compute; /* default 1 */
-  /* Read only when struct_size covers them. */
-  const kvoffload_disk_tier_config_t* disk_tiers; /* in the order of the scheduler's tiers */
-  size_t num_disk_tiers;
-  /* Read only when struct_size covers them: the shared tiers, after the disk tiers in the
-   * scheduler's tiers (tier num_disk_tiers + i is shared_tiers[i]). */
-  const kvoffload_shared_tier_config_t* shared_tiers;
-  size_t num_shared_tiers;
 } kvoffload_worker_config_t;
 /* kvoffload::WorkerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
-#define KVOFFLOAD_WORKER_CONFIG_INIT                                         \
-  {                                                                          \
-    sizeof(kvoffload_worker_config_t), /* struct_size */                     \
-        NULL,                          /* tensors: the caller sets them */   \
-        0,                             /* num_tensors */                     \
-        NULL,                          /* groups: the caller sets them */    \
-        0,                             /* num_groups */                      \
-        1,                             /* block_size_factor */               \
-        0,                             /* host_blocks: the caller sets it */ \
-        KVOFFLOAD_BACKEND_HOST,        /* backend */                         \
-        0,                             /* threads: all cores */              \
-        0,                             /* cuda_device */                     \
-        0,                             /* defer_stores */                    \
-        0,                             /* has_compute_stream */              \
-        0,                             /* compute_stream */                  \
-        1,                             /* loads_wait_for_compute */          \
-        NULL,                          /* disk_tiers: none */                \
-        0,                             /* num_disk_tiers */                  \
-        NULL,                          /* shared_tiers: none */              \
-        0                              /* num_shared_tiers */                \
+#define KVOFFLOAD_WORKER_CONFIG_INIT                                       \
+  {                                                                        \
+    sizeof(kvoffload_worker_config_t), /* struct_size */                   \
+        NULL,                          /* scheduler: the caller sets it */ \
+        NULL,                          /* tensors: the caller sets them */ \
+        0,                             /* num_tensors */                   \
+        NULL,                          /* groups: the caller sets them */  \
+        0,                             /* num_groups */                    \
+        KVOFFLOAD_BACKEND_HOST,        /* backend */                       \
+        0,                             /* threads: all cores */            \
+        0,                             /* cuda_device */                   \
+        0,                             /* defer_stores */                  \
+        0,                             /* has_compute_stream */            \
+        0,                             /* compute_stream */                \
+        1                              /* loads_wait_for_compute */        \
   }
 
 typedef struct kvoffload_finished_transfer {

@@ -16,6 +16,19 @@
 
 namespace kvoffload {
 
+class PresenceCheck;
+
+/// What a scheduler uses beside its configuration: live services, started by the caller
+/// (make_scheduler_services starts the ones a config describes) and shared with the scheduler.
+/// A configuration stays a plain value that front ends can build, copy and check.
+struct SchedulerServices {
+  /// Per tier of SchedulerConfig::tiers (missing entries are null): how lookups learn which
+  /// keys a shared tier holds (make_cluster_presence, or the engine's own). A shared tier
+  /// needs one; other tiers take none. The tier's `blocks` bound the keys the scheduler
+  /// remembers as present.
+  std::vector<std::shared_ptr<PresenceCheck>> presence;
+};
+
 /// The GPU blocks the engine allocated for one group of a request (on_allocated).
 struct AllocatedGroup {
   std::vector<GpuBlockId> block_ids;     ///< the request's blocks of this group, nulls included
@@ -140,7 +153,9 @@ struct CacheStats {
 /// another thread is inside throws kvoffload::error saying so.
 class KVOFFLOAD_EXPORT Scheduler {
  public:
-  explicit Scheduler(const SchedulerConfig& config);
+  /// Throws invalid_argument naming the field for a bad config, or a service missing or
+  /// extra ("services.presence[1]: ...").
+  explicit Scheduler(const SchedulerConfig& config, SchedulerServices services = {});
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;

@@ -44,12 +44,19 @@ struct WorkerConfig {
   /// CUDA backend: where its CUDA calls go. Null: the CUDA runtime; a SimDevice runs the
   /// backend on the CPU (the pool is then registered with the simulated device).
   std::shared_ptr<DeviceRuntime> runtime;
-  /// The disk tiers, in the order of SchedulerConfig::tiers (each opened and scanned here).
-  std::vector<DiskTierConfig> disk_tiers;
-  /// The shared tiers (a Valkey cluster each), after the disk tiers in SchedulerConfig::tiers:
-  /// tier index disk_tiers.size() + i is shared_tiers[i].
-  std::vector<SharedTierConfig> shared_tiers;
+  /// The tiers' stores, in the order of SchedulerConfig::tiers (a tier job names its tier by
+  /// index): disk tiers are opened and scanned here, shared tiers connect on first use.
+  std::vector<TierStore> tiers;
 };
+
+/// A worker's configuration with what it shares with its scheduler taken from the
+/// scheduler's: block_size_factor, host_blocks (the manager's) and the tiers' stores, in
+/// order. The rest (tensors, groups, backend...) comes from `worker`. Give the model's
+/// geometry and tiers once, in the SchedulerConfig, and derive the worker's from it (in
+/// another process, from an equal SchedulerConfig). Throws invalid_argument naming the field
+/// for a bad scheduler config or a tier without a store.
+KVOFFLOAD_EXPORT WorkerConfig derive_worker_config(const SchedulerConfig& scheduler,
+                                                   WorkerConfig worker);
 
 class PinnedHostPool;
 
@@ -83,11 +90,12 @@ class KVOFFLOAD_EXPORT Worker {
   [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
   /// What tier t is; throws invalid_argument past the tiers.
   [[nodiscard]] Medium tier_medium(std::size_t t) const;
-  /// Checks that this worker's tiers are the scheduler's (SchedulerConfig::tiers): as many,
-  /// of the same kinds, in the same order. Tier jobs name a tier by index only, so a worker
-  /// configured apart from its scheduler must be checked once, at start. Throws
-  /// invalid_argument naming the first tier that differs.
-  void check_tiers(std::span<const TierConfig> scheduler_tiers) const;
+  /// Checks that this worker fits the scheduler `config` describes: the same block_size_factor
+  /// and host_blocks, and its tiers as many, of the same kinds, in the same order (tier jobs
+  /// name a tier by index only). A worker configured apart from its scheduler (not by
+  /// derive_worker_config) is checked once, at start. Throws invalid_argument naming the first
+  /// difference.
+  void check_matches(const SchedulerConfig& config) const;
   /// Clears every tier (Tier::clear: a disk tier empties its slots): call it after
   /// Scheduler::reset_cache, once the tier jobs have finished, so the old cache's blocks do
   /// not come back after a restart.

@@ -14,8 +14,9 @@ without a CUDA build or device), :class:`InternalError` and :class:`IoError` (al
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import ClassVar, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._kvoffload import __version__ as _kvoffload_version
 from ._kvoffload import (  # noqa: F401  (re-exported)
@@ -33,7 +34,7 @@ from ._kvoffload import (  # noqa: F401  (re-exported)
     built_with_cuda,
     cuda_device_count,
 )
-from ._kvoffload import _parse_bytes
+from ._kvoffload import _parse_bytes  # noqa: F401  (vllm.py reads byte sizes with it)
 
 __all__ = [
     "AllocatedGroup",
@@ -62,6 +63,7 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "built_with_cuda",
+    "derive_worker_config",
     "cuda_device_count",
     "stream_handle",
     "tensor_of",
@@ -83,13 +85,13 @@ class GroupConfig:
 
 @dataclass
 class SharedTierConfig:
-    """A shared tier on a Valkey (or Redis 7) cluster (docs/semantics.md section 11.1):
-    ``nodes`` "host:port[,host:port...]"; ``name`` the namespace, with ``tp_size`` and the
-    block size factor (model, revision, dtype, block size: engines that share blocks give the
-    same). The worker runs it
-    (``WorkerConfig.shared_tiers``); the scheduler asks it which keys it holds
-    (``TierConfig(medium="shared", shared=...)``)."""
+    """A shared tier's store on a Valkey (or Redis 7) cluster (docs/semantics.md section
+    11.1): ``nodes`` "host:port[,host:port...]"; ``name`` the namespace, with ``tp_size`` and
+    the block size factor (model, revision, dtype, block size: engines that share blocks give
+    the same). Given once, as ``TierConfig(medium="shared", store=...)``: the scheduler asks
+    the cluster which keys it holds, the workers (derive_worker_config) read and write it."""
 
+    medium: ClassVar[str] = "shared"
     nodes: str
     name: str
     tp_rank: int = 0
@@ -98,16 +100,14 @@ class SharedTierConfig:
     reply_timeout_ms: int = 1000
     in_flight: int = 8  # blocks per pipelined batch
 
-    def _tuple(self):
-        return (self.nodes, self.name, self.tp_rank, self.tp_size, self.connect_timeout_ms,
-                self.reply_timeout_ms, self.in_flight)
-
 
 @dataclass
 class TierConfig:
-    """A tier below the host cache (docs/semantics.md section 11), as the scheduler sees it:
-    ``blocks`` is its capacity in slots (``Worker.tier_slots(t)``); for a shared tier, the
-    keys the scheduler remembers as present, and ``shared`` names its cluster."""
+    """A tier below the host cache (docs/semantics.md section 11), described once for both
+    sides: ``blocks`` (its capacity in slots, ``Worker.tier_slots(t)``; for a shared tier, the
+    keys the scheduler remembers as present) and the fields after it are the scheduler's
+    index; ``store`` (a DiskTierConfig or a SharedTierConfig of this medium) is what the
+    workers run, and what a shared tier's presence checks ask."""
 
     blocks: int
     medium: str = "disk"
@@ -116,7 +116,7 @@ class TierConfig:
     write_queue_blocks: int = 0  # 0: 1024
     write_back: bool = False  # write blocks when the host evicts them, not after each store
     write_back_free_blocks: int = 0  # write-back keeps this many host blocks free (0: 1/16)
-    shared: Optional[SharedTierConfig] = None  # medium "shared": its cluster
+    store: Optional[Union["DiskTierConfig", SharedTierConfig]] = None
 
 
 @dataclass
@@ -198,23 +198,7 @@ class Scheduler:
         if overrides:
             c = SchedulerConfig(**{**c.__dict__, **overrides})
         self.config = c
-        self._s = _Scheduler(
-            groups=[(g.kind, g.gpu_block_size, g.sliding_window) for g in c.groups],
-            block_size_factor=c.block_size_factor,
-            hash_block_size=c.hash_block_size,
-            num_workers=c.num_workers,
-            prefix_caching=c.prefix_caching,
-            gpu_blocks=c.gpu_blocks,
-            host_blocks=c.host_blocks,
-            policy=c.policy,
-            store_threshold=c.store_threshold,
-            threshold_tracker_keys=c.threshold_tracker_keys,
-            block_bytes=c.block_bytes,
-            enable_events=c.enable_events,
-            tiers=[(t.medium, t.blocks, t.policy, t.store_threshold, t.write_queue_blocks,
-                    t.write_back, t.write_back_free_blocks,
-                    t.shared._tuple() if t.shared is not None else None) for t in c.tiers],
-        )
+        self._s = _Scheduler(c)
 
     def update_request(self, request_id: str, num_tokens: int, block_hashes: Sequence[bytes],
                        remote_decode: bool = False) -> None:
@@ -344,13 +328,14 @@ def tensor_of(t) -> KvTensor:
 
 @dataclass
 class DiskTierConfig:
-    """A worker's disk tier: ``capacity`` in bytes (an int or a string such as "500GiB");
-    ``model`` and ``dtype`` (with the rank) name the layout's directory under ``path``, so
-    incompatible bytes are never read back. ``io``: "auto" (io_uring where allowed, else
-    threads), "io_uring" or "threads"."""
+    """A disk tier's store: ``capacity_bytes`` an int or a string such as "500GiB" (the
+    library's parser reads it); ``model`` and ``dtype`` (with the rank) name the layout's
+    directory under ``path``, so incompatible bytes are never read back. ``io``: "auto"
+    (io_uring where allowed, else threads), "io_uring" or "threads"."""
 
+    medium: ClassVar[str] = "disk"
     path: str
-    capacity: object
+    capacity_bytes: Union[int, str]
     model: str = ""
     dtype: str = ""
     tp_rank: int = 0
@@ -359,15 +344,6 @@ class DiskTierConfig:
     io_depth: int = 32
     io_threads: int = 4
     direct_io: bool = True
-
-    def capacity_bytes(self) -> int:
-        if isinstance(self.capacity, bool):
-            raise InvalidArgument("DiskTierConfig.capacity: expected bytes, got a bool")
-        if isinstance(self.capacity, int):
-            if self.capacity <= 0:
-                raise InvalidArgument(f"DiskTierConfig.capacity: {self.capacity} is not positive")
-            return self.capacity
-        return _parse_bytes(str(self.capacity), "DiskTierConfig.capacity")
 
 
 @dataclass
@@ -389,9 +365,22 @@ class WorkerConfig:
     loads_wait_for_compute: bool = True
     # CUDA backend: "auto" (per job, by piece size), "batch", "memcpy", "kernel" or "staged".
     copy_mode: str = "auto"
-    disk_tiers: List[DiskTierConfig] = field(default_factory=list)  # the scheduler's tiers' order
-    # After the disk tiers in the scheduler's tiers: tier len(disk_tiers) + i is shared_tiers[i].
-    shared_tiers: List[SharedTierConfig] = field(default_factory=list)
+    # The tiers' stores in the scheduler's tiers' order: derive_worker_config fills them (and
+    # host_blocks and block_size_factor) from the scheduler's config.
+    tiers: List[Union[DiskTierConfig, SharedTierConfig]] = field(default_factory=list)
+
+
+def derive_worker_config(scheduler: SchedulerConfig, worker: WorkerConfig) -> WorkerConfig:
+    """``worker`` with what it shares with its scheduler taken from ``scheduler`` (C++'s
+    kvoffload::derive_worker_config): block_size_factor, host_blocks and the tiers' stores, in
+    order. Describe the model's geometry and the tiers once, in the SchedulerConfig."""
+    for t, tier in enumerate(scheduler.tiers):
+        if tier.store is None:
+            raise InvalidArgument(f"tiers[{t}].store: a worker needs the tier's store (a "
+                                  "DiskTierConfig or a SharedTierConfig)")
+    return dataclasses.replace(worker, block_size_factor=scheduler.block_size_factor,
+                               host_blocks=scheduler.host_blocks,
+                               tiers=[t.store for t in scheduler.tiers])
 
 
 @dataclass(frozen=True)
@@ -428,23 +417,8 @@ class Worker:
 
     def __init__(self, config: WorkerConfig):
         self.config = config
-        self._w = _Worker(
-            tensors=[(t.base, t.num_blocks, t.page_bytes, t.block_stride_bytes)
-                     for t in config.tensors],
-            groups=[list(g) for g in config.groups],
-            block_size_factor=config.block_size_factor,
-            host_blocks=config.host_blocks,
-            backend=config.backend,
-            threads=config.threads,
-            cuda_device=config.cuda_device,
-            defer_stores=config.defer_stores,
-            compute_stream=stream_handle(config.compute_stream),
-            loads_wait_for_compute=config.loads_wait_for_compute,
-            copy_mode=config.copy_mode,
-            disk_tiers=[(d.path, d.capacity_bytes(), d.model, d.dtype, d.tp_rank, d.tp_size, d.io,
-                         d.io_depth, d.io_threads, d.direct_io) for d in config.disk_tiers],
-            shared_tiers=[t._tuple() for t in config.shared_tiers],
-        )
+        self._w = _Worker(dataclasses.replace(
+            config, compute_stream=stream_handle(config.compute_stream)))
 
     def cuda_stats(self) -> Optional[dict]:
         """The CUDA backend's counts of the copy modes its jobs really used (jobs_batch,
@@ -471,7 +445,7 @@ class Worker:
         self._w.clear_tiers()
 
     def shared_tier_stats(self, tier: int) -> dict:
-        """Shared tier ``tier``'s counters (tier counts every tier, disk tiers first): reads,
+        """Shared tier ``tier``'s counters (``tier`` indexes the scheduler's tiers): reads,
         read_misses, bad_values, read_errors, writes, write_errors, bytes_read,
         bytes_written."""
         return self._w.shared_tier_stats(tier)

@@ -39,7 +39,7 @@ def parse_bytes(value: Any, field: str = "host_bytes") -> int:
         n = int(value)
     else:
         # The library's one byte-size grammar (kvoffload/byte_size.hpp), the same as
-        # DiskTierConfig.capacity and the C API's.
+        # DiskTierConfig.capacity_bytes's.
         n = kv._parse_bytes(str(value), field)
     if n <= 0:
         raise kv.InvalidArgument(f"{field}: {value!r} is not a positive size")
@@ -320,12 +320,12 @@ def _define_classes() -> None:
             self._stream = None
             if cuda:
                 self._stream = int(torch.cuda.current_stream(first.device).cuda_stream)
-            self._worker = kv.Worker(kv.WorkerConfig(
-                tensors=tensors, groups=groups, host_blocks=self._config.host_blocks,
-                block_size_factor=self._config.block_size_factor,
+            # The factor and the pool's size from the scheduler's config: given once.
+            self._worker = kv.Worker(kv.derive_worker_config(self._config, kv.WorkerConfig(
+                tensors=tensors, groups=groups,
                 backend="cuda" if cuda else "host", threads=0 if cuda else 2,
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
-                compute_stream=self._stream))
+                compute_stream=self._stream)))
 
         def _follow_stream(self):
             """Before a step's jobs are submitted: the engine's current stream becomes the

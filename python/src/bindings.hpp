@@ -6,11 +6,10 @@
 
 #include <optional>
 #include <string>
-#include <tuple>
 #include <vector>
 
-#include "kvoffload/tiers/shared_tier.hpp"
 #include "kvoffload/types.hpp"
+#include "kvoffload/worker.hpp"
 
 namespace kvoffload::python {
 
@@ -20,14 +19,10 @@ void bind_worker(nanobind::module_& m);
 /// A tier scan as a list of (hash bytes, group) or None per slot (Worker.tier_scan).
 nanobind::list scan_to_list(const std::vector<std::optional<Key>>& scan);
 
-/// SharedTierConfig._tuple(): nodes, name, tp_rank, tp_size, connect and reply timeouts (ms),
-/// blocks in flight.
-using SharedTuple = std::tuple<std::string, std::string, int, int, int, int, int>;
-inline SharedTierConfig shared_config(const SharedTuple& t) {
-  SharedTierConfig c;
-  std::tie(c.nodes, c.name, c.tp_rank, c.tp_size, c.connect_timeout_ms, c.reply_timeout_ms,
-           c.in_flight) = t;
-  return c;
-}
+// config_binding.cpp: the config dataclasses by their attributes (config_fields.hpp's lists).
+void bind_config(nanobind::module_& m);
+SharedTierConfig shared_config_from_py(nanobind::handle obj, const std::string& what);
+SchedulerConfig scheduler_config_from_py(nanobind::handle obj);
+WorkerConfig worker_config_from_py(nanobind::handle obj);
 
 }  // namespace kvoffload::python

@@ -80,6 +80,7 @@ void bind_errors(nb::module_& m) {
 NB_MODULE(_kvoffload, m) {
   m.doc() = "kvoffload: KV-cache offloading between GPU and host memory (native part)";
   kvoffload::python::bind_errors(m);
+  kvoffload::python::bind_config(m);
   kvoffload::python::bind_scheduler(m);
   kvoffload::python::bind_worker(m);
   m.attr("__version__") = KVOFFLOAD_VERSION_STRING;

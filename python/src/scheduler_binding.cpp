@@ -68,10 +68,6 @@ std::string kind_name(JobKind k) {
   return std::string(to_string(k));
 }
 
-GroupKind group_kind(const std::string& name, std::size_t g) {
-  return parse_group_kind(name, "groups[" + std::to_string(g) + "].kind");
-}
-
 nb::dict to_dict(const TierStats& t) {
   nb::dict d;
 #define KVOFFLOAD_DICT_FIELD(name) d[#name] = t.name;
@@ -217,76 +213,15 @@ void bind_scheduler(nb::module_& m) {
              j.host_block_ids = hosts;
            });
 
-  m.def(
-      "_scheduler_config_defaults",
-      [] {
-        const SchedulerConfig c;
-        nb::dict d;
-        d["groups"] = nb::list();
-        d["host_blocks"] = c.manager.host_blocks;
-        d["block_size_factor"] = c.block_size_factor;
-        d["hash_block_size"] = c.hash_block_size;
-        d["num_workers"] = c.num_workers;
-        d["prefix_caching"] = c.prefix_caching;
-        d["gpu_blocks"] = c.gpu_blocks;
-        d["policy"] = std::string(to_string(c.manager.policy));
-        d["store_threshold"] = c.manager.store_threshold;
-        d["threshold_tracker_keys"] = c.manager.threshold_tracker_keys;
-        d["block_bytes"] = c.manager.block_bytes;
-        d["enable_events"] = c.manager.enable_events;
-        d["tiers"] = nb::list();
-        if (!c.groups.empty()) d["groups"] = nb::none();  // a default model: not expected
-        return d;
-      },
-      "kvoffload::SchedulerConfig's defaults, for the test that keeps SchedulerConfig equal.");
-
   nb::class_<Scheduler>(m, "_Scheduler")
       .def(
           "__init__",
-          [](Scheduler* self,
-             const std::vector<std::tuple<std::string, std::int64_t, std::int64_t>>& groups,
-             std::int64_t block_size_factor, std::int64_t hash_block_size, std::int64_t num_workers,
-             bool prefix_caching, std::int64_t gpu_blocks, std::int64_t host_blocks,
-             const std::string& policy, std::int64_t store_threshold,
-             std::int64_t threshold_tracker_keys, std::int64_t block_bytes, bool enable_events,
-             const std::vector<
-                 std::tuple<std::string, std::int64_t, std::string, std::int64_t, std::int64_t,
-                            bool, std::int64_t, std::optional<SharedTuple>>>& tiers) {
-            SchedulerConfig c;
-            for (std::size_t t = 0; t < tiers.size(); ++t) {
-              const auto& [medium, blocks, policy, threshold, queue, back, back_free, shared] =
-                  tiers[t];
-              const std::string what = "tiers[" + std::to_string(t) + "]";
-              c.tiers.push_back(TierConfig{
-                  parse_medium(medium, what + ".medium"), blocks,
-                  parse_eviction_policy(policy, what + ".policy"), threshold, queue, back,
-                  back_free,
-                  shared ? make_cluster_presence(shared_config(*shared), block_size_factor)
-                         : nullptr});
-            }
-            for (std::size_t g = 0; g < groups.size(); ++g) {
-              c.groups.push_back({group_kind(std::get<0>(groups[g]), g), std::get<1>(groups[g]),
-                                  std::get<2>(groups[g])});
-            }
-            c.block_size_factor = block_size_factor;
-            c.hash_block_size = hash_block_size;
-            c.num_workers = num_workers;
-            c.prefix_caching = prefix_caching;
-            c.gpu_blocks = gpu_blocks;
-            c.manager.host_blocks = host_blocks;
-            c.manager.policy = parse_eviction_policy(policy, "policy");
-            c.manager.store_threshold = store_threshold;
-            c.manager.threshold_tracker_keys = threshold_tracker_keys;
-            c.manager.block_bytes = block_bytes;
-            c.manager.enable_events = enable_events;
-            new (self) Scheduler(c);
+          [](Scheduler* self, nb::handle config) {
+            // The whole config first (nothing started), then its services.
+            const SchedulerConfig c = scheduler_config_from_py(config);
+            new (self) Scheduler(c, make_scheduler_services(c));
           },
-          "groups"_a, "block_size_factor"_a, "hash_block_size"_a, "num_workers"_a,
-          "prefix_caching"_a, "gpu_blocks"_a, "host_blocks"_a, "policy"_a, "store_threshold"_a,
-          "threshold_tracker_keys"_a, "block_bytes"_a, "enable_events"_a,
-          "tiers"_a = std::vector<
-              std::tuple<std::string, std::int64_t, std::string, std::int64_t, std::int64_t, bool,
-                         std::int64_t, std::optional<SharedTuple>>>{})
+          "config"_a, "A kvoffload.SchedulerConfig.")
       .def(
           "update_request",
           [](Scheduler& s, std::string_view id, std::int64_t num_tokens,

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 import kvoffload as kv
 from kvoffload import _kvoffload
 
@@ -16,25 +18,25 @@ def dataclass_defaults(cls):
     return out
 
 
-def test_scheduler_config_defaults_are_the_libraries():
-    ours = dataclass_defaults(kv.SchedulerConfig)
-    lib = _kvoffload._scheduler_config_defaults()
-    assert ours == lib
-    # Every field has a default (groups and host_blocks are empty: the caller must set them).
-    assert set(ours) == {f.name for f in dataclasses.fields(kv.SchedulerConfig)}
+REQUIRED = {  # fields the caller must give: no default in Python
+    "SchedulerConfig": set(), "GroupConfig": set(), "TierConfig": {"blocks"},
+    "DiskTierConfig": {"path", "capacity_bytes"}, "SharedTierConfig": {"nodes", "name"},
+    "WorkerConfig": {"tensors", "groups"},
+}
+# Python-only fields, not in the library's field lists.
+PYTHON_ONLY = {"WorkerConfig": {"tensors", "groups"}}
 
 
-def test_worker_config_defaults_are_the_libraries():
-    ours = dataclass_defaults(kv.WorkerConfig)
-    lib = _kvoffload._worker_config_defaults()
-    assert ours == lib
-    # tensors and groups (the engine's memory) have no default in either.
-    assert {f.name for f in dataclasses.fields(kv.WorkerConfig)} - set(ours) == {"tensors",
-                                                                                "groups"}
-
-
-def test_shared_tier_config_defaults_are_the_libraries():
-    ours = dataclass_defaults(kv.SharedTierConfig)
-    assert ours == _kvoffload._shared_tier_config_defaults()
-    assert {f.name for f in dataclasses.fields(kv.SharedTierConfig)} - set(ours) == {"nodes",
-                                                                                    "name"}
+@pytest.mark.parametrize("name", sorted(REQUIRED))
+def test_config_dataclasses_have_the_libraries_fields_and_defaults(name):
+    """One field list (kvoffload/detail/config_fields.hpp): the same names, and each default
+    the C++ struct's."""
+    cls = getattr(kv, name)
+    lib = _kvoffload._config_defaults()[name]
+    names = {f.name for f in dataclasses.fields(cls)}
+    assert names - PYTHON_ONLY.get(name, set()) == set(lib)
+    ours = dataclass_defaults(cls)
+    assert names - set(ours) == REQUIRED[name]
+    for k in ours:
+        if k in lib:
+            assert ours[k] == lib[k], f"{name}.{k}: {ours[k]!r} here, {lib[k]!r} in C++"

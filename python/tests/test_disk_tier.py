@@ -1,4 +1,4 @@
-"""The disk tier from Python: kv.DiskTierConfig(path=..., capacity=...), write-through,
+"""The disk tier from Python: kv.DiskTierConfig(path=..., capacity_bytes=...), write-through,
 a restart that finds the blocks, promotion on a hit and byte-exact loads."""
 
 import pickle
@@ -13,14 +13,17 @@ F, PAGE = 2, 4096
 
 
 def engine(tmp_path, gpu):
-    w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=8,
-                                  block_size_factor=F, threads=1,
-                                  disk_tiers=[kv.DiskTierConfig(path=str(tmp_path),
-                                                                capacity="1MiB",
-                                                                model="pytest-model",
-                                                                dtype="uint8")]))
-    s = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
-                     block_size_factor=F, tiers=[kv.TierConfig(blocks=w.tier_slots())])
+    """One description (the scheduler's config, the tier's store in it); the worker derives
+    its factor, pool and tier from it, and the tier's blocks are the slots it opened."""
+    store = kv.DiskTierConfig(path=str(tmp_path), capacity_bytes="1MiB", model="pytest-model",
+                              dtype="uint8")
+    sc = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
+                            block_size_factor=F, tiers=[kv.TierConfig(blocks=1, store=store)])
+    w = kv.Worker(kv.derive_worker_config(sc, kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]],
+                                                              threads=1)))
+    assert (w.config.host_blocks, w.config.block_size_factor) == (8, F)
+    sc.tiers[0].blocks = w.tier_slots()
+    s = kv.Scheduler(sc)
     restored = s.restore_tier(0, w.tier_scan())
     return s, w, restored
 
@@ -92,12 +95,25 @@ def test_written_through_then_promoted_after_a_restart(tmp_path):
 
 def test_bad_disk_tier_configs_name_the_field(tmp_path):
     gpu = np.zeros((4, PAGE), dtype=np.uint8)
-    with pytest.raises(kv.InvalidArgument, match="capacity"):
-        kv.DiskTierConfig(path=str(tmp_path), capacity="lots").capacity_bytes()
-    with pytest.raises(kv.InvalidArgument, match="io"):
-        kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
-                                  disk_tiers=[kv.DiskTierConfig(str(tmp_path), 1 << 20,
-                                                                io="mmap")]))
+    def worker(store):
+        return kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
+                                         tiers=[store]))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.capacity_bytes"):
+        worker(kv.DiskTierConfig(path=str(tmp_path), capacity_bytes="lots"))
+    with pytest.raises(kv.InvalidArgument, match="not positive"):
+        worker(kv.DiskTierConfig(path=str(tmp_path), capacity_bytes=0))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.io"):
+        worker(kv.DiskTierConfig(str(tmp_path), 1 << 20, io="mmap"))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.io_depth: expected an int, got str"):
+        worker(kv.DiskTierConfig(str(tmp_path), 1 << 20, io_depth="deep"))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.store: a worker needs"):
+        kv.derive_worker_config(
+            kv.SchedulerConfig(groups=[kv.GroupConfig()], host_blocks=2,
+                               tiers=[kv.TierConfig(blocks=8)]),
+            kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]]))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.store: a shared tier's store"):
+        kv.Scheduler(groups=[kv.GroupConfig()], host_blocks=2,
+                     tiers=[kv.TierConfig(blocks=8, store=kv.SharedTierConfig("h:1", "m"))])
     with pytest.raises(kv.InvalidArgument, match="tiers\\[0\\].blocks"):
         kv.Scheduler(groups=[kv.GroupConfig()], host_blocks=2, tiers=[kv.TierConfig(blocks=0)])
     w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2))
@@ -113,5 +129,5 @@ def test_a_directory_the_system_refuses_is_an_io_error(tmp_path):
     blocker.write_bytes(b"")
     with pytest.raises(kv.IoError, match="cannot create") as info:
         kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
-                                  disk_tiers=[kv.DiskTierConfig(str(blocker / "tier"), 1 << 20)]))
+                                  tiers=[kv.DiskTierConfig(str(blocker / "tier"), 1 << 20)]))
     assert isinstance(info.value, OSError) and not isinstance(info.value, kv.InternalError)

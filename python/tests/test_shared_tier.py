@@ -32,14 +32,16 @@ def cluster(tmp_path_factory):
 
 
 def engine(gpu, nodes, name, store_threshold=0):
+    """The shared tier described once: the scheduler's presence checks and the worker's store
+    both come from the TierConfig's store."""
     shared = kv.SharedTierConfig(nodes=nodes, name=name, reply_timeout_ms=2000)
-    w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=8,
-                                  block_size_factor=F, threads=1, shared_tiers=[shared]))
-    s = kv.Scheduler(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
-                     block_size_factor=F,
-                     tiers=[kv.TierConfig(blocks=1024, medium="shared", shared=shared,
-                                          store_threshold=store_threshold)])
-    return s, w
+    sc = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
+                            block_size_factor=F,
+                            tiers=[kv.TierConfig(blocks=1024, medium="shared", store=shared,
+                                                 store_threshold=store_threshold)])
+    w = kv.Worker(kv.derive_worker_config(sc, kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]],
+                                                              threads=1)))
+    return kv.Scheduler(sc), w
 
 
 def run(s, w, step):
@@ -109,12 +111,15 @@ def test_engine_b_loads_what_engine_a_stored(cluster):
 
 def test_bad_shared_tier_configs_name_the_field():
     gpu = np.zeros((4, PAGE), dtype=np.uint8)
-    with pytest.raises(kv.InvalidArgument, match="presence"):
+    with pytest.raises(kv.InvalidArgument, match="presence checks need its cluster"):
         kv.Scheduler(groups=[kv.GroupConfig()], host_blocks=2,
                      tiers=[kv.TierConfig(blocks=8, medium="shared")])
     with pytest.raises(kv.InvalidArgument, match="nodes"):
         kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
-                                  shared_tiers=[kv.SharedTierConfig("no-port", "m")]))
+                                  tiers=[kv.SharedTierConfig("no-port", "m")]))
     with pytest.raises(kv.InvalidArgument, match="name"):
         kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
-                                  shared_tiers=[kv.SharedTierConfig("127.0.0.1:1", "")]))
+                                  tiers=[kv.SharedTierConfig("127.0.0.1:1", "")]))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.tp_size: expected an int"):
+        kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
+                                  tiers=[kv.SharedTierConfig("127.0.0.1:1", "m", tp_size="2")]))

@@ -37,23 +37,6 @@ void require_struct_size(std::size_t got, std::size_t want, std::string_view fn,
   }
 }
 
-SharedTierConfig from_c(const kvoffload_shared_tier_config_t& c, std::string_view fn,
-                        const std::string& what) {
-  require_struct_size(c.struct_size, sizeof(kvoffload_shared_tier_config_t), fn, what,
-                      "KVOFFLOAD_SHARED_TIER_CONFIG_INIT");
-  require(c.nodes, fn, what + ".nodes");
-  require(c.name, fn, what + ".name");
-  SharedTierConfig out;
-  out.nodes = c.nodes;
-  out.name = c.name;
-  out.tp_rank = c.tp_rank;
-  out.tp_size = c.tp_size;
-  out.connect_timeout_ms = c.connect_timeout_ms;
-  out.reply_timeout_ms = c.reply_timeout_ms;
-  out.in_flight = c.in_flight;
-  return out;
-}
-
 BlockHash to_hash(const kvoffload_block_hash_t& h, std::string_view fn, std::size_t index) {
   if (h.size < 1 || h.size > KVOFFLOAD_HASH_MAX_BYTES) {
     throw invalid_argument(fmt::format("{}: hash {} has size {} (1 to {} bytes)", fn, index, h.size,

@@ -13,9 +13,9 @@
 
 #include <fmt/format.h>
 
+#include "kvoffload/config.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/kvoffload.h"
-#include "kvoffload/tiers/shared_tier.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload::capi {
@@ -82,8 +82,12 @@ kvoffload_key_t to_c(const Key& key) noexcept;
 /// The C API numbers JobKind the same way (checked at compile time).
 kvoffload_job_kind_t to_c(JobKind kind) noexcept;
 Key from_c(const kvoffload_key_t& key, std::string_view fn, std::size_t index);
-/// Checks struct_size and nodes/name (naming `what`), then converts.
+/// Checks struct_size and nodes/name (naming `what`), then converts (c_api_config.cpp).
 SharedTierConfig from_c(const kvoffload_shared_tier_config_t& c, std::string_view fn,
                         const std::string& what);
+/// A scheduler config (what: "config", or "config->scheduler" for a worker's), converted and
+/// validated; nothing is started.
+SchedulerConfig from_c(const kvoffload_scheduler_config_t& c, std::string_view fn,
+                       const std::string& what);
 
 }  // namespace kvoffload::capi

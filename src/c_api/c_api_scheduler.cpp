@@ -10,7 +10,8 @@
 #include "kvoffload/tiers/shared_presence.hpp"
 
 struct kvoffload_scheduler_s {
-  explicit kvoffload_scheduler_s(const kvoffload::SchedulerConfig& c) : scheduler(c) {}
+  kvoffload_scheduler_s(const kvoffload::SchedulerConfig& c, kvoffload::SchedulerServices services)
+      : scheduler(c, std::move(services)) {}
   kvoffload::Scheduler scheduler;
   std::vector<kvoffload::BlockHash> hashes;  // scratch for update/extend
   std::vector<kvoffload::CompletedJob> completed;
@@ -28,20 +29,6 @@ struct kvoffload_step_s {
 namespace kvoffload::capi {
 namespace {
 
-GroupKind to_kind(const kvoffload_group_kind_t& kind, std::size_t g) {
-  const int k = raw_enum(kind);
-  switch (k) {
-    case KVOFFLOAD_FULL_ATTENTION: return GroupKind::full_attention;
-    case KVOFFLOAD_SLIDING_WINDOW: return GroupKind::sliding_window;
-    case KVOFFLOAD_MAMBA: return GroupKind::mamba;
-    default: break;
-  }
-  throw invalid_argument(fmt::format(
-      "kvoffload_scheduler_create: groups[{}].kind is {} (0 full attention, 1 sliding window, "
-      "2 mamba)",
-      g, k));
-}
-
 /// A transfer's kind from a C caller: true for loads; throws for anything but 0 and 1.
 bool is_load(const kvoffload_job_kind_t& kind, std::string_view fn) {
   const int k = raw_enum(kind);
@@ -52,60 +39,6 @@ bool is_load(const kvoffload_job_kind_t& kind, std::string_view fn) {
                     fn, k));
   }
   return k == KVOFFLOAD_JOB_LOAD;
-}
-
-SchedulerConfig to_config(const kvoffload_scheduler_config_t& c) {
-  constexpr std::string_view fn = "kvoffload_scheduler_create";
-  // Structs from before threshold_tracker_keys are accepted; the field then defaults.
-  constexpr std::size_t v1_size = offsetof(kvoffload_scheduler_config_t, threshold_tracker_keys);
-  require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_SCHEDULER_CONFIG_INIT");
-  const bool has_v2 = c.struct_size > v1_size;
-  // Structs from before the tier fields get no tiers.
-  const bool has_v3 = c.struct_size >= sizeof(kvoffload_scheduler_config_t);
-  require_array(c.groups, c.num_groups, fn, "config->groups");
-  SchedulerConfig s;
-  for (std::size_t g = 0; g < c.num_groups; ++g) {
-    s.groups.push_back(
-        {to_kind(c.groups[g].kind, g), c.groups[g].gpu_block_size, c.groups[g].sliding_window});
-  }
-  s.block_size_factor = c.block_size_factor;
-  s.hash_block_size = c.hash_block_size;
-  s.num_workers = c.num_workers;
-  s.prefix_caching = c.prefix_caching != 0;
-  s.gpu_blocks = c.gpu_blocks;
-  s.manager.host_blocks = c.host_blocks;
-  s.manager.policy =
-      c.policy != nullptr ? parse_eviction_policy(c.policy, "policy") : EvictionPolicyKind::lru;
-  s.manager.store_threshold = c.store_threshold;
-  s.manager.block_bytes = c.block_bytes;
-  s.manager.enable_events = c.enable_events != 0;
-  if (has_v2) s.manager.threshold_tracker_keys = c.threshold_tracker_keys;
-  if (has_v3) {
-    require_array(c.tiers, c.num_tiers, fn, "config->tiers");
-    for (std::size_t t = 0; t < c.num_tiers; ++t) {
-      const kvoffload_tier_config_t& tc = c.tiers[t];
-      const std::string what = fmt::format("config->tiers[{}]", t);
-      // Structs from before the shared field are accepted (no shared tier then).
-      require_struct_size(tc.struct_size, offsetof(kvoffload_tier_config_t, shared), fn, what,
-                          "KVOFFLOAD_TIER_CONFIG_INIT");
-      TierConfig tier;
-      tier.medium = tc.medium != nullptr ? parse_medium(tc.medium, what + ".medium") : Medium::disk;
-      tier.blocks = tc.blocks;
-      tier.policy = tc.policy != nullptr ? parse_eviction_policy(tc.policy, what + ".policy")
-                                         : EvictionPolicyKind::lru;
-      tier.store_threshold = tc.store_threshold;
-      tier.write_queue_blocks = tc.write_queue_blocks;
-      tier.write_back = tc.write_back != 0;
-      tier.write_back_free_blocks = tc.write_back_free_blocks;
-      if (tc.struct_size >= sizeof(kvoffload_tier_config_t) && tc.shared != nullptr) {
-        tier.presence =
-            make_cluster_presence(from_c(*tc.shared, fn, what + ".shared"), s.block_size_factor);
-      }
-      s.tiers.push_back(tier);
-    }
-  }
-  s.validate();
-  return s;
 }
 
 void read_hashes(kvoffload_scheduler_s& s, const kvoffload_block_hash_t* hashes, std::size_t n,
@@ -165,7 +98,8 @@ kvoffload_status_t kvoffload_scheduler_create(const kvoffload_scheduler_config_t
     require(scheduler, "kvoffload_scheduler_create", "scheduler");
     *scheduler = nullptr;
     require(config, "kvoffload_scheduler_create", "config");
-    *scheduler = new kvoffload_scheduler_s(to_config(*config));
+    const SchedulerConfig c = from_c(*config, "kvoffload_scheduler_create", "config");
+    *scheduler = new kvoffload_scheduler_s(c, make_scheduler_services(c));
   });
 }
 

@@ -66,9 +66,16 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     // Structs from before the compute-stream fields are accepted; those fields then default.
     constexpr std::size_t v1_size = offsetof(kvoffload_worker_config_t, has_compute_stream);
     require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_WORKER_CONFIG_INIT");
-    const bool has_v2 = c.struct_size >= offsetof(kvoffload_worker_config_t, disk_tiers);
-    const bool has_v3 = c.struct_size >= offsetof(kvoffload_worker_config_t, shared_tiers);
-    const bool has_v4 = c.struct_size >= sizeof(kvoffload_worker_config_t);
+    const bool has_v2 = c.struct_size >= sizeof(kvoffload_worker_config_t);
+    require(c.scheduler, fn, "config->scheduler");
+    const SchedulerConfig description = from_c(*c.scheduler, fn, "config->scheduler");
+    for (std::size_t t = 0; t < description.tiers.size(); ++t) {
+      if (!description.tiers[t].store) {
+        throw invalid_argument(fmt::format(
+            "{}: config->scheduler->tiers[{}].{} is NULL: a worker runs the tier's store", fn, t,
+            description.tiers[t].medium == Medium::shared ? "shared" : "disk"));
+      }
+    }
     require_array(c.tensors, c.num_tensors, fn, "config->tensors");
     require_array(c.groups, c.num_groups, fn, "config->groups");
     WorkerConfig wc;
@@ -84,43 +91,12 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
         wc.groups[g].push_back({c.groups[g].tensors[k].tensor, c.groups[g].tensors[k].page_bytes});
       }
     }
-    wc.block_size_factor = c.block_size_factor;
-    wc.host_blocks = c.host_blocks;
     wc.threads = c.threads;
     wc.cuda_device = c.cuda_device;
     wc.defer_stores = c.defer_stores != 0;
     if (has_v2) {
       if (c.has_compute_stream != 0) wc.compute_stream = c.compute_stream;
       wc.loads_wait_for_compute = c.loads_wait_for_compute != 0;
-    }
-    if (has_v3) {
-      require_array(c.disk_tiers, c.num_disk_tiers, fn, "config->disk_tiers");
-      for (std::size_t t = 0; t < c.num_disk_tiers; ++t) {
-        const kvoffload_disk_tier_config_t& d = c.disk_tiers[t];
-        const std::string what = fmt::format("config->disk_tiers[{}]", t);
-        require_struct_size(d.struct_size, sizeof(kvoffload_disk_tier_config_t), fn, what,
-                            "KVOFFLOAD_DISK_TIER_CONFIG_INIT");
-        require(d.path, fn, what + ".path");
-        DiskTierConfig dc;
-        dc.path = d.path;
-        dc.capacity_bytes = d.capacity_bytes;
-        dc.model = d.model != nullptr ? d.model : "";
-        dc.dtype = d.dtype != nullptr ? d.dtype : "";
-        dc.tp_rank = d.tp_rank;
-        dc.tp_size = d.tp_size;
-        dc.io = d.io != nullptr ? parse_disk_io(d.io, what + ".io") : DiskIo::automatic;
-        dc.io_depth = d.io_depth;
-        dc.io_threads = d.io_threads;
-        dc.direct_io = d.direct_io != 0;
-        wc.disk_tiers.push_back(dc);
-      }
-    }
-    if (has_v4) {
-      require_array(c.shared_tiers, c.num_shared_tiers, fn, "config->shared_tiers");
-      for (std::size_t t = 0; t < c.num_shared_tiers; ++t) {
-        wc.shared_tiers.push_back(
-            from_c(c.shared_tiers[t], fn, fmt::format("config->shared_tiers[{}]", t)));
-      }
     }
     switch (raw_enum(c.backend)) {
       case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
@@ -129,7 +105,7 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
         throw invalid_argument(
             fmt::format("{}: config->backend is {} (0 host, 1 cuda)", fn, raw_enum(c.backend)));
     }
-    auto w = std::make_unique<kvoffload_worker_s>(wc);
+    auto w = std::make_unique<kvoffload_worker_s>(derive_worker_config(description, wc));
     *worker = w.release();
   });
 }

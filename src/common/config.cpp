@@ -41,13 +41,14 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
                       "tiers[{}].medium: a tier is below the host "
                       "cache, not \"host\"",
                       t);
-    // The worker holds its disk tiers first, then its shared ones, and a tier job names its
-    // tier by index: another order would send a job to the other kind of tier.
+    // The tiers' logic (a promotion reads the nearest tier that has the key, write-back goes
+    // to the nearest tier) is built and tested for local tiers before the shared one.
     KVOFFLOAD_EXPECTS(
         t == 0 || tier.medium != Medium::disk || config.tiers[t - 1].medium == Medium::disk,
-        "tiers[{}].medium: disk after a shared tier; disk tiers come first, as "
-        "the worker holds them",
-        t);
+        "tiers[{}].medium: disk after a shared tier; disk tiers come first", t);
+    KVOFFLOAD_EXPECTS(!tier.store || medium_of(*tier.store) == tier.medium,
+                      "tiers[{}].store: a {} tier's store, but the tier's medium is {}", t,
+                      to_string(medium_of(*tier.store)), to_string(tier.medium));
     KVOFFLOAD_EXPECTS(tier.blocks >= 1 && tier.blocks <= (std::int64_t{1} << 31) - 2,
                       "tiers[{}].blocks must be 1 to 2^31 - 2, got {}", t, tier.blocks);
     KVOFFLOAD_EXPECTS(tier.store_threshold == 0 || tier.store_threshold >= 2,
@@ -60,10 +61,6 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
                           tier.write_back_free_blocks <= config.manager.host_blocks,
                       "tiers[{}].write_back_free_blocks must be 0 to host_blocks ({}), got {}", t,
                       config.manager.host_blocks, tier.write_back_free_blocks);
-    KVOFFLOAD_EXPECTS(
-        (tier.medium == Medium::shared) == (tier.presence != nullptr), "tiers[{}].presence: {}", t,
-        tier.medium == Medium::shared ? "a shared tier needs one (make_cluster_presence)"
-                                      : "only a shared tier has one");
     KVOFFLOAD_EXPECTS(
         tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc,
         "tiers[{}].policy: unknown eviction policy {}", t, static_cast<int>(tier.policy));

@@ -24,7 +24,7 @@ using detail::offloaded_block_real;
 #define KVOFFLOAD_ONE_THREAD(impl, what) (void)0
 #endif
 
-Scheduler::Impl::Impl(const SchedulerConfig& cfg)
+Scheduler::Impl::Impl(const SchedulerConfig& cfg, SchedulerServices services)
     : config(cfg), layouts(derive_layouts(cfg)), f(cfg.block_size_factor), manager(cfg.manager) {
   for (std::size_t g = 0; g < layouts.size(); ++g) {
     if (!layouts[g].windowed()) lookup_order.push_back(g);
@@ -40,12 +40,25 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg)
   // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
   fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
   store_scratch.first_candidate.resize(layouts.size());
-  for (const TierConfig& tier : cfg.tiers) {
+  KVOFFLOAD_EXPECTS(services.presence.size() <= cfg.tiers.size(),
+                    "services.presence: {} entries for {} tier(s)", services.presence.size(),
+                    cfg.tiers.size());
+  services.presence.resize(cfg.tiers.size());
+  for (std::size_t i = 0; i < cfg.tiers.size(); ++i) {
+    const TierConfig& tier = cfg.tiers[i];
+    const bool shared = tier.medium == Medium::shared;
+    KVOFFLOAD_EXPECTS(shared == (services.presence[i] != nullptr), "services.presence[{}]: {}", i,
+                      shared ? "tier " + std::to_string(i) +
+                                   " is a shared tier and needs one (make_scheduler_services)"
+                             : "tier " + std::to_string(i) + " is a " +
+                                   std::string(to_string(tier.medium)) +
+                                   " tier; only a shared tier has one");
     auto& t = tiers.emplace_back(std::make_unique<TierState>(tier, cfg.manager.enable_events));
+    t->presence = std::move(services.presence[i]);
     t->free_target = tier.write_back_free_blocks > 0
                          ? tier.write_back_free_blocks
                          : std::max<std::int64_t>(1, cfg.manager.host_blocks / 16);
-    if (tier.medium == Medium::shared) any_shared = true;
+    if (shared) any_shared = true;
   }
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
@@ -337,7 +350,8 @@ void Scheduler::Impl::forget(RequestState& r) {
 
 // ---- public API ----------------------------------------------------------------------------
 
-Scheduler::Scheduler(const SchedulerConfig& config) : impl_(std::make_unique<Impl>(config)) {}
+Scheduler::Scheduler(const SchedulerConfig& config, SchedulerServices services)
+    : impl_(std::make_unique<Impl>(config, std::move(services))) {}
 Scheduler::~Scheduler() = default;
 Scheduler::Scheduler(Scheduler&&) noexcept = default;
 Scheduler& Scheduler::operator=(Scheduler&&) noexcept = default;

@@ -90,6 +90,7 @@ struct TierState {
   TierConfig config;
   HostBlockManager index;
   TierStats stats;
+  std::shared_ptr<PresenceCheck> presence;  // shared tiers only (SchedulerServices)
   std::int64_t queue_limit = 0;
   std::int64_t queued = 0;       // blocks in write jobs not yet completed
   std::int64_t free_target = 0;  // write-back: host blocks kept free
@@ -165,7 +166,7 @@ struct StoreScratch {
 };
 
 struct Scheduler::Impl {
-  explicit Impl(const SchedulerConfig& config);
+  Impl(const SchedulerConfig& config, SchedulerServices services);
 
   // scheduler_validate.cpp: each throws invalid_argument, changing nothing.
   RequestState& find_record(std::string_view id, std::string_view op);

@@ -295,7 +295,7 @@ void Scheduler::Impl::check_presence(RequestState& r) {
     presence_tickets[ticket] = PresenceTicket{r.id, t, keys};
     ++tier.stats.presence_checks;
     try {
-      tier.config.presence->submit(ticket, keys);
+      tier.presence->submit(ticket, keys);
       asked = true;
     } catch (const std::exception& e) {
       // The engine's check failed to start: the keys are misses, nothing waits for it.
@@ -312,7 +312,7 @@ void Scheduler::Impl::poll_presence() {
   for (std::uint32_t t = 0; t < tiers.size(); ++t) {
     TierState& tier = *tiers[t];
     if (tier.config.medium != Medium::shared) continue;
-    for (PresenceAnswer& a : tier.config.presence->poll()) {
+    for (PresenceAnswer& a : tier.presence->poll()) {
       const auto it = presence_tickets.find(a.ticket);
       if (it == presence_tickets.end() || it->second.tier != t) continue;  // not ours (reset)
       PresenceTicket ticket = std::move(it->second);

@@ -89,15 +89,35 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   ec.defer_stores = c.defer_stores;
   engine_ = std::make_unique<TransferEngine>(*layout_, region, std::move(backend), ec);
   const std::string layout = layout_description();
-  for (const DiskTierConfig& t : c.disk_tiers) {
-    tiers_.push_back(std::make_unique<DiskTier>(t, layout, pool_->block_bytes(),
-                                                [this](HostBlockId id) { return host_block(id); }));
+  auto host_block_of = [this](HostBlockId id) { return host_block(id); };
+  for (const TierStore& store : c.tiers) {
+    if (const auto* disk = std::get_if<DiskTierConfig>(&store)) {
+      tiers_.push_back(
+          std::make_unique<DiskTier>(*disk, layout, pool_->block_bytes(), host_block_of));
+    } else {
+      tiers_.push_back(std::make_unique<SharedTier>(std::get<SharedTierConfig>(store),
+                                                    layout_->block_size_factor(), layout,
+                                                    pool_->block_bytes(), host_block_of));
+    }
   }
-  for (const SharedTierConfig& t : c.shared_tiers) {
-    tiers_.push_back(
-        std::make_unique<SharedTier>(t, layout_->block_size_factor(), layout, pool_->block_bytes(),
-                                     [this](HostBlockId id) { return host_block(id); }));
+}
+
+WorkerConfig derive_worker_config(const SchedulerConfig& scheduler, WorkerConfig worker) {
+  scheduler.validate();
+  KVOFFLOAD_EXPECTS(worker.groups.size() == scheduler.groups.size(),
+                    "worker: groups: tensors for {} group(s), but the scheduler has {}",
+                    worker.groups.size(), scheduler.groups.size());
+  worker.block_size_factor = scheduler.block_size_factor;
+  worker.host_blocks = scheduler.manager.host_blocks;
+  worker.tiers.clear();
+  for (std::size_t t = 0; t < scheduler.tiers.size(); ++t) {
+    KVOFFLOAD_EXPECTS(scheduler.tiers[t].store.has_value(),
+                      "tiers[{}].store: a worker needs the tier's store (a DiskTierConfig or a "
+                      "SharedTierConfig)",
+                      t);
+    worker.tiers.push_back(*scheduler.tiers[t].store);
   }
+  return worker;
 }
 
 std::string Worker::layout_description() const {
@@ -132,7 +152,14 @@ const SharedTier& Worker::shared_tier(std::size_t t) const {
   return static_cast<const SharedTier&>(tt);
 }
 
-void Worker::check_tiers(std::span<const TierConfig> scheduler_tiers) const {
+void Worker::check_matches(const SchedulerConfig& config) const {
+  KVOFFLOAD_EXPECTS(config.block_size_factor == layout_->block_size_factor(),
+                    "worker: block_size_factor is {}, but the scheduler's is {}",
+                    layout_->block_size_factor(), config.block_size_factor);
+  KVOFFLOAD_EXPECTS(config.manager.host_blocks == num_host_blocks(),
+                    "worker: host_blocks is {}, but the scheduler's is {}", num_host_blocks(),
+                    config.manager.host_blocks);
+  const std::span<const TierConfig> scheduler_tiers = config.tiers;
   KVOFFLOAD_EXPECTS(scheduler_tiers.size() == tiers_.size(),
                     "worker: {} tier(s), but the scheduler has {}", tiers_.size(),
                     scheduler_tiers.size());

@@ -94,30 +94,30 @@ static void make_tiered(kvoffload_scheduler_t* s, kvoffload_worker_t* w, const c
   size_t num_slots = 0;
   int64_t restored = -1;
 
-  one_tensor_worker(&wc, &tensor, &gt, &gts);
-  wc.block_size_factor = F;
-  wc.host_blocks = 8;
-  wc.threads = 1;
-  if (disk_dir != NULL) {
-    disk.path = disk_dir;
-    disk.capacity_bytes = 16 * (4096 + 4096);
-    disk.model = "c-api-test";
-    wc.disk_tiers = &disk;
-    wc.num_disk_tiers = 1;
-  }
-  OK(kvoffload_worker_create(&wc, w));
-
+  /* One description, the scheduler's config; the worker derives its factor, pool and tiers
+   * from it. A disk tier's blocks are the worker's slots, known once it has opened them. */
   group.gpu_block_size = BLOCK_TOKENS;
   sc.groups = &group;
   sc.num_groups = 1;
   sc.block_size_factor = F;
   sc.host_blocks = 8;
   if (disk_dir != NULL) {
+    disk.path = disk_dir;
+    disk.capacity_bytes = 16 * (4096 + 4096);
+    disk.model = "c-api-test";
+    tier.blocks = 1;
+    tier.disk = &disk;
+    sc.tiers = &tier;
+    sc.num_tiers = 1;
+  }
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
+  wc.scheduler = &sc;
+  wc.threads = 1;
+  OK(kvoffload_worker_create(&wc, w));
+  if (disk_dir != NULL) {
     OK(kvoffload_worker_tier_scan(*w, 0, &keys, &present, &num_slots));
     CHECK(num_slots == 16);
     tier.blocks = (int64_t)num_slots;
-    sc.tiers = &tier;
-    sc.num_tiers = 1;
   }
   OK(kvoffload_scheduler_create(&sc, s));
   if (disk_dir != NULL) {
@@ -360,6 +360,9 @@ static void disk_tier(void) {
        an I/O error, not a bug in kvoffload. */
     char file[96], under[128];
     kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
+    kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
+    kvoffload_group_config_t group = KVOFFLOAD_GROUP_CONFIG_INIT;
+    kvoffload_tier_config_t tier = KVOFFLOAD_TIER_CONFIG_INIT;
     kvoffload_disk_tier_config_t disk = KVOFFLOAD_DISK_TIER_CONFIG_INIT;
     kvoffload_kv_tensor_t tensor;
     kvoffload_group_tensor_t gt;
@@ -371,14 +374,20 @@ static void disk_tier(void) {
     CHECK(f != NULL);
     fclose(f);
     one_tensor_worker(&wc, &tensor, &gt, &gts);
-    wc.block_size_factor = F;
-    wc.host_blocks = 8;
+    group.gpu_block_size = BLOCK_TOKENS;
+    sc.groups = &group;
+    sc.num_groups = 1;
+    sc.block_size_factor = F;
+    sc.host_blocks = 8;
+    tier.blocks = 16;
+    tier.disk = &disk;
+    sc.tiers = &tier;
+    sc.num_tiers = 1;
+    wc.scheduler = &sc;
     wc.threads = 1;
     disk.path = under;
     disk.capacity_bytes = 16 * (4096 + 4096);
     disk.model = "c-api-test";
-    wc.disk_tiers = &disk;
-    wc.num_disk_tiers = 1;
     w = NULL;
     FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_IO_ERROR, "cannot create");
     CHECK(w == NULL);
@@ -397,13 +406,6 @@ static void make_shared(kvoffload_scheduler_t* s, kvoffload_worker_t* w,
   kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
   kvoffload_tier_config_t tier = KVOFFLOAD_TIER_CONFIG_INIT;
-  one_tensor_worker(&wc, &tensor, &gt, &gts);
-  wc.block_size_factor = F;
-  wc.host_blocks = 8;
-  wc.threads = 1;
-  wc.shared_tiers = shared;
-  wc.num_shared_tiers = 1;
-  OK(kvoffload_worker_create(&wc, w));
   group.gpu_block_size = BLOCK_TOKENS;
   sc.groups = &group;
   sc.num_groups = 1;
@@ -414,6 +416,10 @@ static void make_shared(kvoffload_scheduler_t* s, kvoffload_worker_t* w,
   tier.shared = shared;
   sc.tiers = &tier;
   sc.num_tiers = 1;
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
+  wc.scheduler = &sc;
+  wc.threads = 1;
+  OK(kvoffload_worker_create(&wc, w));
   OK(kvoffload_scheduler_create(&sc, s));
 }
 
@@ -609,9 +615,12 @@ static void errors(void) {
 
   /* Worker: bad layouts, jobs outside it, the CUDA backend without CUDA, a pool too large. */
   one_tensor_worker(&wc, &tensor, &gt, &gts);
-  wc.host_blocks = 0;
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT,
+             "config->scheduler is NULL");
+  wc.scheduler = &sc;
+  sc.host_blocks = 0;
   FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "host_blocks");
-  wc.host_blocks = 4;
+  sc.host_blocks = 4;
   tensor.block_stride_bytes = PAGE / 2;
   FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT, "tensor");
   tensor.block_stride_bytes = PAGE;
@@ -628,12 +637,12 @@ static void errors(void) {
   tensor.page_bytes = 1 << 20;
   tensor.block_stride_bytes = 1 << 20;
   gt.page_bytes = 1 << 20;
-  wc.host_blocks = 2147483646; /* 2 PiB: more than the address space */
+  sc.host_blocks = 2147483646; /* 2 PiB: more than the address space */
   FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_OUT_OF_MEMORY, "cannot map");
   tensor.page_bytes = PAGE;
   tensor.block_stride_bytes = PAGE;
   gt.page_bytes = PAGE;
-  wc.host_blocks = 4;
+  sc.host_blocks = 4;
   OK(kvoffload_worker_create(&wc, &w));
   memset(&job, 0, sizeof(job));
   job.id = 5;
@@ -691,13 +700,6 @@ static void shared_tier_unreachable(void) {
 
   shared.nodes = "127.0.0.1:1";
   shared.name = "c-api-test";
-  one_tensor_worker(&wc, &tensor, &gt, &gts);
-  wc.block_size_factor = F;
-  wc.host_blocks = 8;
-  wc.threads = 1;
-  wc.shared_tiers = &shared;
-  wc.num_shared_tiers = 1;
-  OK(kvoffload_worker_create(&wc, &w));
   group.gpu_block_size = BLOCK_TOKENS;
   sc.groups = &group;
   sc.num_groups = 1;
@@ -707,13 +709,27 @@ static void shared_tier_unreachable(void) {
   tier.blocks = 64;
   sc.tiers = &tier;
   sc.num_tiers = 1;
-  /* A shared tier needs its cluster. */
-  FAILS_WITH(kvoffload_scheduler_create(&sc, &s), KVOFFLOAD_INVALID_ARGUMENT, "presence");
+  one_tensor_worker(&wc, &tensor, &gt, &gts);
+  wc.scheduler = &sc;
+  wc.threads = 1;
+  /* A shared tier needs its cluster, for the scheduler's checks and the worker's store. */
+  FAILS_WITH(kvoffload_scheduler_create(&sc, &s), KVOFFLOAD_INVALID_ARGUMENT,
+             "tiers[0].store: a shared tier's presence checks need its cluster");
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT,
+             "config->scheduler->tiers[0].shared is NULL");
   tier.shared = &shared;
   shared.name = NULL;
   FAILS_WITH(kvoffload_scheduler_create(&sc, &s), KVOFFLOAD_INVALID_ARGUMENT,
              "config->tiers[0].shared.name");
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT,
+             "config->scheduler->tiers[0].shared.name");
   shared.name = "c-api-test";
+  /* A store of the other medium is named. */
+  tier.medium = "disk";
+  FAILS_WITH(kvoffload_scheduler_create(&sc, &s), KVOFFLOAD_INVALID_ARGUMENT,
+             "config->tiers[0].shared is set but the medium is disk");
+  tier.medium = "shared";
+  OK(kvoffload_worker_create(&wc, &w));
   OK(kvoffload_scheduler_create(&sc, &s));
 
   for (i = 0; i < TOKENS / BLOCK_TOKENS; ++i) hashes[i] = hash_of(70 + i);

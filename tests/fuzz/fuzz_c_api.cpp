@@ -65,8 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   wc.num_tensors = tensors.size();
   wc.groups = per_group.data();
   wc.num_groups = per_group.size();
-  wc.block_size_factor = sc.block_size_factor;
-  wc.host_blocks = sc.host_blocks;
+  wc.scheduler = &sc;  // the factor and the pool's size come from the scheduler's config
   wc.threads = 1;
   if (in.flag()) check(kvoffload_worker_create(&wc, &w));
 

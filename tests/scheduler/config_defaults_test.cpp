@@ -38,8 +38,8 @@ TEST_CASE("KVOFFLOAD_WORKER_CONFIG_INIT has WorkerConfig's defaults", "[config][
   CHECK(c.struct_size == sizeof(kvoffload_worker_config_t));
   CHECK(c.num_tensors == cpp.tensors.size());
   CHECK(c.num_groups == cpp.groups.size());
-  CHECK(c.block_size_factor == cpp.block_size_factor);
-  CHECK(c.host_blocks == cpp.host_blocks);
+  CHECK(c.scheduler == nullptr);  // the description: the caller sets it
+  CHECK(cpp.tiers.empty());
   CHECK(static_cast<int>(c.backend) == static_cast<int>(cpp.backend));
   CHECK(c.threads == cpp.threads);
   CHECK(c.cuda_device == cpp.cuda_device);
@@ -78,7 +78,8 @@ TEST_CASE(
   CHECK(d.io_threads == dc.io_threads);
   CHECK((d.direct_io != 0) == dc.direct_io);
   CHECK(t.shared == nullptr);
-  CHECK(tc.presence == nullptr);
+  CHECK(t.disk == nullptr);
+  CHECK(!tc.store.has_value());
   const kvoffload_shared_tier_config_t sh = KVOFFLOAD_SHARED_TIER_CONFIG_INIT;
   const SharedTierConfig shc;
   CHECK(sh.struct_size == sizeof(kvoffload_shared_tier_config_t));
@@ -94,11 +95,6 @@ TEST_CASE(
   const kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   CHECK(sc.tiers == nullptr);
   CHECK(sc.num_tiers == SchedulerConfig{}.tiers.size());
-  const kvoffload_worker_config_t wc = KVOFFLOAD_WORKER_CONFIG_INIT;
-  CHECK(wc.disk_tiers == nullptr);
-  CHECK(wc.num_disk_tiers == WorkerConfig{}.disk_tiers.size());
-  CHECK(wc.shared_tiers == nullptr);
-  CHECK(wc.num_shared_tiers == WorkerConfig{}.shared_tiers.size());
 }
 
 TEST_CASE("threshold_tracker_keys reaches the scheduler from the C API", "[config][c_api]") {

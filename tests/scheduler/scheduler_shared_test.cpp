@@ -50,9 +50,8 @@ struct Shared {
     TierConfig t;
     t.medium = Medium::shared;
     t.blocks = 64;
-    t.presence = presence;
     c.tiers.push_back(t);
-    h = std::make_unique<Harness>(c);
+    h = std::make_unique<Harness>(c, SchedulerServices{{presence}});
   }
   std::vector<TierJob> tier_jobs() { return h->s.build_step({}).tier_jobs; }
   void complete(const TierJob& job, bool ok = true) {
@@ -62,27 +61,32 @@ struct Shared {
   std::unique_ptr<Harness> h;
 };
 
-/// Tier 0 a disk of 8 slots, tier 1 the shared tier asked through `presence`; 8 host blocks.
-SchedulerConfig disk_and_shared(std::shared_ptr<FakePresence> presence) {
+/// Tier 0 a disk of 8 slots, tier 1 the shared tier; 8 host blocks.
+SchedulerConfig disk_and_shared() {
   SchedulerConfig c = make_config({full()}, 1, 8);
   TierConfig disk;
   disk.blocks = 8;
   TierConfig shared;
   shared.medium = Medium::shared;
   shared.blocks = 64;
-  shared.presence = std::move(presence);
   c.tiers = {disk, shared};
   return c;
 }
 
+/// Tier 1's presence check is `presence`.
+SchedulerServices shared_second(std::shared_ptr<FakePresence> presence) {
+  return SchedulerServices{{nullptr, std::move(presence)}};
+}
+
 }  // namespace
 
-TEST_CASE("Disk tiers come before shared ones, as the worker holds them", "[scheduler][shared]") {
-  SchedulerConfig c = disk_and_shared(std::make_shared<FakePresence>());
-  CHECK_NOTHROW(Scheduler(c));
-  std::swap(c.tiers[0], c.tiers[1]);  // shared, then disk: jobs would reach the wrong tier
-  CHECK_THROWS_WITH(Scheduler(c), Catch::Matchers::ContainsSubstring(
-                                      "tiers[1].medium: disk after a shared tier"));
+TEST_CASE("Disk tiers come before shared ones", "[scheduler][shared]") {
+  SchedulerConfig c = disk_and_shared();
+  CHECK_NOTHROW(Scheduler(c, shared_second(std::make_shared<FakePresence>())));
+  std::swap(c.tiers[0], c.tiers[1]);
+  CHECK_THROWS_WITH(
+      Scheduler(c, SchedulerServices{{std::make_shared<FakePresence>()}}),
+      Catch::Matchers::ContainsSubstring("tiers[1].medium: disk after a shared tier"));
 }
 
 TEST_CASE("A shared tier needs a presence check, and only a shared tier has one",
@@ -92,10 +96,34 @@ TEST_CASE("A shared tier needs a presence check, and only a shared tier has one"
   t.medium = Medium::shared;
   t.blocks = 8;
   c.tiers.push_back(t);
-  CHECK_THROWS_WITH(Scheduler(c), Catch::Matchers::ContainsSubstring("tiers[0].presence"));
+  CHECK_THROWS_WITH(Scheduler(c), Catch::Matchers::ContainsSubstring(
+                                      "services.presence[0]: tier 0 is a shared tier"));
+  CHECK_NOTHROW(Scheduler(c, SchedulerServices{{std::make_shared<FakePresence>()}}));
   c.tiers[0].medium = Medium::disk;
-  c.tiers[0].presence = std::make_shared<FakePresence>();
-  CHECK_THROWS_WITH(Scheduler(c), Catch::Matchers::ContainsSubstring("tiers[0].presence"));
+  CHECK_THROWS_WITH(Scheduler(c, SchedulerServices{{std::make_shared<FakePresence>()}}),
+                    Catch::Matchers::ContainsSubstring(
+                        "services.presence[0]: tier 0 is a disk tier; only a shared tier"));
+  CHECK_THROWS_WITH(
+      Scheduler(c, SchedulerServices{{nullptr, std::make_shared<FakePresence>()}}),
+      Catch::Matchers::ContainsSubstring("services.presence: 2 entries for 1 tier(s)"));
+}
+
+TEST_CASE("A tier's store must be of its medium, and services start only from a whole config",
+          "[scheduler][shared]") {
+  SchedulerConfig c = disk_and_shared();
+  c.tiers[1].store = DiskTierConfig{};
+  CHECK_THROWS_WITH(c.validate(), Catch::Matchers::ContainsSubstring(
+                                      "tiers[1].store: a disk tier's store, but the tier's "
+                                      "medium is shared"));
+  c.tiers[1].store.reset();
+  CHECK_THROWS_WITH(make_scheduler_services(c),
+                    Catch::Matchers::ContainsSubstring("tiers[1].store: a shared tier's presence "
+                                                       "checks need its cluster"));
+  // A disk tier needs no service: the services of a config without shared tiers are empty.
+  c.tiers.pop_back();
+  const SchedulerServices none = make_scheduler_services(c);
+  REQUIRE(none.presence.size() == 1);
+  CHECK(none.presence[0] == nullptr);
 }
 
 TEST_CASE("Keys missed in host memory are checked once, without waiting, then promoted",
@@ -222,7 +250,7 @@ TEST_CASE("reset_cache drops the answers in flight; requests ask again", "[sched
 
 TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[scheduler][shared]") {
   auto presence = std::make_shared<FakePresence>();
-  Harness h(disk_and_shared(presence));
+  Harness h(disk_and_shared(), shared_second(presence));
   const auto a = chain_hashes("a", 4);
   // On disk: a[1] and a[2]; in host memory: a[0]; the shared tier has all four.
   std::vector<std::optional<Key>> slots = {Key{a[1], 0}, Key{a[2], 0}};
@@ -251,7 +279,7 @@ TEST_CASE("Tiers are asked in order: host, disk, then the shared tier", "[schedu
 TEST_CASE("A block promoted from the shared tier is written to the disk, not back to the cluster",
           "[scheduler][shared]") {
   auto presence = std::make_shared<FakePresence>();
-  Harness h(disk_and_shared(presence));
+  Harness h(disk_and_shared(), shared_second(presence));
   const auto a = chain_hashes("a", 3);
   // a[0] on disk; the cluster has all three.
   std::vector<std::optional<Key>> slots = {Key{a[0], 0}};

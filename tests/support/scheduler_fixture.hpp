@@ -38,7 +38,8 @@ nlohmann::json to_json(const StepResult& step);
 nlohmann::json to_json(const std::vector<ManagerEvent>& events);
 
 struct Harness {
-  explicit Harness(const SchedulerConfig& config) : s(config) {}
+  explicit Harness(const SchedulerConfig& config, SchedulerServices services = {})
+      : s(config, std::move(services)) {}
 
   /// update_request + lookup.
   std::optional<std::int64_t> lookup(const std::string& req, const std::vector<BlockHash>& hashes,

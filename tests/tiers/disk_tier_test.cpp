@@ -436,26 +436,59 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   for (int i = 0; i < 8; ++i) CHECK(pool.holds(8 + i, 300 + static_cast<std::uint64_t>(i)));
 }
 
-TEST_CASE("A worker's tiers are checked against the scheduler's, by count and kind",
+TEST_CASE("A worker derived from the scheduler's config has its tiers, factor and pool",
           "[disk][tier]") {
   TempDir dir;
   std::vector<std::byte> gpu(4 * 4096);
   WorkerConfig wc;
   wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu.data()), 4, 4096, 4096});
   wc.groups = {{{0, 4096}}};
-  wc.host_blocks = 4;
   wc.threads = 1;
-  wc.disk_tiers.push_back(config_in(dir));
-  const Worker w(wc);
+  SchedulerConfig sc;
+  sc.groups = {GroupConfig{GroupKind::full_attention, 16, 0}};
+  sc.block_size_factor = 2;
+  sc.manager.host_blocks = 4;
   TierConfig disk;
   disk.blocks = 8;
+  sc.tiers = {disk};
+  CHECK_THROWS_WITH(derive_worker_config(sc, wc),
+                    Catch::Matchers::ContainsSubstring("tiers[0].store: a worker needs"));
+  sc.tiers[0].store = config_in(dir);
+  const WorkerConfig derived = derive_worker_config(sc, wc);
+  CHECK(derived.block_size_factor == 2);
+  CHECK(derived.host_blocks == 4);
+  REQUIRE(derived.tiers.size() == 1);
+  CHECK(medium_of(derived.tiers[0]) == Medium::disk);
+  CHECK(std::get<DiskTierConfig>(derived.tiers[0]).path == dir.path.string());
+  WorkerConfig two_groups = wc;
+  two_groups.groups.push_back({{0, 4096}});
+  CHECK_THROWS_WITH(derive_worker_config(sc, two_groups),
+                    Catch::Matchers::ContainsSubstring("tensors for 2 group(s), but the "
+                                                       "scheduler has 1"));
+
+  const Worker w(derived);
+  CHECK(w.num_host_blocks() == 4);
+  CHECK(w.tier_medium(0) == Medium::disk);
+  CHECK_NOTHROW(w.check_matches(sc));
+  // A scheduler configured apart from this worker is caught at the first difference.
+  SchedulerConfig other = sc;
+  other.block_size_factor = 1;
+  CHECK_THROWS_WITH(w.check_matches(other),
+                    Catch::Matchers::ContainsSubstring("block_size_factor is 2, but the "
+                                                       "scheduler's is 1"));
+  other = sc;
+  other.manager.host_blocks = 8;
+  CHECK_THROWS_WITH(w.check_matches(other), Catch::Matchers::ContainsSubstring(
+                                                "host_blocks is 4, but the scheduler's is 8"));
   TierConfig shared;
   shared.medium = Medium::shared;
   shared.blocks = 8;
-  CHECK_NOTHROW(w.check_tiers(std::vector<TierConfig>{disk}));
-  CHECK_THROWS_WITH(w.check_tiers(std::vector<TierConfig>{shared}),
+  other = sc;
+  other.tiers = {shared};
+  CHECK_THROWS_WITH(w.check_matches(other),
                     Catch::Matchers::ContainsSubstring("tier 0 is a disk tier") &&
                         Catch::Matchers::ContainsSubstring("is shared"));
-  CHECK_THROWS_WITH(w.check_tiers(std::vector<TierConfig>{disk, shared}),
+  other.tiers = {sc.tiers[0], shared};
+  CHECK_THROWS_WITH(w.check_matches(other),
                     Catch::Matchers::ContainsSubstring("1 tier(s), but the scheduler has 2"));
 }

@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "kvoffload/detail/config_fields.hpp"
 #include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/error.hpp"
 #include "kvoffload/scheduler.hpp"
@@ -167,6 +168,22 @@ Key parse_key(const json& v, const std::string& what) {
   return Key{BlockHash::from_hex(hex), static_cast<std::uint32_t>(group)};
 }
 
+// An optional field of a trace's config, by the name config_fields.hpp lists: absent, the
+// C++ struct's default stays.
+void read_field(const json& obj, const char* name, std::int64_t& out, const std::string&) {
+  out = get_int_or(obj, name, out);
+}
+void read_field(const json& obj, const char* name, bool& out, const std::string&) {
+  out = get_bool_or(obj, name, out);
+}
+void read_field(const json& obj, const char* name, Medium& out, const std::string& what) {
+  if (obj.contains(name)) out = parse_medium(get_string(obj, name), what + "." + name);
+}
+void read_field(const json& obj, const char* name, EvictionPolicyKind& out,
+                const std::string& what) {
+  if (obj.contains(name)) out = parse_eviction_policy(get_string(obj, name), what + "." + name);
+}
+
 SchedulerConfig parse_config(const json& line) {
   SchedulerConfig config;
   const json& groups = get_array(line, "groups");
@@ -179,32 +196,26 @@ SchedulerConfig parse_config(const json& line) {
     group.sliding_window = get_int_or(obj, "sliding_window", 0);
     config.groups.push_back(group);
   }
+  // Required (trace-format.md), then every other listed field if the trace gives it.
   config.block_size_factor = get_int(line, "block_size_factor");
   config.hash_block_size = get_int(line, "hash_block_size");
   config.manager.host_blocks = get_int(line, "host_blocks");
-  if (line.contains("policy")) {
-    config.manager.policy = parse_eviction_policy(get_string(line, "policy"), "config.policy");
-  }
-  config.manager.store_threshold = get_int_or(line, "store_threshold", 0);
-  config.manager.block_bytes = get_int_or(line, "block_bytes", 0);
-  config.num_workers = get_int_or(line, "num_workers", 1);
-  config.prefix_caching = get_bool_or(line, "prefix_caching", true);
+#define KVOFFLOAD_READ(name) read_field(line, #name, config.name, "config");
+  KVOFFLOAD_SCHEDULER_CONFIG_FIELDS(KVOFFLOAD_READ)
+#undef KVOFFLOAD_READ
+#define KVOFFLOAD_READ(name) read_field(line, #name, config.manager.name, "config");
+  KVOFFLOAD_MANAGER_CONFIG_FIELDS(KVOFFLOAD_READ)
+#undef KVOFFLOAD_READ
   if (line.contains("tiers")) {
     const json& tiers = get_array(line, "tiers");
     for (std::size_t t = 0; t < tiers.size(); ++t) {
       const std::string what = "tiers[" + std::to_string(t) + "]";
       const json& obj = get_object(tiers[t], what);
       TierConfig tier;
-      if (obj.contains("medium"))
-        tier.medium = parse_medium(get_string(obj, "medium"), what + ".medium");
       tier.blocks = get_int(obj, "blocks");
-      if (obj.contains("policy")) {
-        tier.policy = parse_eviction_policy(get_string(obj, "policy"), what + ".policy");
-      }
-      tier.store_threshold = get_int_or(obj, "store_threshold", 0);
-      tier.write_queue_blocks = get_int_or(obj, "write_queue_blocks", 0);
-      tier.write_back = get_bool_or(obj, "write_back", false);
-      tier.write_back_free_blocks = get_int_or(obj, "write_back_free_blocks", 0);
+#define KVOFFLOAD_READ(name) read_field(obj, #name, tier.name, what);
+      KVOFFLOAD_TIER_CONFIG_FIELDS(KVOFFLOAD_READ)
+#undef KVOFFLOAD_READ
       config.tiers.push_back(tier);
     }
   }

@@ -68,8 +68,6 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
       wc.groups[g].push_back({static_cast<std::int32_t>(wc.tensors.size() - 1), c.page_bytes});
     }
   }
-  wc.block_size_factor = c.block_size_factor;
-  wc.host_blocks = c.host_blocks;
   wc.defer_stores = c.defer_stores;
   HostBackendConfig bc;
   bc.threads = c.copy_threads;
@@ -79,40 +77,43 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
     faulty = faulty_backend.get();
     backend = std::move(faulty_backend);
   }
+  // The tiers, described once in the scheduler's config; the worker's are derived from it.
   if (!c.disk_dir.empty()) {
     DiskTierConfig dc;
     dc.path = c.disk_dir;
     dc.capacity_bytes = c.disk_capacity;
     dc.model = "kvoffload-demo synthetic";
     dc.dtype = "uint8";
-    wc.disk_tiers.push_back(dc);
-  }
-  SharedTierConfig shared;
-  shared.nodes = c.shared_nodes;
-  shared.name = c.shared_name;
-  shared.reply_timeout_ms = c.shared_reply_timeout_ms;
-  if (!c.shared_nodes.empty()) wc.shared_tiers.push_back(shared);
-  engine = std::make_unique<Worker>(wc, std::move(backend));
-  if (!c.disk_dir.empty()) {
     TierConfig tier;
     tier.medium = Medium::disk;
-    tier.blocks = engine->tier(0).num_slots();
+    tier.blocks = 1;  // the slots the worker's disk tier has, set once it is open
     tier.store_threshold = c.disk_store_threshold;
     tier.write_back = c.disk_write_back;
+    tier.store = dc;
     sc.tiers.push_back(tier);
   }
   if (!c.shared_nodes.empty()) {
     shared_tier = sc.tiers.size();
+    SharedTierConfig shared;
+    shared.nodes = c.shared_nodes;
+    shared.name = c.shared_name;
+    shared.reply_timeout_ms = c.shared_reply_timeout_ms;
     TierConfig tier;
     tier.medium = Medium::shared;
     tier.blocks = 1 << 20;  // keys remembered as present
     tier.store_threshold = c.shared_store_threshold;
-    tier.presence = make_cluster_presence(shared, sc.block_size_factor);
-    if (c.lockstep) tier.presence = std::make_shared<AnsweredAtOnce>(tier.presence);
+    tier.store = shared;
     sc.tiers.push_back(tier);
   }
-  scheduler = std::make_unique<Scheduler>(sc);
-  engine->check_tiers(sc.tiers);
+  engine = std::make_unique<Worker>(derive_worker_config(sc, std::move(wc)), std::move(backend));
+  if (!c.disk_dir.empty()) sc.tiers[0].blocks = engine->tier(0).num_slots();
+  SchedulerServices services = make_scheduler_services(sc);
+  if (c.lockstep && !c.shared_nodes.empty()) {
+    auto& presence = services.presence[shared_tier];
+    presence = std::make_shared<AnsweredAtOnce>(presence);
+  }
+  scheduler = std::make_unique<Scheduler>(sc, std::move(services));
+  engine->check_matches(sc);
   if (!c.disk_dir.empty()) {
     report.disk_slots = engine->tier(0).num_slots();
     report.disk_restored = scheduler->restore_tier(0, engine->tier(0).scanned());

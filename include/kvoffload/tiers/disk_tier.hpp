@@ -19,29 +19,13 @@
 #include "kvoffload/job.hpp"
 #include "kvoffload/tiers/disk_slots.hpp"
 #include "kvoffload/tiers/tier.hpp"
+#include "kvoffload/tiers/tier_config.hpp"
 
 namespace kvoffload {
 
 namespace detail {
 class UringIo;
 }
-
-/// A disk tier as the engine configures it.
-struct DiskTierConfig {
-  std::string path;                  ///< root directory (a directory per layout under it)
-  std::uint64_t capacity_bytes = 0;  ///< bound on this worker's slab files
-  /// What makes bytes incompatible beyond the host block layout, given by the engine: the
-  /// model's name and revision, the KV dtype, the group specs. Part of the layout digest.
-  std::string model;
-  std::string dtype;
-  int tp_rank = 0;
-  int tp_size = 1;
-  DiskIo io = DiskIo::automatic;
-  int io_depth = 32;   ///< io_uring: slot reads/writes in flight at once
-  int io_threads = 4;  ///< threads: parallel pread/pwrite calls
-  bool direct_io = true;
-  bool verify_payloads_on_scan = false;
-};
 
 /// The digest that names a layout's directory: of the config's model, dtype and
 /// tensor-parallel rank and size, and of `layout` (the worker's host block layout: block size

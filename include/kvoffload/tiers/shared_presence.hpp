@@ -8,8 +8,9 @@
 #include <memory>
 #include <vector>
 
+#include "kvoffload/config.hpp"
 #include "kvoffload/export.hpp"
-#include "kvoffload/tiers/shared_tier.hpp"
+#include "kvoffload/scheduler.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
@@ -38,5 +39,10 @@ class KVOFFLOAD_EXPORT PresenceCheck {
 /// throws invalid_argument naming the field for a bad one.
 KVOFFLOAD_EXPORT std::shared_ptr<PresenceCheck> make_cluster_presence(
     const SharedTierConfig& config, std::int64_t block_size_factor);
+
+/// The services `config` describes, started: a make_cluster_presence for each shared tier,
+/// from its store (TierConfig::store) and the config's block_size_factor. Validates the config
+/// first; throws invalid_argument naming the field (a shared tier without a store, say).
+KVOFFLOAD_EXPORT SchedulerServices make_scheduler_services(const SchedulerConfig& config);
 
 }  // namespace kvoffload

@@ -22,23 +22,10 @@
 #include "kvoffload/job.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
 #include "kvoffload/tiers/tier.hpp"
+#include "kvoffload/tiers/tier_config.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
-
-struct SharedTierConfig {
-  std::string nodes;  ///< seed nodes of the cluster, "host:port[,host:port...]"
-  /// What makes KV bytes incompatible, given by the engine: model and revision, KV dtype,
-  /// block size. With tp_size and the block size factor it names the keys' namespace (engines
-  /// that share blocks must give the same); the worker's own layout goes into each value's
-  /// header and is checked.
-  std::string name;
-  int tp_rank = 0;
-  int tp_size = 1;
-  int connect_timeout_ms = 200;
-  int reply_timeout_ms = 1000;
-  int in_flight = 8;  ///< blocks per pipelined batch
-};
 
 /// The keys' namespace: 16 hex digits of XXH3 of the name, tp_size and block_size_factor.
 /// The factor is in it because a key names the hash of a host block's last hash block: with

@@ -10,6 +10,7 @@
 
 #include "common/expects.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
+#include "kvoffload/tiers/shared_tier.hpp"
 
 namespace kvoffload {
 
@@ -104,6 +105,23 @@ std::shared_ptr<PresenceCheck> make_cluster_presence(const SharedTierConfig& con
                                                      std::int64_t block_size_factor) {
   KVOFFLOAD_EXPECTS(!config.name.empty(), "shared tier: name is empty");
   return std::make_shared<ClusterPresence>(config, block_size_factor);
+}
+
+SchedulerServices make_scheduler_services(const SchedulerConfig& config) {
+  config.validate();
+  SchedulerServices services;
+  services.presence.resize(config.tiers.size());
+  for (std::size_t t = 0; t < config.tiers.size(); ++t) {
+    const TierConfig& tier = config.tiers[t];
+    if (tier.medium != Medium::shared) continue;
+    KVOFFLOAD_EXPECTS(tier.store.has_value(),
+                      "tiers[{}].store: a shared tier's presence checks need its cluster "
+                      "(a SharedTierConfig)",
+                      t);
+    services.presence[t] =
+        make_cluster_presence(std::get<SharedTierConfig>(*tier.store), config.block_size_factor);
+  }
+  return services;
 }
 
 }  // namespace kvoffload

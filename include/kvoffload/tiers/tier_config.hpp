@@ -1,0 +1,57 @@
+#pragma once
+
+// How the engine describes a tier's store: the part of a tier the workers run (TierConfig, in
+// config.hpp, adds the scheduler's index of it). kvoffload/detail/config_fields.hpp lists these
+// fields once for the C API, the Python binding and the replay tool.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+
+#include "kvoffload/enums.hpp"
+#include "kvoffload/export.hpp"
+
+namespace kvoffload {
+
+/// A disk tier's store: slab files under `path` (DiskTier).
+struct DiskTierConfig {
+  std::string path;                  ///< root directory (a directory per layout under it)
+  std::uint64_t capacity_bytes = 0;  ///< bound on this worker's slab files
+  /// What makes bytes incompatible beyond the host block layout, given by the engine: the
+  /// model's name and revision, the KV dtype, the group specs. Part of the layout digest.
+  std::string model;
+  std::string dtype;
+  int tp_rank = 0;
+  int tp_size = 1;
+  DiskIo io = DiskIo::automatic;
+  int io_depth = 32;   ///< io_uring: slot reads/writes in flight at once
+  int io_threads = 4;  ///< threads: parallel pread/pwrite calls
+  bool direct_io = true;
+  /// C++ only (not in the front ends' field list): re-read every payload at the start-up scan.
+  bool verify_payloads_on_scan = false;
+};
+
+/// A shared tier's store: a Valkey (or Redis 7) cluster (SharedTier).
+struct SharedTierConfig {
+  std::string nodes;  ///< seed nodes of the cluster, "host:port[,host:port...]"
+  /// What makes KV bytes incompatible, given by the engine: model and revision, KV dtype,
+  /// block size. With tp_size and the block size factor it names the keys' namespace (engines
+  /// that share blocks must give the same); the worker's own layout goes into each value's
+  /// header and is checked.
+  std::string name;
+  int tp_rank = 0;
+  int tp_size = 1;
+  int connect_timeout_ms = 200;
+  int reply_timeout_ms = 1000;
+  int in_flight = 8;  ///< blocks per pipelined batch
+};
+
+/// What a worker runs for one tier: a disk tier or a shared tier.
+using TierStore = std::variant<DiskTierConfig, SharedTierConfig>;
+
+/// Medium::disk or Medium::shared, as the store is.
+[[nodiscard]] inline Medium medium_of(const TierStore& store) noexcept {
+  return std::holds_alternative<DiskTierConfig>(store) ? Medium::disk : Medium::shared;
+}
+
+}  // namespace kvoffload
