@@ -54,7 +54,7 @@ double time_job(DiskTier& tier, JobId id, JobKind kind, std::int64_t n, std::int
   for (std::int64_t i = 0; i < n; ++i) {
     job.keys.push_back(bench_key(i, 0x5a));
     job.host_block_ids.push_back(static_cast<HostBlockId>(i % pool_blocks));
-    job.tier_block_ids.push_back(i);
+    job.slots.push_back(i);
   }
   const auto start = std::chrono::steady_clock::now();
   tier.submit(job);

@@ -83,7 +83,7 @@ double time_job(SharedTier& tier, JobId id, JobKind kind, std::int64_t n, std::i
   for (std::int64_t i = 0; i < n; ++i) {
     job.keys.push_back(bench_key(one_key ? 0 : i, salt));
     job.host_block_ids.push_back(static_cast<HostBlockId>(one_key ? 0 : i % pool_blocks));
-    job.tier_block_ids.push_back(-1);
+    job.slots.push_back(-1);
   }
   const auto start = std::chrono::steady_clock::now();
   tier.submit(job);

@@ -32,7 +32,7 @@ struct TransferJob {
 
 /// One transfer between host blocks and a tier's slots, run by the workers (each moves its own
 /// rows): promote reads slots into host blocks, write copies host blocks into slots. keys,
-/// host_block_ids and tier_block_ids have the same order.
+/// host_block_ids and slots have the same order.
 struct TierJob {
   JobId id = 0;
   JobKind kind = JobKind::write;  ///< promote or write
@@ -40,7 +40,7 @@ struct TierJob {
   std::string request_id;         ///< promote: the request whose lookup started it; write: empty
   std::vector<Key> keys;
   std::vector<HostBlockId> host_block_ids;
-  std::vector<std::int64_t> tier_block_ids;  ///< slots of the tier
+  std::vector<std::int64_t> slots;  ///< the tier's slots: read from (promote) or written to (write)
 };
 
 /// Checks the invariants SEMANTICS 6 states for every GPU spec: sum(group_sizes) ==

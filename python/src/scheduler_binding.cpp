@@ -114,7 +114,7 @@ void bind_tier_job(nb::module_& m) {
           "host_block_ids", [](const TierJob& j) { return view(j.host_block_ids); },
           nb::rv_policy::reference_internal)
       .def_prop_ro(
-          "slots", [](const TierJob& j) { return view(j.tier_block_ids); },
+          "slots", [](const TierJob& j) { return view(j.slots); },
           nb::rv_policy::reference_internal)
       .def("__repr__",
            [](const TierJob& j) {
@@ -127,7 +127,7 @@ void bind_tier_job(nb::module_& m) {
              std::vector<std::pair<nb::bytes, std::uint32_t>> keys;
              for (const Key& k : j.keys) keys.emplace_back(to_bytes(k.hash), k.group);
              return TierState(j.id, std::string(to_string(j.kind)), j.tier, j.request_id,
-                              std::move(keys), j.host_block_ids, j.tier_block_ids);
+                              std::move(keys), j.host_block_ids, j.slots);
            })
       .def("__setstate__", [](TierJob& j, const TierState& state) {
         new (&j) TierJob();
@@ -144,7 +144,7 @@ void bind_tier_job(nb::module_& m) {
           j.keys.push_back(Key{to_hash(keys[i].first, "TierJob", i), keys[i].second});
         }
         j.host_block_ids = hosts;
-        j.tier_block_ids = slots;
+        j.slots = slots;
       });
 }
 

@@ -374,7 +374,7 @@ kvoffload_status_t kvoffload_step_get_tier_job(kvoffload_step_t step, size_t ind
     job->request_id = j.request_id.c_str();
     job->keys = step->tier_keys[index].data();
     job->host_block_ids = j.host_block_ids.data();
-    job->slots = j.tier_block_ids.data();
+    job->slots = j.slots.data();
     job->num_blocks = j.keys.size();
   });
 }

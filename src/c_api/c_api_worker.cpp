@@ -212,7 +212,7 @@ kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t w,
     for (std::size_t i = 0; i < job->num_blocks; ++i) {
       t.keys.push_back(from_c(job->keys[i], fn, i));
       t.host_block_ids.push_back(job->host_block_ids[i]);
-      t.tier_block_ids.push_back(job->slots[i]);
+      t.slots.push_back(job->slots[i]);
     }
     w->worker.submit_tier(t);
   });

@@ -40,25 +40,11 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg, SchedulerServices services)
   // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
   fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
   store_scratch.first_candidate.resize(layouts.size());
-  KVOFFLOAD_EXPECTS(services.presence.size() <= cfg.tiers.size(),
-                    "services.presence: {} entries for {} tier(s)", services.presence.size(),
-                    cfg.tiers.size());
-  services.presence.resize(cfg.tiers.size());
-  for (std::size_t i = 0; i < cfg.tiers.size(); ++i) {
-    const TierConfig& tier = cfg.tiers[i];
-    const bool shared = tier.medium == Medium::shared;
-    KVOFFLOAD_EXPECTS(shared == (services.presence[i] != nullptr), "services.presence[{}]: {}", i,
-                      shared ? "tier " + std::to_string(i) +
-                                   " is a shared tier and needs one (make_scheduler_services)"
-                             : "tier " + std::to_string(i) + " is a " +
-                                   std::string(to_string(tier.medium)) +
-                                   " tier; only a shared tier has one");
-    auto& t = tiers.emplace_back(std::make_unique<TierState>(tier, cfg.manager.enable_events));
-    t->presence = std::move(services.presence[i]);
-    t->free_target = tier.write_back_free_blocks > 0
-                         ? tier.write_back_free_blocks
-                         : std::max<std::int64_t>(1, cfg.manager.host_blocks / 16);
-    if (shared) any_shared = true;
+  if (!cfg.tiers.empty()) {
+    tiers = std::make_unique<TierCoordinator>(*this, cfg, std::move(services));
+  } else {
+    KVOFFLOAD_EXPECTS(services.presence.empty(), "services.presence: {} entries for 0 tier(s)",
+                      services.presence.size());
   }
   lookup_order.insert(lookup_order.end(), windowed.begin(), windowed.end());
 }
@@ -286,7 +272,7 @@ void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
   if (job.kind == JobKind::store) {
     manager.complete_store_blocks(job.host_ids, job.ok);
     if (!job.ok) ++stats.failed_stores;
-    if (job.ok && !tiers.empty()) queue_tier_writes(job.host_ids);  // write-through
+    if (job.ok && tiers) tiers->queue_writes(job.host_ids);  // write-through
     for_each_source(job, true, [&](GpuBlockId id) { fence.remove(id, job.id); });
     if (job.full_registered) {
       for_each_source(job, false, [&](GpuBlockId id) { fence.remove(id, job.id); });
@@ -429,11 +415,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
     for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
   }
   out.load_jobs.swap(s.pending_loads);
-  out.tier_jobs.swap(s.pending_tier_jobs);
-  if (!s.tiers.empty()) {
-    s.write_back();
-    s.start_promotions(out);
-  }
+  if (s.tiers) s.tiers->build_step(out);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (plan.idle[i] != 0) continue;  // most requests of a decode step
     s.build_store(*plan.requests[i], scheduled[i], plan.blocks_of(i), out);
@@ -457,7 +439,7 @@ std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> rep
     job.ok = job.ok && report.ok;
     if (job.remaining > 0) continue;
     if (is_tier_job(job.kind)) {
-      s.complete_tier_job(job);
+      s.tiers->complete(job);
       s.retire_job(job.id);
     } else {
       s.complete(job, done);
@@ -495,18 +477,8 @@ void Scheduler::reset_cache() {
     if (is_tier_job(job.kind)) s.flush.push_back(id);
   }
   // The tiers are dropped too: reset_cache means the cached KV is no longer valid (new
-  // weights, say), wherever it is. Tier jobs not yet emitted never run.
-  s.pending_tier_jobs.clear();
-  s.planned_promotions.clear();
-  s.promoting.clear();
-  // Answers to checks asked before are ignored (they are about the old cache); requests ask
-  // again.
-  s.presence_tickets.clear();
-  s.requests.for_each([](RequestState& r) { r.shared_check = RequestState::SharedCheck::none; });
-  for (auto& tier : s.tiers) {
-    tier->index.reset();
-    tier->queued = 0;
-  }
+  // weights, say), wherever it is.
+  if (s.tiers) s.tiers->reset();
   if (!s.pending_loads.empty()) {
     detail::logger().warn("reset_cache: dropping {} planned load job(s) before they ran",
                           s.pending_loads.size());
@@ -530,9 +502,7 @@ void Scheduler::reset_cache() {
 std::vector<ManagerEvent> Scheduler::take_events() {
   KVOFFLOAD_ONE_THREAD(*impl_, "take_events");
   std::vector<ManagerEvent> events = impl_->manager.take_events();
-  for (auto& tier : impl_->tiers) {
-    for (ManagerEvent& e : tier->index.take_events()) events.push_back(std::move(e));
-  }
+  if (impl_->tiers) impl_->tiers->take_events(events);
   return events;
 }
 const SchedulerStats& Scheduler::stats() const noexcept {

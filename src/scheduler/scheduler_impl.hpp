@@ -1,7 +1,8 @@
 #pragma once
 
 // Internal: the scheduler's state, shared by scheduler.cpp (steps, completion),
-// scheduler_lookup.cpp (SEMANTICS 4) and scheduler_validate.cpp (SEMANTICS 8b).
+// scheduler_lookup.cpp (SEMANTICS 4) and scheduler_validate.cpp (SEMANTICS 8b). The tiers'
+// state is a TierCoordinator's (tier_coordinator.hpp), absent without tiers.
 
 #include <algorithm>
 #include <memory>
@@ -15,6 +16,7 @@
 #include "kvoffload/scheduler.hpp"
 #include "scheduler/block_reuse_fence.hpp"
 #include "scheduler/request_table.hpp"
+#include "scheduler/tier_coordinator.hpp"
 
 namespace kvoffload {
 
@@ -64,7 +66,7 @@ struct JobState {
   bool full_registered = false;
   // A tier job's tier and slots; a write-back write evicts its host blocks once written.
   std::uint32_t tier = 0;
-  std::vector<std::int64_t> tier_ids;
+  std::vector<std::int64_t> slots;
   bool write_back = false;
 
   /// Empties the job for reuse, keeping its vectors' capacity.
@@ -78,53 +80,9 @@ struct JobState {
     group_sizes.clear();
     full_registered = false;
     tier = 0;
-    tier_ids.clear();
+    slots.clear();
     write_back = false;
   }
-};
-
-/// A tier below the host cache: its index is a block manager whose blocks are the tier's
-/// slots (docs/semantics.md, "Tiers").
-struct TierState {
-  TierState(const TierConfig& c, bool events);
-  TierConfig config;
-  HostBlockManager index;
-  TierStats stats;
-  std::shared_ptr<PresenceCheck> presence;  // shared tiers only (SchedulerServices)
-  std::int64_t queue_limit = 0;
-  std::int64_t queued = 0;       // blocks in write jobs not yet completed
-  std::int64_t free_target = 0;  // write-back: host blocks kept free
-};
-
-/// An existence check in flight: whose, and which keys (PresenceAnswer::present's order).
-struct PresenceTicket {
-  std::string request_id;
-  std::uint32_t tier = 0;
-  std::vector<Key> keys;
-};
-
-/// A promotion a lookup planned: the tier's slots are reserved (readers) at once, the host
-/// blocks are taken in the next build_step, where evictions happen (a lookup never evicts, so
-/// a hit another lookup promised stays loadable until its on_allocated).
-struct PlannedPromotion {
-  std::string request_id;
-  std::vector<Key> protect;  // host hits the answer uses: not evicted for the promoted keys
-  std::vector<Key> keys;     // to promote, group-major
-  std::vector<std::uint32_t> tier;
-  std::vector<HostBlockId> slots;
-};
-
-/// A key's answer for the lookup's scan, with the first sub-block its store wrote.
-struct Probe {
-  LookupResult result = LookupResult::miss;
-  std::uint16_t valid_from = 0;
-};
-
-/// A key the lookup's scan missed in host memory and found in a tier.
-struct TierFind {
-  std::uint32_t group = 0;
-  std::uint32_t tier = 0;
-  std::int64_t index = 0;  // offloaded block index in the group
 };
 
 struct StringHash {
@@ -181,41 +139,18 @@ struct Scheduler::Impl {
 
   // scheduler_lookup.cpp
   std::optional<std::int64_t> lookup(RequestState& r, std::int64_t num_computed_tokens);
-  /// One pass of SEMANTICS 4 (with the tiers: keys found only in a tier count as hits and
-  /// are recorded in tier_found). Fills `hit`; returns false for retry later.
-  bool scan(RequestState& r, std::int64_t nct, std::int64_t& hit);
-  /// The key's answer for the scan: the host cache's, else (with tiers probed) a tier's hit.
-  Probe probe(const RequestState& r, std::size_t g, std::int64_t i);
+  /// One pass of SEMANTICS 4. Fills `hit`; returns false for retry later. With tiers, `pass`
+  /// (from TierCoordinator::begin_pass) collects what the tiers' phases need: keys found only
+  /// in a tier count as hits and are listed there. Null without tiers.
+  bool scan(RequestState& r, std::int64_t nct, std::int64_t& hit, LookupPass* pass);
+  /// The key's answer for the scan: the host cache's, else (with tiers probed) a tier's.
+  Probe probe(const RequestState& r, std::size_t g, std::int64_t i, LookupPass* pass);
   /// SEMANTICS 6.8: for a windowed group's key i at the front of a run of `run` keys, the
   /// first of its sub-blocks that the engine reads at the run's end (j0); a key stored from
   /// sub-block valid_from on may count as a hit only if valid_from <= j0.
   [[nodiscard]] std::int64_t first_needed_sub_block(std::size_t g, std::int64_t i, std::int64_t run,
                                                     std::int64_t nct,
                                                     std::int64_t max_hit) const noexcept;
-
-  // scheduler_tiers.cpp
-  /// After a lookup found `hit` tokens: plans the promotion of the keys it uses that are only
-  /// in a tier. Returns true if one was planned (the lookup answers retry later).
-  bool plan_promotion(const RequestState& r, std::int64_t nct, std::int64_t hit);
-  /// build_step: takes host blocks for the planned promotions and emits their jobs.
-  void start_promotions(StepResult& out);
-  /// Write-through: queues tier writes of these ready host blocks to tiers 0..nearer_than-1
-  /// (default: every tier), subject to each tier's admission and write queue.
-  void queue_tier_writes(std::span<const HostBlockId> host_ids,
-                         std::uint32_t nearer_than = UINT32_MAX);
-  /// One write job of `keys` (from host blocks `sources`) to tier t; false if the tier had no
-  /// room or nothing to write.
-  bool issue_write(std::uint32_t t, std::span<const Key> keys, std::span<const HostBlockId> sources,
-                   bool write_back);
-  void complete_tier_job(JobState& job);
-  /// Applies the shared tiers' finished existence checks: present keys enter the tier's index.
-  void poll_presence();
-  /// Starts the check of shared_unknown for request r on every shared tier.
-  void check_presence(RequestState& r);
-  /// build_step, write-back tiers: writes the blocks the host policy would evict next, so
-  /// free_target host blocks stay free.
-  void write_back();
-  TierJob& new_tier_job(JobKind kind, std::uint32_t tier, std::string request_id);
 
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
@@ -306,23 +241,8 @@ struct Scheduler::Impl {
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
   BlockReuseFence fence;  // GPU block id -> store jobs still reading it
 
-  // Tiers (empty without): their indexes, jobs in flight and jobs for the next step.
-  std::vector<std::unique_ptr<TierState>> tiers;
-  std::vector<TierJob> pending_tier_jobs;
-  std::vector<PlannedPromotion> planned_promotions;
-  detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting;  // keys of planned promotions
-  bool probe_tiers = false;  // scan(): look keys missed in host memory up in the tiers
-  std::vector<TierFind> tier_found;
-  // Shared tiers: keys scan() could not answer for (never checked for the request), and the
-  // checks in flight by ticket.
-  std::vector<Key> shared_unknown;
-  std::unordered_map<std::uint64_t, PresenceTicket> presence_tickets;
-  std::uint64_t next_ticket = 1;
-  bool any_shared = false;
-  std::vector<HostBlockId> catch_up_writes;  // host hits that just reached a tier's admission
-  std::vector<Key> promote_keys;             // scratch
-  PreparedStore promote_prepared;            // scratch
-  std::vector<Key> promote_release;          // scratch
+  // The tiers below the host cache: null without (and then never touched).
+  std::unique_ptr<TierCoordinator> tiers;
 
   // Reused across calls so steps do not allocate per key or per request.
   StepPlan step_plan;

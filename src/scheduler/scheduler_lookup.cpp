@@ -20,10 +20,10 @@ struct ScanResult {
 /// but defers the answer. A key stored without its leading sub-blocks is a miss (SEMANTICS
 /// 6.8): a prefix needs all of them.
 ScanResult prefix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
-                       std::int64_t end) {
+                       std::int64_t end, LookupPass* pass) {
   ScanResult res;
   for (std::int64_t i = start; i < end; ++i) {
-    const Probe found = s.probe(r, g, i);
+    const Probe found = s.probe(r, g, i, pass);
     if (found.result == LookupResult::miss) break;
     if (found.valid_from > 0) {
       ++s.stats.partial_misses;
@@ -40,12 +40,12 @@ ScanResult prefix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g,
 /// A key stored without its leading sub-blocks may only be the run's front, and only if the
 /// window at the run's end needs none of its unwritten sub-blocks (SEMANTICS 6.8).
 ScanResult suffix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
-                       std::int64_t end, std::int64_t nct, std::int64_t max_hit) {
+                       std::int64_t end, std::int64_t nct, std::int64_t max_hit, LookupPass* pass) {
   const std::int64_t window = s.layouts[g].window_blocks;
   ScanResult res;
   std::int64_t run = 0;
   for (std::int64_t i = end - 1; i >= start; --i) {
-    const Probe found = s.probe(r, g, i);
+    const Probe found = s.probe(r, g, i, pass);
     if (found.result == LookupResult::hit) {
       if (found.valid_from > 0) {
         const bool front = run + 1 == window || i == start;
@@ -83,67 +83,42 @@ std::int64_t Scheduler::Impl::first_needed_sub_block(std::size_t g, std::int64_t
   return std::max<std::int64_t>(0, need_from / layout.gpu_block_size - i * f);
 }
 
-Probe Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i) {
+Probe Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i,
+                             LookupPass* pass) {
   const Key k = key(r, g, i);
-  std::uint16_t valid_from = 0;
-  const LookupResult host = manager.lookup(k, valid_from);
-  if (tiers.empty()) return {host, valid_from};
-  if (host != LookupResult::miss) {
-    // Admission counts every lookup of the key, also while the host cache has it; a host hit
-    // that brings a key to a tier's threshold is written through now (it was stored earlier).
-    for (const auto& tier : tiers) {
-      if (tier->config.store_threshold == 0) continue;
-      tier->index.note_lookup(k);
-      if (host == LookupResult::hit &&
-          tier->index.lookup_count(k) == static_cast<std::uint32_t>(tier->config.store_threshold) &&
-          tier->index.peek(k) == LookupResult::miss) {
-        catch_up_writes.push_back(manager.block_of(k));
-      }
-    }
-    return {host, valid_from};
-  }
-  if (!probe_tiers) return {host, 0};
-  // Below the host cache every block is whole (partly written ones are never written there).
-  if (promoting.contains(k)) return {LookupResult::pending, 0};  // promotion starts next step
-  for (std::size_t t = 0; t < tiers.size(); ++t) {
-    HostBlockManager& index = tiers[t]->index;
-    if (index.lookup(k) == LookupResult::hit) {
-      tier_found.push_back(
-          TierFind{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(t), i});
-      return {LookupResult::hit, 0};
-    }
-  }
-  // Not known to be in a shared tier: asked once per request, "retry later" meanwhile.
-  if (any_shared && r.shared_check != RequestState::SharedCheck::done) {
-    if (r.shared_check == RequestState::SharedCheck::none) shared_unknown.push_back(k);
-    return {LookupResult::pending, 0};
-  }
-  return {LookupResult::miss, 0};
+  Probe host;
+  host.result = manager.lookup(k, host.valid_from);
+  if (pass == nullptr) return host;
+  return tiers->probe(r, k, g, i, host, *pass);
 }
 
-bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_out) {
+bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_out,
+                           LookupPass* pass) {
   std::int64_t max_hit = r.num_tokens - (any_windowed ? 1 : 0);
   std::int64_t hit = 0;
   bool defer = false;
   hit_out = 0;
 
-  enum class Pass { none, windowed, all };
-  Pass queued = Pass::all;
-  while (queued != Pass::none) {
-    const Pass pass = queued;
-    queued = Pass::none;
+  // The groups are swept again when a later group shrank the hit: all of them, or only the
+  // windowed ones.
+  enum class Sweep { none, windowed, all };
+  Sweep queued = Sweep::all;
+  while (queued != Sweep::none) {
+    const Sweep sweep = queued;
+    queued = Sweep::none;
     bool windowed_seen = false;
     for (const std::size_t g : lookup_order) {
       const GroupLayout& layout = layouts[g];
-      if (pass == Pass::windowed && !layout.windowed()) continue;
+      if (sweep == Sweep::windowed && !layout.windowed()) continue;
       const std::int64_t obs = layout.offloaded_block_size;
       const std::int64_t nk = num_keys(r, g);
       max_hit = std::min(max_hit, nk * obs);
       if (max_hit - nct < obs) return true;
       const std::int64_t start = nct / obs;
       const std::int64_t end = std::min(cdiv(max_hit, obs), nk);
-      const ScanResult res = layout.windowed() ? suffix_scan(*this, r, g, start, end, nct, max_hit)
-                                               : prefix_scan(*this, r, g, start, end);
+      const ScanResult res = layout.windowed()
+                                 ? suffix_scan(*this, r, g, start, end, nct, max_hit, pass)
+                                 : prefix_scan(*this, r, g, start, end, pass);
       if (res.deferred) {
         defer = true;
       } else {
@@ -156,9 +131,9 @@ bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_
         // A later group shrank the hit: earlier answers may have changed.
         if (defer) {
           defer = false;
-          queued = Pass::all;
-        } else if (windowed_seen && queued == Pass::none) {
-          queued = Pass::windowed;
+          queued = Sweep::all;
+        } else if (windowed_seen && queued == Sweep::none) {
+          queued = Sweep::windowed;
         }
       }
       hit = new_hit;
@@ -209,32 +184,29 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
   };
 
   std::int64_t hit = 0;
-  if (tiers.empty()) return scan(r, nct, hit) ? finish(hit) : defer();
+  if (!tiers) return scan(r, nct, hit, nullptr) ? finish(hit) : defer();
 
   // With tiers, keys found only in a tier count as hits; the keys the answer uses are then
   // promoted and the lookup retried later. After a promotion found no host room, one lookup
   // of the request answers from the host cache alone.
-  if (any_shared) poll_presence();
+  if (tiers->any_shared()) tiers->poll_presence();
   const bool skip_tiers = r.skip_tiers;
   r.skip_tiers = false;
   // Twice at most: again if a shared tier's check could not start (its keys are then misses).
   for (int attempt = 0;; ++attempt) {
-    tier_found.clear();
-    catch_up_writes.clear();
-    shared_unknown.clear();
-    probe_tiers = !skip_tiers;
-    const bool answered = scan(r, nct, hit);
-    probe_tiers = false;
-    if (!shared_unknown.empty()) {
+    LookupPass& pass = tiers->begin_pass(!skip_tiers);
+    const bool answered = scan(r, nct, hit, &pass);
+    if (!pass.shared_unknown.empty()) {
       // Keys nobody knows about: ask the shared tiers, answer later (never wait here).
-      if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
-      check_presence(r);
+      if (!pass.catch_up_writes.empty()) tiers->queue_writes(pass.catch_up_writes);
+      tiers->check_presence(r, pass);
       if (r.shared_check == RequestState::SharedCheck::in_flight || attempt > 0) return defer();
       continue;
     }
-    const bool promote = answered && hit > 0 && !tier_found.empty() && plan_promotion(r, nct, hit);
+    const bool promote =
+        answered && hit > 0 && !pass.tier_found.empty() && tiers->plan_promotion(r, nct, hit, pass);
     // After the plan: its slots are reserved, so these writes cannot evict them from the tier.
-    if (!catch_up_writes.empty()) queue_tier_writes(catch_up_writes);
+    if (!pass.catch_up_writes.empty()) tiers->queue_writes(pass.catch_up_writes);
     if (!answered || promote) return defer();
     break;
   }

@@ -181,10 +181,7 @@ void Worker::clear_tiers() {
 void Worker::submit_tier(const TierJob& job) {
   KVOFFLOAD_EXPECTS(job.tier < num_tiers(), "tier job {}: tier {} is not configured ({} tiers)",
                     job.id, job.tier, num_tiers());
-  Tier& tier = *tiers_[job.tier];
-  KVOFFLOAD_EXPECTS(is_tier_job(job.kind), "tier job {}: kind {} is not a tier job's", job.id,
-                    to_string(job.kind));
-  tier.submit(job);
+  tiers_[job.tier]->submit(job);  // refuses a transfer's kind, naming the job
 }
 
 // The engine goes first: its backend may still be copying into the pool.

@@ -82,7 +82,7 @@ TEST_CASE("A completed store is written through to the tier, its host blocks pin
   CHECK(w.tier == 0);
   CHECK(w.keys == keys_of(a));
   CHECK(w.host_block_ids == store.host_block_ids);
-  CHECK(w.tier_block_ids == std::vector<std::int64_t>{0, 1, 2, 3});
+  CHECK(w.slots == std::vector<std::int64_t>{0, 1, 2, 3});
   CHECK(t.in_tier(a[0]) == LookupResult::pending);
   for (const HostBlockId id : store.host_block_ids) CHECK(t.h.s.manager().readers(id) == 1);
 
@@ -136,7 +136,7 @@ TEST_CASE("A key only in the tier is promoted before the lookup answers", "[sche
   CHECK(p.kind == JobKind::promote);
   CHECK(p.request_id == "c");
   CHECK(p.keys == keys_of(a));
-  CHECK(p.tier_block_ids == std::vector<std::int64_t>{0, 1, 2, 3});
+  CHECK(p.slots == std::vector<std::int64_t>{0, 1, 2, 3});
   for (std::size_t i = 0; i < 4; ++i) {
     CHECK(t.h.s.manager().block_of(p.keys[i]) == p.host_block_ids[i]);
   }
@@ -333,7 +333,7 @@ TEST_CASE("reset_cache drops the tiers; restore_tier rebuilds one after a restar
   CHECK_FALSE(fresh.h.lookup("c", a, 33, 0).has_value());
   const auto promote = fresh.tier_jobs();
   REQUIRE(promote.size() == 1);
-  CHECK(promote[0].tier_block_ids == std::vector<std::int64_t>{2, 5});
+  CHECK(promote[0].slots == std::vector<std::int64_t>{2, 5});
   fresh.complete(promote[0]);
   CHECK(fresh.h.s.lookup("c", 0) == 32);
   CHECK_THROWS_AS(fresh.h.s.restore_tier(1, slots), invalid_argument);

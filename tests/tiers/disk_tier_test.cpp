@@ -79,7 +79,7 @@ TierJob job_of(JobId id, JobKind kind, int first, int n, HostBlockId host0, std:
   for (int i = 0; i < n; ++i) {
     j.keys.push_back(key_of(first + i));
     j.host_block_ids.push_back(host0 + i);
-    j.tier_block_ids.push_back(slot0 + i);
+    j.slots.push_back(slot0 + i);
   }
   return j;
 }
@@ -122,7 +122,7 @@ TEST_CASE("Tier jobs write host blocks to slots and promote them back byte for b
   for (int i = 0; i < 40; ++i) {
     p.keys.push_back(key_of(i));
     p.host_block_ids.push_back(79 - i);
-    p.tier_block_ids.push_back(i < 25 ? 10 + i : 40 + (i - 25));
+    p.slots.push_back(i < 25 ? 10 + i : 40 + (i - 25));
   }
   tier.submit(p);
   const std::vector<JobId> promote{3};
@@ -247,7 +247,7 @@ TEST_CASE("Bad tier jobs are refused before any I/O", "[disk][tier]") {
   TierJob j = job_of(1, JobKind::write, 0, 2, 0, 3);  // slot 4 is out of range
   CHECK_THROWS_AS(tier.submit(j), invalid_argument);
   j = job_of(1, JobKind::write, 0, 2, 0, 0);
-  j.tier_block_ids.pop_back();
+  j.slots.pop_back();
   CHECK_THROWS_AS(tier.submit(j), invalid_argument);
   CHECK(tier.slots().stats().writes == 0);
   DiskTierConfig bad = config_in(dir, 4);
@@ -417,7 +417,7 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   for (int i = 0; i < 200; ++i) {
     w.keys.push_back(key_of(i));
     w.host_block_ids.push_back(i % 8);
-    w.tier_block_ids.push_back(i);
+    w.slots.push_back(i);
   }
   tier.submit(w);
   const std::vector<JobId> ids{1};

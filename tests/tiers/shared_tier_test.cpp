@@ -54,7 +54,7 @@ TierJob job(JobId id, JobKind kind, const std::vector<Key>& keys,
   j.kind = kind;
   j.keys = keys;
   j.host_block_ids = hosts;
-  j.tier_block_ids.assign(keys.size(), -1);
+  j.slots.assign(keys.size(), -1);
   return j;
 }
 

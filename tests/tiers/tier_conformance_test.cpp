@@ -58,7 +58,7 @@ TierJob job_of(JobId id, JobKind kind, std::uint64_t run, int first, int n, Host
   for (int i = 0; i < n; ++i) {
     j.keys.push_back(key_of(run, first + i));
     j.host_block_ids.push_back(host0 + i);
-    j.tier_block_ids.push_back(first + i);
+    j.slots.push_back(first + i);
   }
   return j;
 }
@@ -113,7 +113,7 @@ void conformance(const MakeTier& make, Medium medium, std::uint64_t seed) {
     CHECK(finish(*tier, 1).ok);
     // The same slots (and host blocks), other keys: never another key's bytes.
     TierJob other = job_of(2, JobKind::promote, run + 1, 0, 4, kBlocks);
-    other.tier_block_ids = {0, 1, 2, 3};
+    other.slots = {0, 1, 2, 3};
     const TierIoStats before = tier->stats();
     tier->submit(other);
     const FinishedTierJob p = finish(*tier, 2);

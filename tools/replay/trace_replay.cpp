@@ -150,7 +150,7 @@ ordered tier_job_json(const TierJob& job, const SchedulerConfig& config) {
   j["req"] = job.request_id;
   j["keys"] = std::move(keys);
   j["host"] = ordered{{"block_ids", job.host_block_ids}};
-  j["slots"] = job.tier_block_ids;
+  j["slots"] = job.slots;
   return j;
 }
 

@@ -117,10 +117,10 @@ DiskTier::~DiskTier() {
 
 void DiskTier::check(const TierJob& job) const {
   KVOFFLOAD_EXPECTS(
-      job.keys.size() == job.host_block_ids.size() && job.keys.size() == job.tier_block_ids.size(),
+      job.keys.size() == job.host_block_ids.size() && job.keys.size() == job.slots.size(),
       "tier job {}: {} keys, {} host blocks and {} slots", job.id, job.keys.size(),
-      job.host_block_ids.size(), job.tier_block_ids.size());
-  for (const std::int64_t slot : job.tier_block_ids) {
+      job.host_block_ids.size(), job.slots.size());
+  for (const std::int64_t slot : job.slots) {
     KVOFFLOAD_EXPECTS(slot >= 0 && slot < slots_.num_slots(),
                       "tier job {}: slot {} is outside the tier's 0..{}", job.id, slot,
                       slots_.num_slots() - 1);
@@ -150,7 +150,7 @@ void DiskTier::run_threads() {
     if (tasks.empty()) continue;
     const TierJob& job = tasks[0].job->job;
     const std::size_t i = tasks[0].index;
-    const std::int64_t slot = job.tier_block_ids[i];
+    const std::int64_t slot = job.slots[i];
     bool ok = false;
     try {
       if (job.kind == JobKind::write) {
@@ -211,12 +211,12 @@ void DiskTier::run_uring() {
       const unsigned b = free_buffers.back();
       try {
         const bool write = job.kind == JobKind::write;
-        const SlotIo io = write ? slots_.prepare_write(job.tier_block_ids[i], job.keys[i],
+        const SlotIo io = write ? slots_.prepare_write(job.slots[i], job.keys[i],
                                                        host_bytes(job, i), ring.buffer(b))
-                                : slots_.prepare_read(job.tier_block_ids[i]);
+                                : slots_.prepare_read(job.slots[i]);
         ready.push_back(Prepared{b, write, io});
       } catch (const std::exception& e) {
-        detail::logger().error("tier job {}: slot {}: {}", job.id, job.tier_block_ids[i], e.what());
+        detail::logger().error("tier job {}: slot {}: {}", job.id, job.slots[i], e.what());
         queue().done(t, false);
         continue;
       }
@@ -237,7 +237,7 @@ void DiskTier::run_uring() {
     for (const auto& [b, res] : done) {
       const TierJob& job = owner[b].job->job;
       const std::size_t i = owner[b].index;
-      const std::int64_t slot = job.tier_block_ids[i];
+      const std::int64_t slot = job.slots[i];
       const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
       bool ok = false;
       if (job.kind == JobKind::write) {
