@@ -1,6 +1,6 @@
 #pragma once
 
-// kvoffload's errors, one table for C++, C and Python (tests/unit/error_table_test.cpp,
+// kvoffload's errors, one table for C++, C and Python (tests/common/error_table_test.cpp,
 // tests/c/c_api_test.c and python/tests/test_errors.py check every row from each layer):
 //
 //   C++ exception                  C status (ErrorCode)        Python class (kvoffload.)

@@ -119,7 +119,7 @@ typedef struct kvoffload_shared_tier_config {
   int reply_timeout_ms; /* for every reply */
   int in_flight;        /* blocks per pipelined batch */
 } kvoffload_shared_tier_config_t;
-/* kvoffload::SharedTierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+/* kvoffload::SharedTierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SHARED_TIER_CONFIG_INIT                                     \
   {                                                                           \
     sizeof(kvoffload_shared_tier_config_t), /* struct_size */                 \
@@ -147,7 +147,7 @@ typedef struct kvoffload_disk_tier_config {
   int io_threads; /* threads: pread/pwrite threads */
   int direct_io;  /* 1: O_DIRECT where the file system allows it */
 } kvoffload_disk_tier_config_t;
-/* kvoffload::DiskTierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+/* kvoffload::DiskTierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_DISK_TIER_CONFIG_INIT                                            \
   {                                                                                \
     sizeof(kvoffload_disk_tier_config_t), /* struct_size */                        \
@@ -183,7 +183,7 @@ typedef struct kvoffload_tier_config {
    * otherwise. */
   const kvoffload_disk_tier_config_t* disk;
 } kvoffload_tier_config_t;
-/* kvoffload::TierConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+/* kvoffload::TierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_TIER_CONFIG_INIT                                      \
   {                                                                     \
     sizeof(kvoffload_tier_config_t), /* struct_size */                  \
@@ -218,7 +218,7 @@ typedef struct kvoffload_scheduler_config {
   const kvoffload_tier_config_t* tiers; /* tiers below the host cache, nearest first */
   size_t num_tiers;
 } kvoffload_scheduler_config_t;
-/* kvoffload::SchedulerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+/* kvoffload::SchedulerConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SCHEDULER_CONFIG_INIT                                            \
   {                                                                                \
     sizeof(kvoffload_scheduler_config_t), /* struct_size */                        \
@@ -441,6 +441,8 @@ typedef enum kvoffload_backend_kind {
   KVOFFLOAD_BACKEND_CUDA = 1  /* CUDA copies; the KV tensors are device memory */
 } kvoffload_backend_kind_t;
 
+/* Since 0.3: struct_size must be this header's sizeof (0.2's struct had other fields at the
+ * same offsets, so no shorter or longer one is accepted). */
 typedef struct kvoffload_worker_config {
   size_t struct_size;
   /* The description the worker shares with its scheduler, given once: the block size factor,
@@ -466,8 +468,9 @@ typedef struct kvoffload_worker_config {
   int has_compute_stream;
   uintptr_t compute_stream;
   int loads_wait_for_compute; /* default 1 */
+  int tp_rank; /* this worker's tensor-parallel rank: its tiers' stores run as that rank */
 } kvoffload_worker_config_t;
-/* kvoffload::WorkerConfig's defaults (tests/unit/config_defaults_test.cpp checks them). */
+/* kvoffload::WorkerConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_WORKER_CONFIG_INIT                                       \
   {                                                                        \
     sizeof(kvoffload_worker_config_t), /* struct_size */                   \
@@ -482,7 +485,8 @@ typedef struct kvoffload_worker_config {
         0,                             /* defer_stores */                  \
         0,                             /* has_compute_stream */            \
         0,                             /* compute_stream */                \
-        1                              /* loads_wait_for_compute */        \
+        1,                             /* loads_wait_for_compute */        \
+        0                              /* tp_rank */                       \
   }
 
 typedef struct kvoffload_finished_transfer {

@@ -47,11 +47,15 @@ struct WorkerConfig {
   /// The tiers' stores, in the order of SchedulerConfig::tiers (a tier job names its tier by
   /// index): disk tiers are opened and scanned here, shared tiers connect on first use.
   std::vector<TierStore> tiers;
+  /// This worker's tensor-parallel rank: derive_worker_config gives it to every tier's store
+  /// (the one description holds the tiers for all ranks).
+  int tp_rank = 0;
 };
 
 /// A worker's configuration with what it shares with its scheduler taken from the
 /// scheduler's: block_size_factor, host_blocks (the manager's) and the tiers' stores, in
-/// order. The rest (tensors, groups, backend...) comes from `worker`. Give the model's
+/// order, each store's tp_rank set to worker.tp_rank. The rest (tensors, groups, backend...)
+/// comes from `worker`, whose groups must be as many as the scheduler's. Give the model's
 /// geometry and tiers once, in the SchedulerConfig, and derive the worker's from it (in
 /// another process, from an equal SchedulerConfig). Throws invalid_argument naming the field
 /// for a bad scheduler config or a tier without a store.
@@ -90,11 +94,12 @@ class KVOFFLOAD_EXPORT Worker {
   [[nodiscard]] std::size_t num_tiers() const noexcept { return tiers_.size(); }
   /// What tier t is; throws invalid_argument past the tiers.
   [[nodiscard]] Medium tier_medium(std::size_t t) const;
-  /// Checks that this worker fits the scheduler `config` describes: the same block_size_factor
-  /// and host_blocks, and its tiers as many, of the same kinds, in the same order (tier jobs
-  /// name a tier by index only). A worker configured apart from its scheduler (not by
-  /// derive_worker_config) is checked once, at start. Throws invalid_argument naming the first
-  /// difference.
+  /// Checks that this worker fits the scheduler `config` describes: the same block_size_factor,
+  /// host_blocks and number of groups; its tiers as many, of the same kinds, in the same order
+  /// (tier jobs name a tier by index only); a disk tier with at least the scheduler's blocks
+  /// as slots; a shared tier in the namespace of the config's store (when it has one). A worker
+  /// configured apart from its scheduler (not by derive_worker_config) is checked once, at
+  /// start. Throws invalid_argument naming the first difference.
   void check_matches(const SchedulerConfig& config) const;
   /// Clears every tier (Tier::clear: a disk tier empties its slots): call it after
   /// Scheduler::reset_cache, once the tier jobs have finished, so the old cache's blocks do

@@ -34,6 +34,7 @@ from ._kvoffload import (  # noqa: F401  (re-exported)
     built_with_cuda,
     cuda_device_count,
 )
+from ._kvoffload import _check_derivation
 from ._kvoffload import _parse_bytes  # noqa: F401  (vllm.py reads byte sizes with it)
 
 __all__ = [
@@ -368,19 +369,19 @@ class WorkerConfig:
     # The tiers' stores in the scheduler's tiers' order: derive_worker_config fills them (and
     # host_blocks and block_size_factor) from the scheduler's config.
     tiers: List[Union[DiskTierConfig, SharedTierConfig]] = field(default_factory=list)
+    tp_rank: int = 0  # this worker's rank: derive_worker_config gives it to the tiers' stores
 
 
 def derive_worker_config(scheduler: SchedulerConfig, worker: WorkerConfig) -> WorkerConfig:
     """``worker`` with what it shares with its scheduler taken from ``scheduler`` (C++'s
-    kvoffload::derive_worker_config): block_size_factor, host_blocks and the tiers' stores, in
-    order. Describe the model's geometry and the tiers once, in the SchedulerConfig."""
-    for t, tier in enumerate(scheduler.tiers):
-        if tier.store is None:
-            raise InvalidArgument(f"tiers[{t}].store: a worker needs the tier's store (a "
-                                  "DiskTierConfig or a SharedTierConfig)")
-    return dataclasses.replace(worker, block_size_factor=scheduler.block_size_factor,
-                               host_blocks=scheduler.host_blocks,
-                               tiers=[t.store for t in scheduler.tiers])
+    kvoffload::derive_worker_config, whose checks run here: a valid config, a store for every
+    tier, as many groups): block_size_factor, host_blocks and the tiers' stores, in order, each
+    as rank ``worker.tp_rank``. Describe the model's geometry and the tiers once, in the
+    SchedulerConfig."""
+    _check_derivation(scheduler, dataclasses.replace(worker, compute_stream=None))
+    return dataclasses.replace(
+        worker, block_size_factor=scheduler.block_size_factor, host_blocks=scheduler.host_blocks,
+        tiers=[dataclasses.replace(t.store, tp_rank=worker.tp_rank) for t in scheduler.tiers])
 
 
 @dataclass(frozen=True)
@@ -419,6 +420,12 @@ class Worker:
         self.config = config
         self._w = _Worker(dataclasses.replace(
             config, compute_stream=stream_handle(config.compute_stream)))
+
+    def check_matches(self, scheduler: SchedulerConfig) -> None:
+        """Raises InvalidArgument unless this worker fits ``scheduler`` (C++'s
+        Worker::check_matches: factor, pool size, groups, tiers by count, kind and order, a disk
+        tier's slots, a shared tier's namespace): for a worker configured apart from it."""
+        self._w.check_matches(scheduler)
 
     def cuda_stats(self) -> Optional[dict]:
         """The CUDA backend's counts of the copy modes its jobs really used (jobs_batch,

@@ -17,18 +17,65 @@ namespace nb = nanobind;
 namespace kvoffload::python {
 namespace {
 
-/// Attribute `name` of `obj` as T; a wrong type is an InvalidArgument naming the field.
+/// A Python value's type as a reader would name it ("int", "numpy.bool_", "dict").
+std::string python_type(nb::handle v) {
+  nb::handle type = v.type();
+  const auto module = nb::cast<std::string>(nb::str(type.attr("__module__")));
+  const auto name = nb::cast<std::string>(nb::str(type.attr("__qualname__")));
+  return module == "builtins" ? name : module + "." + name;
+}
+
+/// Attribute `name` of `obj`; an object without it (a dict given for a dataclass, say) is an
+/// InvalidArgument naming the field.
+nb::object field_of(nb::handle obj, const char* name, const std::string& what) {
+  if (!nb::hasattr(obj, name)) {
+    throw invalid_argument(what + ": expected a kvoffload config with a field \"" + name +
+                           "\", got " + python_type(obj));
+  }
+  return obj.attr(name);
+}
+
+/// `v` as T; a wrong type or an int out of T's range is an InvalidArgument naming `field`.
+/// A bool is not an int here (True would be 1), though Python's bool is an int's subclass.
+template <class T>
+T value_as(nb::handle v, const std::string& field) {
+  T out{};
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (nb::isinstance<nb::bool_>(v)) {
+      throw invalid_argument(field + ": expected an int, got a bool");
+    }
+    if (nb::isinstance<nb::int_>(v) && !nb::try_cast<T>(v, out)) {
+      throw invalid_argument(field + ": " + nb::cast<std::string>(nb::str(v)) + " is out of range");
+    }
+  }
+  if constexpr (std::is_same_v<T, bool>) {
+    // numpy's bool scalar ("numpy.bool", "numpy.bool_" before numpy 2) is a bool too.
+    const std::string type = python_type(v);
+    if (type == "numpy.bool" || type == "numpy.bool_") return PyObject_IsTrue(v.ptr()) == 1;
+  }
+  // convert: numpy's integer scalars are accepted like Python's ints.
+  if (!nb::try_cast<T>(v, out, /*convert=*/!std::is_same_v<T, std::string>)) {
+    const char* want = std::is_same_v<T, std::string> ? "a string"
+                       : std::is_same_v<T, bool>      ? "a bool"
+                                                      : "an int";
+    throw invalid_argument(field + ": expected " + want + ", got " + python_type(v));
+  }
+  return out;
+}
+
 template <class T>
 T attr_as(nb::handle obj, const char* name, const std::string& what) {
-  nb::object v = obj.attr(name);
-  T out{};
-  if (!nb::try_cast<T>(v, out)) {
-    throw invalid_argument(what + "." + name + ": expected " +
-                           (std::is_same_v<T, std::string> ? std::string("a string")
-                            : std::is_same_v<T, bool>      ? std::string("a bool")
-                                                           : std::string("an int")) +
-                           ", got " + nb::cast<std::string>(nb::str(v.type().attr("__name__"))));
+  return value_as<T>(field_of(obj, name, what), what + "." + name);
+}
+
+/// The items of a list (or tuple) field; anything else is an InvalidArgument naming it.
+std::vector<nb::handle> items_of(nb::handle obj, const char* name, const std::string& what) {
+  nb::object v = field_of(obj, name, what);
+  if (!nb::isinstance<nb::list>(v) && !nb::isinstance<nb::tuple>(v)) {
+    throw invalid_argument(what + "." + name + ": expected a list, got " + python_type(v));
   }
+  std::vector<nb::handle> out;
+  for (nb::handle item : v) out.push_back(item);
   return out;
 }
 
@@ -46,17 +93,23 @@ void read(nb::handle o, const char* n, std::string& out, const std::string& w) {
 }
 /// A byte count: an int, or a string the library's parser reads ("500GiB").
 void read(nb::handle o, const char* n, std::uint64_t& out, const std::string& w) {
-  nb::object v = o.attr(n);
+  nb::object v = field_of(o, n, w);
   const std::string field = w + "." + n;
   if (nb::isinstance<nb::bool_>(v)) throw invalid_argument(field + ": expected bytes, got a bool");
   if (nb::isinstance<nb::int_>(v)) {
-    const auto bytes = nb::cast<std::int64_t>(v);
-    if (bytes <= 0)
-      throw invalid_argument(field + ": " + std::to_string(bytes) + " is not positive");
-    out = static_cast<std::uint64_t>(bytes);
+    std::uint64_t bytes = 0;
+    if (!nb::try_cast<std::uint64_t>(v, bytes) || bytes == 0) {
+      throw invalid_argument(field + ": " + nb::cast<std::string>(nb::str(v)) +
+                             " is not a positive size below 2^64");
+    }
+    out = bytes;
     return;
   }
-  out = parse_bytes(nb::cast<std::string>(nb::str(v)), field);
+  if (!nb::isinstance<nb::str>(v)) {
+    throw invalid_argument(
+        field + ": expected bytes (an int or a string such as \"500GiB\"), got " + python_type(v));
+  }
+  out = parse_bytes(nb::cast<std::string>(v), field);
 }
 #define KVOFFLOAD_READ_ENUM(Type, parse)                                    \
   void read(nb::handle o, const char* n, Type& out, const std::string& w) { \
@@ -116,7 +169,7 @@ SchedulerConfig scheduler_config_from_py(nb::handle obj) {
   KVOFFLOAD_MANAGER_CONFIG_FIELDS(KVOFFLOAD_READ)
 #undef KVOFFLOAD_READ
   std::size_t g = 0;
-  for (nb::handle group : obj.attr("groups")) {
+  for (nb::handle group : items_of(obj, "groups", what)) {
     GroupConfig gc;
     const std::string gw = "groups[" + std::to_string(g++) + "]";
 #define KVOFFLOAD_READ(name) read(group, #name, gc.name, gw);
@@ -125,13 +178,13 @@ SchedulerConfig scheduler_config_from_py(nb::handle obj) {
     c.groups.push_back(gc);
   }
   std::size_t t = 0;
-  for (nb::handle tier : obj.attr("tiers")) {
+  for (nb::handle tier : items_of(obj, "tiers", what)) {
     TierConfig tc;
     const std::string tw = "tiers[" + std::to_string(t++) + "]";
 #define KVOFFLOAD_READ(name) read(tier, #name, tc.name, tw);
     KVOFFLOAD_TIER_CONFIG_FIELDS(KVOFFLOAD_READ)
 #undef KVOFFLOAD_READ
-    nb::object store = tier.attr("store");
+    nb::object store = field_of(tier, "store", tw);
     if (!store.is_none()) tc.store = store_from_py(store, tw + ".store");
     c.tiers.push_back(std::move(tc));
   }
@@ -144,24 +197,42 @@ WorkerConfig worker_config_from_py(nb::handle obj) {
 #define KVOFFLOAD_READ(name) read(obj, #name, c.name, what);
   KVOFFLOAD_WORKER_CONFIG_FIELDS(KVOFFLOAD_READ)
 #undef KVOFFLOAD_READ
-  for (nb::handle t : obj.attr("tensors")) {
-    c.tensors.push_back({nb::cast<std::uintptr_t>(t.attr("base")),
-                         nb::cast<std::int64_t>(t.attr("num_blocks")),
-                         nb::cast<std::int64_t>(t.attr("page_bytes")),
-                         nb::cast<std::int64_t>(t.attr("block_stride_bytes"))});
+  std::size_t i = 0;
+  for (nb::handle t : items_of(obj, "tensors", what)) {
+    const std::string tw = "tensors[" + std::to_string(i++) + "]";
+    c.tensors.push_back({attr_as<std::uintptr_t>(t, "base", tw),
+                         attr_as<std::int64_t>(t, "num_blocks", tw),
+                         attr_as<std::int64_t>(t, "page_bytes", tw),
+                         attr_as<std::int64_t>(t, "block_stride_bytes", tw)});
   }
-  for (nb::handle g : obj.attr("groups")) {
+  std::size_t g = 0;
+  for (nb::handle group : items_of(obj, "groups", what)) {
+    const std::string gw = "groups[" + std::to_string(g++) + "]";
+    if (!nb::isinstance<nb::list>(group) && !nb::isinstance<nb::tuple>(group)) {
+      throw invalid_argument(gw + ": expected a list of (tensor, page bytes), got " +
+                             python_type(group));
+    }
     std::vector<GroupTensor> gt;
-    for (nb::handle pair : g) {
-      gt.push_back({nb::cast<std::int32_t>(pair[0]), nb::cast<std::int64_t>(pair[1])});
+    for (nb::handle pair : group) {
+      if (!nb::isinstance<nb::tuple>(pair) && !nb::isinstance<nb::list>(pair)) {
+        throw invalid_argument(gw + ": expected (tensor, page bytes) pairs, got " +
+                               python_type(pair));
+      }
+      if (nb::len(pair) != 2) {
+        throw invalid_argument(gw + ": expected (tensor, page bytes) pairs, got " +
+                               std::to_string(nb::len(pair)) + " items");
+      }
+      gt.push_back({value_as<std::int32_t>(pair[0], gw + " tensor"),
+                    value_as<std::int64_t>(pair[1], gw + " page bytes")});
     }
     c.groups.push_back(std::move(gt));
   }
   // Python resolves the stream object to its handle (kvoffload.stream_handle) first.
-  nb::object stream = obj.attr("compute_stream");
-  if (!stream.is_none()) c.compute_stream = nb::cast<std::uintptr_t>(stream);
+  nb::object stream = field_of(obj, "compute_stream", what);
+  if (!stream.is_none())
+    c.compute_stream = value_as<std::uintptr_t>(stream, what + ".compute_stream");
   std::size_t t = 0;
-  for (nb::handle store : obj.attr("tiers")) {
+  for (nb::handle store : items_of(obj, "tiers", what)) {
     c.tiers.push_back(store_from_py(store, "tiers[" + std::to_string(t++) + "]"));
   }
   return c;
@@ -213,6 +284,14 @@ nb::dict config_defaults() {
 void bind_config(nb::module_& m) {
   m.def("_config_defaults", &config_defaults,
         "Every config's C++ defaults by field, for the test that keeps the dataclasses equal.");
+  m.def(
+      "_check_derivation",
+      [](nb::handle scheduler, nb::handle worker) {
+        (void)derive_worker_config(scheduler_config_from_py(scheduler),
+                                   worker_config_from_py(worker));
+      },
+      "kvoffload::derive_worker_config's checks (the config valid, a store per tier, as many "
+      "groups), for kvoffload.derive_worker_config.");
 }
 
 }  // namespace kvoffload::python

@@ -60,6 +60,12 @@ void bind_worker(nb::module_& m) {
             return d;
           },
           "The CUDA backend's counts of the modes its jobs used; None for the host backend.")
+      .def(
+          "check_matches",
+          [](const Worker& w, nb::handle scheduler) {
+            w.check_matches(scheduler_config_from_py(scheduler));
+          },
+          "scheduler"_a)
       .def("submit", &Worker::submit, "job"_a)
       .def("submit_tier", &Worker::submit_tier, "job"_a)
       .def("clear_tiers", &Worker::clear_tiers)

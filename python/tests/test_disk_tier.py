@@ -21,7 +21,7 @@ def engine(tmp_path, gpu):
                             block_size_factor=F, tiers=[kv.TierConfig(blocks=1, store=store)])
     w = kv.Worker(kv.derive_worker_config(sc, kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]],
                                                               threads=1)))
-    assert (w.config.host_blocks, w.config.block_size_factor) == (8, F)
+    assert w.num_host_blocks == 8  # the pool the C++ worker allocated, from the description
     sc.tiers[0].blocks = w.tier_slots()
     s = kv.Scheduler(sc)
     restored = s.restore_tier(0, w.tier_scan())
@@ -100,7 +100,7 @@ def test_bad_disk_tier_configs_name_the_field(tmp_path):
                                          tiers=[store]))
     with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.capacity_bytes"):
         worker(kv.DiskTierConfig(path=str(tmp_path), capacity_bytes="lots"))
-    with pytest.raises(kv.InvalidArgument, match="not positive"):
+    with pytest.raises(kv.InvalidArgument, match="0 is not a positive size"):
         worker(kv.DiskTierConfig(path=str(tmp_path), capacity_bytes=0))
     with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.io"):
         worker(kv.DiskTierConfig(str(tmp_path), 1 << 20, io="mmap"))

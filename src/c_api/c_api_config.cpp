@@ -91,6 +91,12 @@ TierConfig from_c(const kvoffload_tier_config_t& c, std::string_view fn, const s
     throw invalid_argument(
         fmt::format("{}: {}.disk is set but the medium is {}", fn, what, to_string(out.medium)));
   }
+  if (out.medium == Medium::shared && shared == nullptr) {
+    throw invalid_argument(fmt::format(
+        "{}: {}.shared is NULL: a shared tier needs its cluster (the scheduler's existence "
+        "checks ask it, the workers read and write it)",
+        fn, what));
+  }
   if (shared != nullptr) out.store = from_c(*shared, fn, what + ".shared");
   if (disk != nullptr) out.store = from_c(*disk, fn, what + ".disk");
   return out;
@@ -135,6 +141,14 @@ SchedulerConfig from_c(const kvoffload_scheduler_config_t& c, std::string_view f
 #undef KVOFFLOAD_FROM_C
   if (c.struct_size >= sizeof(kvoffload_scheduler_config_t)) {
     require_array(c.tiers, c.num_tiers, fn, what + "->tiers");
+    // An array is read with this header's stride: an older, shorter element would put
+    // tiers[1] at the wrong address, so only a single tier may be of an older size.
+    if (c.num_tiers > 1 && c.tiers[0].struct_size != sizeof(kvoffload_tier_config_t)) {
+      throw invalid_argument(fmt::format(
+          "{}: {}->tiers[0].struct_size is {}, but an array of tiers needs this library's size "
+          "{} (initialize each with KVOFFLOAD_TIER_CONFIG_INIT)",
+          fn, what, c.tiers[0].struct_size, sizeof(kvoffload_tier_config_t)));
+    }
     for (std::size_t t = 0; t < c.num_tiers; ++t) {
       s.tiers.push_back(from_c(c.tiers[t], fn, fmt::format("{}->tiers[{}]", what, t)));
     }

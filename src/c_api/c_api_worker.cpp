@@ -63,10 +63,15 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     *worker = nullptr;
     require(config, fn, "config");
     const kvoffload_worker_config_t& c = *config;
-    // Structs from before the compute-stream fields are accepted; those fields then default.
-    constexpr std::size_t v1_size = offsetof(kvoffload_worker_config_t, has_compute_stream);
-    require_struct_size(c.struct_size, v1_size, fn, "config", "KVOFFLOAD_WORKER_CONFIG_INIT");
-    const bool has_v2 = c.struct_size >= sizeof(kvoffload_worker_config_t);
+    // 0.3 moved fields (the scheduler pointer replaced 0.2's factor, pool size and tier
+    // arrays): a struct of any other size is from another header, and reading it would read
+    // its fields at the wrong offsets.
+    if (c.struct_size != sizeof(kvoffload_worker_config_t)) {
+      throw invalid_argument(fmt::format(
+          "{}: config->struct_size is {}, but this library's kvoffload_worker_config_t is {} "
+          "bytes: rebuild against its header and initialize with KVOFFLOAD_WORKER_CONFIG_INIT",
+          fn, c.struct_size, sizeof(kvoffload_worker_config_t)));
+    }
     require(c.scheduler, fn, "config->scheduler");
     const SchedulerConfig description = from_c(*c.scheduler, fn, "config->scheduler");
     for (std::size_t t = 0; t < description.tiers.size(); ++t) {
@@ -94,10 +99,9 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     wc.threads = c.threads;
     wc.cuda_device = c.cuda_device;
     wc.defer_stores = c.defer_stores != 0;
-    if (has_v2) {
-      if (c.has_compute_stream != 0) wc.compute_stream = c.compute_stream;
-      wc.loads_wait_for_compute = c.loads_wait_for_compute != 0;
-    }
+    if (c.has_compute_stream != 0) wc.compute_stream = c.compute_stream;
+    wc.loads_wait_for_compute = c.loads_wait_for_compute != 0;
+    wc.tp_rank = c.tp_rank;
     switch (raw_enum(c.backend)) {
       case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
       case KVOFFLOAD_BACKEND_CUDA: wc.backend = BackendKind::cuda; break;

@@ -115,7 +115,9 @@ WorkerConfig derive_worker_config(const SchedulerConfig& scheduler, WorkerConfig
                       "tiers[{}].store: a worker needs the tier's store (a DiskTierConfig or a "
                       "SharedTierConfig)",
                       t);
-    worker.tiers.push_back(*scheduler.tiers[t].store);
+    TierStore store = *scheduler.tiers[t].store;
+    std::visit([&](auto& s) { s.tp_rank = worker.tp_rank; }, store);
+    worker.tiers.push_back(std::move(store));
   }
   return worker;
 }
@@ -159,14 +161,32 @@ void Worker::check_matches(const SchedulerConfig& config) const {
   KVOFFLOAD_EXPECTS(config.manager.host_blocks == num_host_blocks(),
                     "worker: host_blocks is {}, but the scheduler's is {}", num_host_blocks(),
                     config.manager.host_blocks);
+  KVOFFLOAD_EXPECTS(config.groups.size() == layout_->num_groups(),
+                    "worker: {} group(s), but the scheduler has {}", layout_->num_groups(),
+                    config.groups.size());
   const std::span<const TierConfig> scheduler_tiers = config.tiers;
   KVOFFLOAD_EXPECTS(scheduler_tiers.size() == tiers_.size(),
                     "worker: {} tier(s), but the scheduler has {}", tiers_.size(),
                     scheduler_tiers.size());
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
-    KVOFFLOAD_EXPECTS(scheduler_tiers[t].medium == tiers_[t]->medium(),
+    const TierConfig& want = scheduler_tiers[t];
+    KVOFFLOAD_EXPECTS(want.medium == tiers_[t]->medium(),
                       "worker: tier {} is a {} tier, but the scheduler's tier {} is {}", t,
-                      to_string(tiers_[t]->medium()), t, to_string(scheduler_tiers[t].medium));
+                      to_string(tiers_[t]->medium()), t, to_string(want.medium));
+    if (want.medium == Medium::disk) {
+      // The scheduler hands out slots below its blocks: each must exist here.
+      KVOFFLOAD_EXPECTS(want.blocks <= tiers_[t]->num_slots(),
+                        "worker: tier {} has {} slot(s), but the scheduler's tier {} has {} blocks",
+                        t, tiers_[t]->num_slots(), t, want.blocks);
+    } else if (want.store) {
+      // The scheduler's presence checks ask the namespace its store names.
+      const auto& s = std::get<SharedTierConfig>(*want.store);
+      const std::string ns = shared_namespace(s.name, s.tp_size, config.block_size_factor);
+      KVOFFLOAD_EXPECTS(ns == shared_tier(t).key_namespace(),
+                        "worker: tier {} writes namespace {}, but the scheduler's tier {} (name "
+                        "\"{}\", tp_size {}) checks namespace {}",
+                        t, shared_tier(t).key_namespace(), t, s.name, s.tp_size, ns);
+    }
   }
 }
 

@@ -454,12 +454,16 @@ TEST_CASE("A worker derived from the scheduler's config has its tiers, factor an
   CHECK_THROWS_WITH(derive_worker_config(sc, wc),
                     Catch::Matchers::ContainsSubstring("tiers[0].store: a worker needs"));
   sc.tiers[0].store = config_in(dir);
+  WorkerConfig rank1 = wc;
+  rank1.tp_rank = 1;  // each rank's worker from the one description: its stores run as rank 1
+  CHECK(std::get<DiskTierConfig>(derive_worker_config(sc, rank1).tiers[0]).tp_rank == 1);
   const WorkerConfig derived = derive_worker_config(sc, wc);
   CHECK(derived.block_size_factor == 2);
   CHECK(derived.host_blocks == 4);
   REQUIRE(derived.tiers.size() == 1);
   CHECK(medium_of(derived.tiers[0]) == Medium::disk);
   CHECK(std::get<DiskTierConfig>(derived.tiers[0]).path == dir.path.string());
+  CHECK(std::get<DiskTierConfig>(derived.tiers[0]).tp_rank == 0);
   WorkerConfig two_groups = wc;
   two_groups.groups.push_back({{0, 4096}});
   CHECK_THROWS_WITH(derive_worker_config(sc, two_groups),
@@ -480,6 +484,15 @@ TEST_CASE("A worker derived from the scheduler's config has its tiers, factor an
   other.manager.host_blocks = 8;
   CHECK_THROWS_WITH(w.check_matches(other), Catch::Matchers::ContainsSubstring(
                                                 "host_blocks is 4, but the scheduler's is 8"));
+  other = sc;
+  other.groups.push_back(sc.groups[0]);
+  CHECK_THROWS_WITH(w.check_matches(other),
+                    Catch::Matchers::ContainsSubstring("1 group(s), but the scheduler has 2"));
+  // More blocks than the worker has slots: the scheduler would hand out slots it lacks.
+  other = sc;
+  other.tiers[0].blocks = w.tier(0).num_slots() + 1;
+  CHECK_THROWS_WITH(w.check_matches(other),
+                    Catch::Matchers::ContainsSubstring("slot(s), but the scheduler's tier 0 has"));
   TierConfig shared;
   shared.medium = Medium::shared;
   shared.blocks = 8;
@@ -491,4 +504,16 @@ TEST_CASE("A worker derived from the scheduler's config has its tiers, factor an
   other.tiers = {sc.tiers[0], shared};
   CHECK_THROWS_WITH(w.check_matches(other),
                     Catch::Matchers::ContainsSubstring("1 tier(s), but the scheduler has 2"));
+
+  // A shared tier (it connects on first use: none here) writes the namespace of its store;
+  // a scheduler whose store names another would check keys nobody writes.
+  SchedulerConfig with_shared = sc;
+  shared.store = SharedTierConfig{.nodes = "127.0.0.1:1", .name = "model-a"};
+  with_shared.tiers.push_back(shared);
+  const Worker ws(derive_worker_config(with_shared, wc));
+  CHECK_NOTHROW(ws.check_matches(with_shared));
+  std::get<SharedTierConfig>(*with_shared.tiers[1].store).name = "model-b";
+  CHECK_THROWS_WITH(ws.check_matches(with_shared),
+                    Catch::Matchers::ContainsSubstring("tier 1 writes namespace") &&
+                        Catch::Matchers::ContainsSubstring("\"model-b\""));
 }

@@ -72,4 +72,5 @@
   X(cuda_device)                          \
   X(defer_stores)                         \
   X(loads_wait_for_compute)               \
-  X(copy_mode)
+  X(copy_mode)                            \
+  X(tp_rank)
