@@ -45,7 +45,8 @@ constexpr bool covers(std::size_t size, std::size_t offset, std::size_t n) noexc
   return size >= offset + n;
 }
 
-GroupKind to_kind(const kvoffload_group_kind_t& kind, std::string_view fn, std::size_t g) {
+GroupKind to_kind(const kvoffload_group_kind_t& kind, std::string_view fn, const std::string& what,
+                  std::size_t g) {
   const int k = raw_enum(kind);
   switch (k) {
     case KVOFFLOAD_FULL_ATTENTION: return GroupKind::full_attention;
@@ -53,8 +54,9 @@ GroupKind to_kind(const kvoffload_group_kind_t& kind, std::string_view fn, std::
     case KVOFFLOAD_MAMBA: return GroupKind::mamba;
     default: break;
   }
-  throw invalid_argument(fmt::format(
-      "{}: groups[{}].kind is {} (0 full attention, 1 sliding window, 2 mamba)", fn, g, k));
+  throw invalid_argument(
+      fmt::format("{}: {}->groups[{}].kind is {} (0 full attention, 1 sliding window, 2 mamba)", fn,
+                  what, g, k));
 }
 
 DiskTierConfig from_c(const kvoffload_disk_tier_config_t& c, std::string_view fn,
@@ -126,17 +128,17 @@ SchedulerConfig from_c(const kvoffload_scheduler_config_t& c, std::string_view f
   require_array(c.groups, c.num_groups, fn, what + "->groups");
   SchedulerConfig s;
   for (std::size_t g = 0; g < c.num_groups; ++g) {
-    s.groups.push_back(
-        {to_kind(c.groups[g].kind, fn, g), c.groups[g].gpu_block_size, c.groups[g].sliding_window});
+    s.groups.push_back({to_kind(c.groups[g].kind, fn, what, g), c.groups[g].gpu_block_size,
+                        c.groups[g].sliding_window});
   }
 #define KVOFFLOAD_FROM_C(name)                                                            \
   if (covers(c.struct_size, offsetof(kvoffload_scheduler_config_t, name), sizeof c.name)) \
-    convert(c.name, s.name, #name);
+    convert(c.name, s.name, what + "->" #name);
   KVOFFLOAD_SCHEDULER_CONFIG_FIELDS(KVOFFLOAD_FROM_C)
 #undef KVOFFLOAD_FROM_C
 #define KVOFFLOAD_FROM_C(name)                                                            \
   if (covers(c.struct_size, offsetof(kvoffload_scheduler_config_t, name), sizeof c.name)) \
-    convert(c.name, s.manager.name, #name);
+    convert(c.name, s.manager.name, what + "->" #name);
   KVOFFLOAD_MANAGER_CONFIG_FIELDS(KVOFFLOAD_FROM_C)
 #undef KVOFFLOAD_FROM_C
   if (c.struct_size >= sizeof(kvoffload_scheduler_config_t)) {
