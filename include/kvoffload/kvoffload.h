@@ -9,7 +9,8 @@
  *    thread's message, which names the request, job, group or field.
  *  - Configuration structs start with `struct_size`, set by their *_INIT macro: a library
  *    built with a newer header accepts older structs (fields past struct_size take their
- *    defaults), so set fields by name after initializing with the macro.
+ *    defaults), except where a struct says otherwise (the worker config, since 0.3), so set
+ *    fields by name after initializing with the macro.
  *  - Arrays returned by the library stay valid until the documented call that replaces them
  *    (usually the next call of the same function, or the handle's destruction).
  *  - Threads: a scheduler handle is used by one thread at a time; a worker handle may be used

@@ -47,18 +47,19 @@ struct WorkerConfig {
   /// The tiers' stores, in the order of SchedulerConfig::tiers (a tier job names its tier by
   /// index): disk tiers are opened and scanned here, shared tiers connect on first use.
   std::vector<TierStore> tiers;
-  /// This worker's tensor-parallel rank: derive_worker_config gives it to every tier's store
-  /// (the one description holds the tiers for all ranks).
+  /// This worker's tensor-parallel rank, given to every tier's store (the one description
+  /// holds the tiers for all ranks). 0: each store's own tp_rank; otherwise a store's tp_rank
+  /// must be 0 or this (a conflict is refused: ranks would share slots or keys).
   int tp_rank = 0;
 };
 
 /// A worker's configuration with what it shares with its scheduler taken from the
 /// scheduler's: block_size_factor, host_blocks (the manager's) and the tiers' stores, in
-/// order, each store's tp_rank set to worker.tp_rank. The rest (tensors, groups, backend...)
-/// comes from `worker`, whose groups must be as many as the scheduler's. Give the model's
-/// geometry and tiers once, in the SchedulerConfig, and derive the worker's from it (in
-/// another process, from an equal SchedulerConfig). Throws invalid_argument naming the field
-/// for a bad scheduler config or a tier without a store.
+/// order, each store's tp_rank set to worker.tp_rank (WorkerConfig::tp_rank's rule). The rest
+/// (tensors, groups, backend...) comes from `worker`, whose groups must be as many as the
+/// scheduler's. Give the model's geometry and tiers once, in the SchedulerConfig, and derive the
+/// worker's from it (in another process, from an equal SchedulerConfig). Throws invalid_argument
+/// naming the field for a bad scheduler config or a tier without a store.
 KVOFFLOAD_EXPORT WorkerConfig derive_worker_config(const SchedulerConfig& scheduler,
                                                    WorkerConfig worker);
 

@@ -369,7 +369,9 @@ class WorkerConfig:
     # The tiers' stores in the scheduler's tiers' order: derive_worker_config fills them (and
     # host_blocks and block_size_factor) from the scheduler's config.
     tiers: List[Union[DiskTierConfig, SharedTierConfig]] = field(default_factory=list)
-    tp_rank: int = 0  # this worker's rank: derive_worker_config gives it to the tiers' stores
+    # This worker's rank, given to the tiers' stores (0: each store's own; else a store's must
+    # be 0 or this one).
+    tp_rank: int = 0
 
 
 def derive_worker_config(scheduler: SchedulerConfig, worker: WorkerConfig) -> WorkerConfig:
@@ -379,9 +381,11 @@ def derive_worker_config(scheduler: SchedulerConfig, worker: WorkerConfig) -> Wo
     as rank ``worker.tp_rank``. Describe the model's geometry and the tiers once, in the
     SchedulerConfig."""
     _check_derivation(scheduler, dataclasses.replace(worker, compute_stream=None))
+    # The stores as the description has them: the Worker gives them worker.tp_rank (a store's
+    # own rank must be 0 or that one).
     return dataclasses.replace(
         worker, block_size_factor=scheduler.block_size_factor, host_blocks=scheduler.host_blocks,
-        tiers=[dataclasses.replace(t.store, tp_rank=worker.tp_rank) for t in scheduler.tiers])
+        tiers=[t.store for t in scheduler.tiers])
 
 
 @dataclass(frozen=True)

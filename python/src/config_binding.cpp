@@ -106,6 +106,12 @@ void read(nb::handle o, const char* n, std::uint64_t& out, const std::string& w)
     return;
   }
   if (!nb::isinstance<nb::str>(v)) {
+    // numpy's integer scalars are ints too.
+    std::uint64_t bytes = 0;
+    if (nb::try_cast<std::uint64_t>(v, bytes, /*convert=*/true) && bytes > 0) {
+      out = bytes;
+      return;
+    }
     throw invalid_argument(
         field + ": expected bytes (an int or a string such as \"500GiB\"), got " + python_type(v));
   }

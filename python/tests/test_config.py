@@ -24,7 +24,11 @@ def test_derived_worker_takes_factor_pool_and_tiers_from_the_description(tmp_pat
     sc = scheduler_config(block_size_factor=2, tiers=[kv.TierConfig(blocks=1, store=store)])
     wc = kv.derive_worker_config(sc, worker_config(threads=1, tp_rank=1))
     assert (wc.block_size_factor, wc.host_blocks) == (2, 4)
-    assert wc.tiers[0].tp_rank == 1 and store.tp_rank == 0  # the description is not changed
+    assert wc.tp_rank == 1 and store.tp_rank == 0  # the description is not changed
+    conflicting = kv.DiskTierConfig(path=str(tmp_path), capacity_bytes="1MiB", tp_rank=2,
+                                    tp_size=4)
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.tp_rank is 2, but the worker's tp_rank is 1"):
+        kv.Worker(worker_config(host_blocks=4, tp_rank=1, tiers=[conflicting]))
     w = kv.Worker(wc)
     assert w.num_host_blocks == 4
     sc.tiers[0].blocks = w.tier_slots()
@@ -69,6 +73,8 @@ def test_numpy_scalars_and_large_byte_counts(tmp_path):
     store = kv.DiskTierConfig(path=str(tmp_path), capacity_bytes=2**64)
     with pytest.raises(kv.InvalidArgument, match=r"capacity_bytes: 18446744073709551616 is not a"):
         kv.Worker(worker_config(host_blocks=2, tiers=[store]))
+    store.capacity_bytes = np.uint64(2**20)  # a numpy int is an int
+    kv.Worker(worker_config(host_blocks=2, tiers=[store]))
     store.capacity_bytes = [1]
     with pytest.raises(kv.InvalidArgument, match=r"capacity_bytes: expected bytes"):
         kv.Worker(worker_config(host_blocks=2, tiers=[store]))

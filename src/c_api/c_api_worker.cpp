@@ -77,8 +77,8 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     for (std::size_t t = 0; t < description.tiers.size(); ++t) {
       if (!description.tiers[t].store) {
         throw invalid_argument(fmt::format(
-            "{}: config->scheduler->tiers[{}].{} is NULL: a worker runs the tier's store", fn, t,
-            description.tiers[t].medium == Medium::shared ? "shared" : "disk"));
+            "{}: config->scheduler->tiers[{}].disk is NULL: a worker runs the tier's store", fn,
+            t));
       }
     }
     require_array(c.tensors, c.num_tensors, fn, "config->tensors");

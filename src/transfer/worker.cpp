@@ -11,6 +11,21 @@
 namespace kvoffload {
 namespace {
 
+/// Store t as the worker of rank `rank` runs it. A store's own tp_rank of 0 means "the
+/// worker's"; any other must be the worker's, or ranks would share slots or keys silently.
+TierStore with_rank(TierStore store, int rank, std::size_t t) {
+  std::visit(
+      [&](auto& s) {
+        KVOFFLOAD_EXPECTS(s.tp_rank == 0 || rank == 0 || s.tp_rank == rank,
+                          "worker: tiers[{}].tp_rank is {}, but the worker's tp_rank is {} (give "
+                          "the rank once, as WorkerConfig::tp_rank)",
+                          t, s.tp_rank, rank);
+        if (rank != 0) s.tp_rank = rank;
+      },
+      store);
+  return store;
+}
+
 /// The pool's pinning and the host-side checks of the config, before anything is allocated.
 void check_config(const WorkerConfig& c) {
   KVOFFLOAD_EXPECTS(c.threads >= 0, "worker: threads is {} (0: all cores)", c.threads);
@@ -90,7 +105,8 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   engine_ = std::make_unique<TransferEngine>(*layout_, region, std::move(backend), ec);
   const std::string layout = layout_description();
   auto host_block_of = [this](HostBlockId id) { return host_block(id); };
-  for (const TierStore& store : c.tiers) {
+  for (std::size_t t = 0; t < c.tiers.size(); ++t) {
+    const TierStore store = with_rank(c.tiers[t], c.tp_rank, t);
     if (const auto* disk = std::get_if<DiskTierConfig>(&store)) {
       tiers_.push_back(
           std::make_unique<DiskTier>(*disk, layout, pool_->block_bytes(), host_block_of));
@@ -115,9 +131,7 @@ WorkerConfig derive_worker_config(const SchedulerConfig& scheduler, WorkerConfig
                       "tiers[{}].store: a worker needs the tier's store (a DiskTierConfig or a "
                       "SharedTierConfig)",
                       t);
-    TierStore store = *scheduler.tiers[t].store;
-    std::visit([&](auto& s) { s.tp_rank = worker.tp_rank; }, store);
-    worker.tiers.push_back(std::move(store));
+    worker.tiers.push_back(with_rank(*scheduler.tiers[t].store, worker.tp_rank, t));
   }
   return worker;
 }
@@ -155,6 +169,7 @@ const SharedTier& Worker::shared_tier(std::size_t t) const {
 }
 
 void Worker::check_matches(const SchedulerConfig& config) const {
+  config.validate();  // a store of the tier's medium, among the rest
   KVOFFLOAD_EXPECTS(config.block_size_factor == layout_->block_size_factor(),
                     "worker: block_size_factor is {}, but the scheduler's is {}",
                     layout_->block_size_factor(), config.block_size_factor);
@@ -178,9 +193,10 @@ void Worker::check_matches(const SchedulerConfig& config) const {
       KVOFFLOAD_EXPECTS(want.blocks <= tiers_[t]->num_slots(),
                         "worker: tier {} has {} slot(s), but the scheduler's tier {} has {} blocks",
                         t, tiers_[t]->num_slots(), t, want.blocks);
-    } else if (want.store) {
+    } else if (const auto* store =
+                   want.store ? std::get_if<SharedTierConfig>(&*want.store) : nullptr) {
       // The scheduler's presence checks ask the namespace its store names.
-      const auto& s = std::get<SharedTierConfig>(*want.store);
+      const SharedTierConfig& s = *store;
       const std::string ns = shared_namespace(s.name, s.tp_size, config.block_size_factor);
       KVOFFLOAD_EXPECTS(ns == shared_tier(t).key_namespace(),
                         "worker: tier {} writes namespace {}, but the scheduler's tier {} (name "

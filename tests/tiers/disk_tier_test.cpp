@@ -457,6 +457,12 @@ TEST_CASE("A worker derived from the scheduler's config has its tiers, factor an
   WorkerConfig rank1 = wc;
   rank1.tp_rank = 1;  // each rank's worker from the one description: its stores run as rank 1
   CHECK(std::get<DiskTierConfig>(derive_worker_config(sc, rank1).tiers[0]).tp_rank == 1);
+  // A store's own rank must agree: two ranks on one slot file would read each other's rows.
+  std::get<DiskTierConfig>(*sc.tiers[0].store).tp_rank = 2;
+  CHECK_THROWS_WITH(
+      derive_worker_config(sc, rank1),
+      Catch::Matchers::ContainsSubstring("tiers[0].tp_rank is 2, but the worker's tp_rank is 1"));
+  std::get<DiskTierConfig>(*sc.tiers[0].store).tp_rank = 0;
   const WorkerConfig derived = derive_worker_config(sc, wc);
   CHECK(derived.block_size_factor == 2);
   CHECK(derived.host_blocks == 4);
