@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -113,6 +114,23 @@ ClusterAddress owner(const std::string& nodes, const std::string& key) {
   return parse_cluster_nodes(o, "owner")[0];
 }
 
+/// The fleet secret the bench's tiers use: a random one in an environment variable of its
+/// own, set before any tier starts a thread (the values are deleted after each cell anyway).
+SharedTierConfig bench_config(const std::string& nodes, const std::string& name) {
+  static const bool set = [] {
+    std::random_device rd;
+    char secret[40];
+    std::snprintf(secret, sizeof(secret), "%08x%08x%08x%08x", rd(), rd(), rd(), rd());
+    return ::setenv("KVOFFLOAD_BENCH_SECRET", secret, 1) == 0;
+  }();
+  if (!set) throw error("shared bench: setenv(KVOFFLOAD_BENCH_SECRET) failed");
+  SharedTierConfig c;
+  c.nodes = nodes;
+  c.name = name;
+  c.secret_env = "KVOFFLOAD_BENCH_SECRET";
+  return c;
+}
+
 nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uint64_t total) {
   const std::vector<std::uint64_t> sizes =
       opt.quick ? std::vector<std::uint64_t>{256 << 10, 4 << 20}
@@ -139,9 +157,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
       std::vector<double> kw, kr, hw, hr, bw, br;
       ++salt;  // the cell's keys: each run rewrites them; deleted after the cell
       for (std::size_t r = 0; r < runs; ++r) {
-        SharedTierConfig c;
-        c.nodes = nodes;
-        c.name = "kvoffload-bench";
+        SharedTierConfig c = bench_config(nodes, "kvoffload-bench");
         c.in_flight = static_cast<int>(inflight);
         c.reply_timeout_ms = 10000;
         {
@@ -161,9 +177,9 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
         progress.step(format_bytes(bs) + " x" + std::to_string(inflight));
       }
       // Leave the cluster as it was (untimed): the cell's values, then the baseline's.
-      const std::string ns = shared_namespace("kvoffload-bench", 1, 1);
+      const SharedKeys keys(bench_config(nodes, "kvoffload-bench"), 1);
       std::vector<std::string> names;
-      for (std::int64_t i = 0; i < n; ++i) names.push_back(shared_key(ns, bench_key(i, salt), 0));
+      for (std::int64_t i = 0; i < n; ++i) names.push_back(keys.name(bench_key(i, salt), 0));
       names.push_back(tool_key);
       std::vector<ClusterCommand> unlink;
       for (const std::string& k : names) unlink.push_back({.key = k, .args = {"UNLINK", k}});
@@ -212,9 +228,7 @@ nlohmann::json latency(const Options& opt, const std::string& nodes) {
   for (std::int64_t i = 0; i < TierRig::kBlocks; ++i)
     prefix.push_back(bench_key(i + 1000, 99).hash);
   const auto make = [&] {  // each another engine: empty host cache, the same namespace
-    SharedTierConfig shared;
-    shared.nodes = nodes;
-    shared.name = name;
+    SharedTierConfig shared = bench_config(nodes, name);
     shared.in_flight = 16;
     TierConfig tc;
     tc.medium = Medium::shared;

@@ -14,6 +14,8 @@ nodes="$2"
 name="two-process-$$-$RANDOM"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
+# The fleet secret both processes hold (a file of mode 0600, as an operator would give it).
+(umask 077 && head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$work/secret")
 
 field() {  # field FILE REGEX: the first number captured by the regex's (group)
   sed -nE "s/.*$2.*/\\1/p" "$1" | head -1
@@ -22,6 +24,7 @@ run() {  # run LOG NAME ARGS...
   local log="$1" ns="$2"
   shift 2
   if ! timeout 300 "$demo" --steps 1500 --seed 11 --lockstep --shared "$nodes" --shared-name "$ns" \
+    --shared-secret-file "$work/secret" \
     "$@" > "$log" 2>&1; then
     echo "FAILED: kvoffload-demo $* exited non-zero:"
     cat "$log"
@@ -70,4 +73,35 @@ if [ "$shared2" -ge "$shared1" ]; then
     "the disk was not asked first, or the shared hits were not written to it"
   exit 1
 fi
+
+# Poisoning: a client that can write to the cluster but has no fleet secret changes one
+# payload byte of every value in the cluster (it cannot recompute the MAC). A second process
+# with a disk tier finds the keys, refuses every value (counted bad values), promotes none,
+# so none reaches its disk; its restart on that disk still loads only right bytes (every run
+# checks every loaded byte).
+run "$work/p1.log" "$name-poison"
+poison_written=$(field "$work/p1.log" "promoted into host memory .* ([0-9]+) written")
+[ "${poison_written:-0}" -gt 0 ] || { cat "$work/p1.log"; echo "FAILED: nothing written"; exit 1; }
+host="${nodes%:*}"
+masters=$(valkey-cli -h "$host" -p "${nodes##*:}" CLUSTER NODES | awk '/master/ {split($2, a, "[:@]"); print a[2]}')
+changed=0
+for port in $masters; do
+  keys=$(valkey-cli -h "$host" -p "$port" --scan --pattern 'kvo:*')
+  [ -n "$keys" ] || continue
+  n=$(printf '%s\n' "$keys" | wc -l)
+  # Byte 200 is in the payload (the header is 112 bytes); the value keeps its length.
+  printf '%s\n' "$keys" | sed 's/^/SETRANGE /; s/$/ 200 X/' | valkey-cli -h "$host" -p "$port" > /dev/null
+  changed=$((changed + n))
+done
+echo "a writer without the secret changed $changed values"
+[ "$changed" -ge "$poison_written" ] || { echo "FAILED: changed fewer values than written"; exit 1; }
+run "$work/p2.log" "$name-poison" --disk "$work/poison-disk" --shared-threshold 1000000000
+found=$(field "$work/p2.log" "existence checks found ([0-9]+) keys")
+promoted=$(field "$work/p2.log" "keys; ([0-9]+) blocks promoted")
+bad=$(field "$work/p2.log" "failed: ([0-9]+) bad values")
+echo "poisoned: $found keys found, $promoted promoted, $bad bad values"
+[ "${found:-0}" -gt 0 ] || { cat "$work/p2.log"; echo "FAILED: found no key"; exit 1; }
+[ "${bad:-0}" -gt 0 ] || { cat "$work/p2.log"; echo "FAILED: no value refused"; exit 1; }
+[ "${promoted:-1}" -eq 0 ] || { cat "$work/p2.log"; echo "FAILED: promoted forged values"; exit 1; }
+run "$work/p3.log" "$name-poison-gone" --disk "$work/poison-disk" --shared-threshold 1000000000
 echo "OK"

@@ -119,6 +119,12 @@ typedef struct kvoffload_shared_tier_config {
   int connect_timeout_ms;
   int reply_timeout_ms; /* for every reply */
   int in_flight;        /* blocks per pipelined batch */
+  /* The fleet secret (keys' names, values' MACs): a file holding it, else the environment
+   * variable secret_env names (NULL: KVOFFLOAD_SHARED_SECRET). Without one the tier refuses
+   * to start unless insecure is 1 (a public secret: no protection against other writers). */
+  const char* secret_file;
+  const char* secret_env;
+  int insecure;
 } kvoffload_shared_tier_config_t;
 /* kvoffload::SharedTierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SHARED_TIER_CONFIG_INIT                                     \
@@ -130,7 +136,10 @@ typedef struct kvoffload_shared_tier_config {
         1,                                  /* tp_size */                     \
         200,                                /* connect_timeout_ms */          \
         1000,                               /* reply_timeout_ms */            \
-        8                                   /* in_flight */                   \
+        8,                                  /* in_flight */                   \
+        NULL,                               /* secret_file: none */           \
+        NULL,                               /* secret_env: the default */     \
+        0                                   /* insecure: no */                \
   }
 
 /* A disk tier's store, as a worker runs it: its own rows, in files of its own rank

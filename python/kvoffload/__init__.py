@@ -100,6 +100,12 @@ class SharedTierConfig:
     connect_timeout_ms: int = 200
     reply_timeout_ms: int = 1000
     in_flight: int = 8  # blocks per pipelined batch
+    # The fleet secret (keys' names, values' MACs), the same for every engine of the fleet:
+    # a file holding it, else the environment variable secret_env names. Never the secret
+    # itself in a config. Without one the tier refuses to start unless insecure is True.
+    secret_file: str = ""
+    secret_env: str = "KVOFFLOAD_SHARED_SECRET"
+    insecure: bool = False
 
 
 @dataclass

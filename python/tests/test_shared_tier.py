@@ -31,10 +31,20 @@ def cluster(tmp_path_factory):
     subprocess.run([script, "stop"], env=env, check=True, timeout=60)
 
 
-def engine(gpu, nodes, name, store_threshold=0):
+@pytest.fixture(scope="module")
+def secret(tmp_path_factory):
+    """The fleet secret's file, mode 0600, as an operator would give it."""
+    path = tmp_path_factory.mktemp("secret") / "fleet"
+    path.write_bytes(os.urandom(32).hex().encode() + b"\n")
+    path.chmod(0o600)
+    return str(path)
+
+
+def engine(gpu, nodes, name, secret, store_threshold=0):
     """The shared tier described once: the scheduler's presence checks and the worker's store
     both come from the TierConfig's store."""
-    shared = kv.SharedTierConfig(nodes=nodes, name=name, reply_timeout_ms=2000)
+    shared = kv.SharedTierConfig(nodes=nodes, name=name, reply_timeout_ms=2000,
+                                 secret_file=secret)
     sc = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
                             block_size_factor=F,
                             tiers=[kv.TierConfig(blocks=1024, medium="shared", store=shared,
@@ -67,7 +77,7 @@ def lookup(s, w, request):
     raise AssertionError(f"lookup of {request} never answered")
 
 
-def test_engine_b_loads_what_engine_a_stored(cluster):
+def test_engine_b_loads_what_engine_a_stored(cluster, secret, tmp_path):
     name = f"pytest-{uuid.uuid4()}"
     rng = np.random.default_rng(5)
     h = block_hashes("shared", 4)
@@ -75,7 +85,7 @@ def test_engine_b_loads_what_engine_a_stored(cluster):
     gpu_a = np.zeros((32, PAGE), dtype=np.uint8)
     first = [1, 2, 3, 4]
     gpu_a[first] = rng.integers(0, 256, size=(4, PAGE), dtype=np.uint8)
-    s, w = engine(gpu_a, cluster, name)
+    s, w = engine(gpu_a, cluster, name, secret)
     s.update_request("a", 64, h)
     assert lookup(s, w, "a") == 0  # nobody has it: checked, then a miss
     s.on_allocated("a", [kv.AllocatedGroup([])], 0)
@@ -88,7 +98,7 @@ def test_engine_b_loads_what_engine_a_stored(cluster):
 
     # Engine B: another scheduler and worker, empty host cache, the same name.
     gpu_b = np.zeros((32, PAGE), dtype=np.uint8)
-    s2, w2 = engine(gpu_b, cluster, name, store_threshold=1_000_000)
+    s2, w2 = engine(gpu_b, cluster, name, secret, store_threshold=1_000_000)
     s2.update_request("b", 64, h)
     assert s2.lookup("b") is None  # the existence check is in flight
     hit = lookup(s2, w2, "b")
@@ -104,9 +114,42 @@ def test_engine_b_loads_what_engine_a_stored(cluster):
     assert w2.shared_tier_stats(0)["reads"] == 2
 
     # A third engine under another name finds nothing.
-    s3, w3 = engine(np.zeros((32, PAGE), dtype=np.uint8), cluster, name + "-other")
+    s3, w3 = engine(np.zeros((32, PAGE), dtype=np.uint8), cluster, name + "-other", secret)
     s3.update_request("c", 64, h)
     assert lookup(s3, w3, "c") == 0
+
+    # A fourth engine under the same name but another fleet secret finds nothing either: its
+    # keys' names are other ones, so it can neither read nor test A's blocks.
+    other = tmp_path / "other-secret"
+    other.write_text(os.urandom(32).hex())
+    other.chmod(0o600)
+    s4, w4 = engine(np.zeros((32, PAGE), dtype=np.uint8), cluster, name, str(other))
+    s4.update_request("d", 64, h)
+    assert lookup(s4, w4, "d") == 0
+    assert s4.tier_stats(0)["presence_hits"] == 0
+
+
+def test_shared_tier_needs_a_fleet_secret(tmp_path, monkeypatch):
+    """No secret: the tier refuses to start, naming the fields; a short one is refused too;
+    insecure=True runs without one."""
+    monkeypatch.delenv("KVOFFLOAD_SHARED_SECRET", raising=False)
+    gpu = np.zeros((4, PAGE), dtype=np.uint8)
+
+    def worker(**shared):
+        return kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
+                                         tiers=[kv.SharedTierConfig("127.0.0.1:1", "m",
+                                                                    **shared)]))
+    with pytest.raises(kv.InvalidArgument, match="no fleet secret.*secret_file"):
+        worker()
+    short = tmp_path / "short"
+    short.write_text("too short")
+    with pytest.raises(kv.InvalidArgument, match="is 9 bytes; at least 16"):
+        worker(secret_file=str(short))
+    with pytest.raises(kv.InvalidArgument, match="secret_file .*missing"):
+        worker(secret_file=str(tmp_path / "missing"))
+    monkeypatch.setenv("KVOFFLOAD_TEST_FLEET", "x" * 32)
+    assert worker(secret_env="KVOFFLOAD_TEST_FLEET").shared_tier_stats(0)["writes"] == 0
+    assert worker(insecure=True).shared_tier_stats(0)["writes"] == 0
 
 
 def test_bad_shared_tier_configs_name_the_field():

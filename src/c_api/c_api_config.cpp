@@ -2,7 +2,9 @@
 // each list of kvoffload/detail/config_fields.hpp (the C structs name their fields as C++
 // does). Converting starts nothing: services are started once a config is whole and valid.
 
+#include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <string>
 
 #include "c_api/c_api_common.hpp"
@@ -106,10 +108,14 @@ TierConfig from_c(const kvoffload_tier_config_t& c, std::string_view fn, const s
 
 }  // namespace
 
-SharedTierConfig from_c(const kvoffload_shared_tier_config_t& c, std::string_view fn,
+SharedTierConfig from_c(const kvoffload_shared_tier_config_t& given, std::string_view fn,
                         const std::string& what) {
-  require_struct_size(c.struct_size, sizeof(kvoffload_shared_tier_config_t), fn, what,
-                      "KVOFFLOAD_SHARED_TIER_CONFIG_INIT");
+  // Structs from before secret_file are accepted; the fields after their end take their
+  // defaults.
+  constexpr std::size_t v1_size = offsetof(kvoffload_shared_tier_config_t, secret_file);
+  require_struct_size(given.struct_size, v1_size, fn, what, "KVOFFLOAD_SHARED_TIER_CONFIG_INIT");
+  kvoffload_shared_tier_config_t c = KVOFFLOAD_SHARED_TIER_CONFIG_INIT;
+  std::memcpy(&c, &given, std::min(given.struct_size, sizeof(c)));
   require(c.nodes, fn, what + ".nodes");
   require(c.name, fn, what + ".name");
   SharedTierConfig out;

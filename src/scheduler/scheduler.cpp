@@ -10,6 +10,7 @@
 #include "common/expects.hpp"
 #include "common/logging.hpp"
 #include "kvoffload/detail/single_thread_guard.hpp"
+#include "kvoffload/tiers/shared_keys.hpp"
 #include "scheduler/scheduler_impl.hpp"
 
 namespace kvoffload {
@@ -37,6 +38,11 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg, SchedulerServices services)
     return layouts[a].window_blocks > layouts[b].window_blocks;
   });
   any_windowed = !windowed.empty();
+  // A shared tier keys blocks by hash across a fleet: a short hash lets whoever writes to it
+  // look for a colliding prompt.
+  for (const TierConfig& t : cfg.tiers) {
+    if (t.medium == Medium::shared) min_hash_bytes = shared_hash_min_bytes;
+  }
   // Up to 16 M blocks up front (128 MiB); a larger cache grows the table as ids appear.
   fence.reserve(static_cast<std::size_t>(std::min<std::int64_t>(cfg.gpu_blocks, 1 << 24)));
   store_scratch.first_candidate.resize(layouts.size());
@@ -350,10 +356,7 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
                     num_tokens);
   RequestState* found = impl_->requests.find(request_id);
   if (found == nullptr) {
-    for (std::size_t i = 0; i < block_hashes.size(); ++i) {
-      KVOFFLOAD_EXPECTS(block_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
-                        request_id, i);
-    }
+    impl_->check_new_hashes(request_id, block_hashes, 0);
     auto r = std::make_unique<RequestState>();
     r->id = std::string(request_id);
     r->groups.resize(impl_->layouts.size());
@@ -376,10 +379,7 @@ void Scheduler::extend_request(std::string_view request_id, std::int64_t num_tok
   KVOFFLOAD_EXPECTS(!r.finished, "request \"{}\" is finished and cannot be updated", r.id);
   KVOFFLOAD_EXPECTS(num_tokens >= 0, "request \"{}\": num_tokens is negative ({})", request_id,
                     num_tokens);
-  for (std::size_t i = 0; i < new_hashes.size(); ++i) {
-    KVOFFLOAD_EXPECTS(new_hashes[i].size() >= 1, "request \"{}\": block hash {} is empty",
-                      request_id, r.hashes.size() + i);
-  }
+  impl_->check_new_hashes(request_id, new_hashes, r.hashes.size());
   r.num_tokens = num_tokens;
   r.hashes.insert(r.hashes.end(), new_hashes.begin(), new_hashes.end());
 }

@@ -130,6 +130,10 @@ struct Scheduler::Impl {
   RequestState& find_record(std::string_view id, std::string_view op);
   RequestState& find_looked_up(std::string_view id, std::string_view op);
   void validate_hashes(const RequestState& r, std::span<const BlockHash> hashes) const;
+  /// Refuses an empty hash, or one shorter than shared_hash_min_bytes with a shared tier (a
+  /// fleet's writer could collide it); `first` is hashes[0]'s index in the request.
+  void check_new_hashes(std::string_view id, std::span<const BlockHash> hashes,
+                        std::size_t first) const;
   void validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                           std::int64_t num_external_tokens);
   /// Checks a whole step and fills `plan` for build_step.
@@ -223,6 +227,7 @@ struct Scheduler::Impl {
   }
 
   SchedulerConfig config;
+  std::size_t min_hash_bytes = 1;  // shared_hash_min_bytes with a shared tier
   std::vector<GroupLayout> layouts;
   std::vector<std::size_t> lookup_order;  // SEMANTICS 4.2
   bool any_windowed = false;

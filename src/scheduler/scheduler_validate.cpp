@@ -5,6 +5,7 @@
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
+#include "kvoffload/tiers/shared_keys.hpp"
 #include "scheduler/scheduler_impl.hpp"
 
 namespace kvoffload {
@@ -33,8 +34,18 @@ void Scheduler::Impl::validate_hashes(const RequestState& r,
                       "extend the previous one",
                       r.id, i, r.hashes[i].to_hex(), hashes[i].to_hex());
   }
-  for (std::size_t i = r.hashes.size(); i < hashes.size(); ++i) {
-    KVOFFLOAD_EXPECTS(hashes[i].size() >= 1, "request \"{}\": block hash {} is empty", r.id, i);
+  check_new_hashes(r.id, hashes.subspan(r.hashes.size()), r.hashes.size());
+}
+
+void Scheduler::Impl::check_new_hashes(std::string_view id, std::span<const BlockHash> hashes,
+                                       std::size_t first) const {
+  for (std::size_t i = 0; i < hashes.size(); ++i) {
+    KVOFFLOAD_EXPECTS(hashes[i].size() >= 1, "request \"{}\": block hash {} is empty", id,
+                      first + i);
+    KVOFFLOAD_EXPECTS(hashes[i].size() >= min_hash_bytes,
+                      "request \"{}\": block hash {} is {} bytes; with a shared tier they must "
+                      "be at least {} (a shorter one can be collided by another writer)",
+                      id, first + i, hashes[i].size(), min_hash_bytes);
   }
 }
 

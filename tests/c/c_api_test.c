@@ -60,7 +60,7 @@ static void lifecycle(void) {
   OK(kvoffload_scheduler_on_finished(s, "a"));
   OK(kvoffload_scheduler_take_events(s, &events, &n_events));
   CHECK(n_events == 1 && events[0].removed == 0 && events[0].num_keys == 2);
-  CHECK(events[0].keys[0].hash.size == 8 && events[0].keys[0].hash.bytes[0] == 2);
+  CHECK(events[0].keys[0].hash.size == 16 && events[0].keys[0].hash.bytes[0] == 2);
 
   /* Request b, same prompt: all 64 tokens hit (minus the last, recomputed) and are loaded into
    * other blocks. */

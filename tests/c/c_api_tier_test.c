@@ -241,6 +241,7 @@ void shared_tier_unreachable(void) {
 
   shared.nodes = "127.0.0.1:1";
   shared.name = "c-api-test";
+  shared.insecure = 1; /* no fleet secret in this test's environment: the public one */
   group.gpu_block_size = BLOCK_TOKENS;
   sc.groups = &group;
   sc.num_groups = 1;

@@ -93,6 +93,11 @@ TEST_CASE(
   CHECK(sh.connect_timeout_ms == shc.connect_timeout_ms);
   CHECK(sh.reply_timeout_ms == shc.reply_timeout_ms);
   CHECK(sh.in_flight == shc.in_flight);
+  CHECK(sh.secret_file == nullptr);
+  CHECK(shc.secret_file.empty());
+  CHECK(sh.secret_env == nullptr);  // NULL: the default name
+  CHECK(shc.secret_env == "KVOFFLOAD_SHARED_SECRET");
+  CHECK((sh.insecure != 0) == shc.insecure);
   const kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   CHECK(sc.tiers == nullptr);
   CHECK(sc.num_tiers == SchedulerConfig{}.tiers.size());

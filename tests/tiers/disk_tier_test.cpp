@@ -22,6 +22,7 @@
 #include "kvoffload/tiers/disk_tier.hpp"
 #include "kvoffload/worker.hpp"
 #include "sim/synthetic_engine.hpp"
+#include "support/shared_secret.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace kvoffload;
@@ -514,7 +515,7 @@ TEST_CASE("A worker derived from the scheduler's config has its tiers, factor an
   // A shared tier (it connects on first use: none here) writes the namespace of its store;
   // a scheduler whose store names another would check keys nobody writes.
   SchedulerConfig with_shared = sc;
-  shared.store = SharedTierConfig{.nodes = "127.0.0.1:1", .name = "model-a"};
+  shared.store = kvoffload::test::shared_store("127.0.0.1:1", "model-a");
   with_shared.tiers.push_back(shared);
   const Worker ws(derive_worker_config(with_shared, wc));
   CHECK_NOTHROW(ws.check_matches(with_shared));

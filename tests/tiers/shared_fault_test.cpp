@@ -13,6 +13,7 @@
 
 #include "sim/synthetic_engine.hpp"
 #include "support/cluster.hpp"
+#include "support/shared_secret.hpp"
 #include "support/temp_dir.hpp"
 
 namespace {
@@ -49,6 +50,7 @@ TEST_CASE("Shared tier: a master stopped, killed and restarted mid-run", "[clust
   c.seed = seed;
   c.shared_nodes = kvoffload::test::cluster_seed();
   c.shared_name = "fault-test-" + std::to_string(seed);
+  c.shared_secret_file = kvoffload::test::shared_secret_file();
   c.shared_reply_timeout_ms = 200;
   c.check_invariants = true;
   kvsim::SyntheticEngine e(c);

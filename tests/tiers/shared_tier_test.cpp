@@ -2,8 +2,13 @@
 // round-trip byte for byte; a value another client damaged, deleted or wrote for another
 // layout is a counted miss and its block is reported failed.
 
+#include <sys/stat.h>
+#include <unistd.h>
 #include <catch2/catch_test_macros.hpp>
+
+#include <catch2/matchers/catch_matchers_string.hpp>
 #include <cstring>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -12,6 +17,7 @@
 #include "kvoffload/tiers/shared_presence.hpp"
 #include "kvoffload/tiers/shared_tier.hpp"
 #include "support/cluster.hpp"
+#include "support/shared_secret.hpp"
 
 using namespace kvoffload;
 using kvoffload::test::cli;
@@ -33,12 +39,22 @@ struct Pool {
 };
 
 SharedTierConfig config(const std::string& name) {
-  SharedTierConfig c;
-  c.nodes = kvoffload::test::cluster_seed();
-  c.name = name;
+  SharedTierConfig c = kvoffload::test::shared_store(kvoffload::test::cluster_seed(), name);
   c.reply_timeout_ms = 500;
   return c;
 }
+
+/// A secret file of its own, for a second fleet.
+struct OtherSecret {
+  std::string path = "/tmp/kvoffload-test-other-secret-" + std::to_string(::getpid());
+  explicit OtherSecret(const std::string& secret) {
+    std::ofstream(path) << secret;
+    ::chmod(path.c_str(), 0600);
+  }
+  ~OtherSecret() { ::unlink(path.c_str()); }
+  OtherSecret(const OtherSecret&) = delete;
+  OtherSecret& operator=(const OtherSecret&) = delete;
+};
 
 Key key(std::uint64_t seed, std::uint32_t group = 0) {
   std::uint8_t b[16];
@@ -80,12 +96,65 @@ TEST_CASE("Shared keys: a namespace per name, tp size and factor, a key's ranks 
   // Key (h, g) with factor 2 (host block 1 of a prompt) and factor 4 (its host block 0) name
   // different tokens under the same hash: the factor must keep them apart.
   CHECK(ns != shared_namespace("m", 2, 2));
+  SharedTierConfig c = config("m");
+  c.tp_size = 2;
+  const SharedKeys keys(c, 4);
+  CHECK(keys.secure());
+  CHECK(keys.key_namespace() == ns);
   const Key k = key(5, 3);
-  const std::string r0 = shared_key(ns, k, 0), r1 = shared_key(ns, k, 1);
-  CHECK(r0 == "kvo:{" + ns + ":3:" + k.hash.to_hex() + "}:0");
-  CHECK(r0 != r1);
+  const std::string r0 = keys.name(k, 0), r1 = keys.name(k, 1);
+  // "kvo:{" 32 hex digits "}:" rank: nothing of the hash or the namespace shows.
+  CHECK(r0.size() == 5 + 32 + 3);
+  CHECK(r0.starts_with("kvo:{"));
+  CHECK(r0.ends_with("}:0"));
+  CHECK(r1.ends_with("}:1"));
+  CHECK(r0.find(k.hash.to_hex().substr(0, 8)) == std::string::npos);
+  CHECK(r0.find(ns) == std::string::npos);
+  CHECK(r0.substr(0, 37) == r1.substr(0, 37));
   CHECK(cluster_key_slot(r0) == cluster_key_slot(r1));
-  CHECK(shared_key(ns, key(5, 2), 0) != r0);
+  CHECK(keys.name(key(5, 2), 0) != r0);
+  CHECK(keys.name(key(6, 3), 0) != r0);
+  CHECK(SharedKeys(c, 4).name(k, 0) == r0);  // the same secret and config: the same names
+  CHECK(SharedKeys(c, 2).name(k, 0) != r0);
+  // Another secret: other names for the same key.
+  const OtherSecret other("another fleet's secret, 32 bytes");
+  c.secret_file = other.path;
+  CHECK(SharedKeys(c, 4).name(k, 0) != r0);
+}
+
+TEST_CASE("Shared keys: the secret comes from a file or the environment, or insecure is said",
+          "[shared_tier]") {
+  SharedTierConfig c;
+  c.nodes = "127.0.0.1:1";
+  c.name = "m";
+  c.secret_env = "KVOFFLOAD_TEST_SECRET_NOBODY_SETS";
+  CHECK_THROWS_WITH(SharedKeys(c, 1), Catch::Matchers::ContainsSubstring("no fleet secret") &&
+                                          Catch::Matchers::ContainsSubstring("insecure"));
+  c.insecure = true;
+  const SharedKeys insecure(c, 1);
+  CHECK_FALSE(insecure.secure());
+  const OtherSecret short_secret("fifteen bytes!!");
+  c.secret_file = short_secret.path;
+  CHECK_THROWS_WITH(SharedKeys(c, 1), Catch::Matchers::ContainsSubstring("15 bytes; at least 16"));
+  c.secret_file = "/nonexistent/secret";
+  CHECK_THROWS_WITH(SharedKeys(c, 1), Catch::Matchers::ContainsSubstring("/nonexistent/secret"));
+  // One trailing newline is not part of the secret: echo's file and printf's give one key.
+  const OtherSecret with_newline("sixteen bytes ok\n");
+  c.secret_file = with_newline.path;
+  const std::string a = SharedKeys(c, 1).name(key(1), 0);
+  {
+    const OtherSecret without("sixteen bytes ok");
+    c.secret_file = without.path;
+    CHECK(SharedKeys(c, 1).name(key(1), 0) == a);
+  }
+  // The environment: the variable secret_env names (insecure is not needed then).
+  c.secret_file.clear();
+  c.insecure = false;
+  c.secret_env = "PATH";  // set in every test environment, and long enough
+  REQUIRE(std::getenv("PATH") != nullptr);
+  REQUIRE(std::string(std::getenv("PATH")).size() >= 16);
+  CHECK(SharedKeys(c, 1).secure());
+  CHECK(SharedKeys(c, 1).name(key(1), 0) != insecure.name(key(1), 0));
 }
 
 TEST_CASE("Shared tier: bad configs are named", "[shared_tier]") {
@@ -119,7 +188,8 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   CHECK(tier.shared_stats().writes == 5);
 
   // Another client damages key 2 (garbage), flips one payload byte of key 3 and deletes key 4.
-  const auto name_of = [&](std::size_t i) { return shared_key(tier.key_namespace(), keys[i], 0); };
+  const SharedKeys names(config(name), 2);
+  const auto name_of = [&](std::size_t i) { return names.name(keys[i], 0); };
   REQUIRE(cli("-c SET '" + name_of(1) + "' garbage") == "OK");
   REQUIRE(cli("-c SETRANGE '" + name_of(2) + "' 1000 X") != "");
   REQUIRE(cli("-c DEL '" + name_of(3) + "'") == "1");
@@ -162,14 +232,19 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   CHECK_FALSE(run(factor4, job(6, JobKind::promote, {keys[0]}, {14})).ok);
   CHECK(factor4.shared_stats().read_misses == 1);
   CHECK(factor4.shared_stats().bad_values == 0);
-  // A value marked partly written (valid_from at header offset 72 not 0), its payload sum
-  // still right: refused, the tier holds whole blocks only (SEMANTICS 6.8).
-  REQUIRE(cli("-c SETRANGE '" + name_of(0) + "' 72 1") != "");
+  // A value marked partly written (valid_from at header offset 64 not 0): refused, the tier
+  // holds whole blocks only (SEMANTICS 6.8), and the MAC covers the header.
+  REQUIRE(cli("-c SETRANGE '" + name_of(0) + "' 64 1") != "");
   CHECK_FALSE(run(tier, job(7, JobKind::promote, {keys[0]}, {15})).ok);
   CHECK(tier.shared_stats().bad_values == 3);
   // Jobs with lists that do not match are refused before anything runs.
   CHECK_THROWS_AS(tier.submit(job(4, JobKind::promote, keys, {1})), invalid_argument);
   CHECK_THROWS_AS(tier.submit(job(5, JobKind::promote, {keys[0]}, {99})), invalid_argument);
+  // A hash shorter than 16 bytes is refused, naming the job and the block.
+  const std::uint8_t short_hash[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  CHECK_THROWS_WITH(tier.submit(job(8, JobKind::write,
+                                    {keys[0], Key{BlockHash::from_bytes(short_hash), 0}}, {0, 1})),
+                    Catch::Matchers::ContainsSubstring("tier job 8: block 1's hash is 8 bytes"));
 }
 
 TEST_CASE("Shared tier: an unreachable cluster fails blocks within the timeouts", "[cluster]") {
@@ -186,4 +261,72 @@ TEST_CASE("Shared tier: an unreachable cluster fails blocks within the timeouts"
   CHECK(tier.shared_stats().write_errors == 2);
   CHECK(tier.shared_stats().read_errors == 1);
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(3));
+}
+
+TEST_CASE("Shared tier: values forged or moved by a writer without the fleet secret are misses",
+          "[cluster]") {
+  const std::string name = "poison-" + std::to_string(std::random_device{}());
+  Pool pool(16);
+  std::mt19937_64 rng(7);
+  for (auto& b : pool.bytes) b = static_cast<std::byte>(rng());
+  const auto host = [&](HostBlockId id) { return pool.block(id); };
+  SharedTier tier(config(name), 1, "layout", kBlockBytes, host);
+  const std::vector<Key> keys = {key(11), key(12), key(13), key(14), key(15)};
+  REQUIRE(run(tier, job(1, JobKind::write, keys, {0, 1, 2, 3, 4})).ok);
+  const SharedKeys names(config(name), 1);
+
+  // A writer of another fleet (its own secret, the same name and layout) writes block 5's
+  // bytes for key 2: a well-formed value, its MAC under the wrong key. Same for the public
+  // insecure secret (block 6 for key 3).
+  const OtherSecret other("the secret of somebody else's fleet");
+  SharedTierConfig foreign = config(name);
+  foreign.secret_file = other.path;
+  SharedTier forger(foreign, 1, "layout", kBlockBytes, host);
+  REQUIRE(run(forger, job(2, JobKind::write, {keys[2]}, {5})).ok);
+  SharedTierConfig public_secret = config(name);
+  public_secret.secret_file.clear();
+  public_secret.secret_env.clear();
+  public_secret.insecure = true;
+  SharedTier insecure(public_secret, 1, "layout", kBlockBytes, host);
+  REQUIRE(run(insecure, job(3, JobKind::write, {keys[3]}, {6})).ok);
+
+  // What a plain client (GET and SET, no secret) does with them.
+  ClusterClient client(kvoffload::test::cluster_config());
+  const auto get = [&](const std::string& k) {
+    std::string value;
+    const ClusterCommand c{.key = k, .args = {"GET", k}};
+    client.run(std::span(&c, 1), [&](std::size_t, const ClusterReply& r) {
+      REQUIRE(r.kind == ClusterReplyKind::string);
+      value = r.text;
+    });
+    REQUIRE(value.size() == shared_value_header_bytes + kBlockBytes);
+    return value;
+  };
+  const auto set = [&](const std::string& k, const std::string& v) {
+    const ClusterCommand c{.key = k, .args = {"SET", k, v}};
+    client.run(std::span(&c, 1), [&](std::size_t, const ClusterReply& r) {
+      REQUIRE(r.kind == ClusterReplyKind::status);
+    });
+  };
+  // Key 0's valid value moved to key 1 (a replay of another prompt's KV).
+  set(names.name(keys[1], 0), get(names.name(keys[0], 0)));
+  // The forged values copied over the fleet's keys 2 and 3.
+  set(names.name(keys[2], 0), get(SharedKeys(foreign, 1).name(keys[2], 0)));
+  set(names.name(keys[3], 0), get(SharedKeys(public_secret, 1).name(keys[3], 0)));
+  // Key 4's payload changed, nothing recomputed (nothing can be without the secret).
+  std::string v4 = get(names.name(keys[4], 0));
+  v4[shared_value_header_bytes + 100] = static_cast<char>(v4[shared_value_header_bytes + 100] ^ 1);
+  set(names.name(keys[4], 0), v4);
+
+  const FinishedTierJob f = run(tier, job(4, JobKind::promote, keys, {8, 9, 10, 11, 12}));
+  CHECK_FALSE(f.ok);
+  CHECK(f.failed_blocks == 4);  // key 0 is still its own, and only it is a hit
+  CHECK(std::memcmp(pool.block(8).data(), pool.block(0).data(), kBlockBytes) == 0);
+  const SharedTierStats s = tier.shared_stats();
+  CHECK(s.reads == 1);
+  CHECK(s.bad_values == 4);
+  CHECK(s.read_misses == 0);
+  // The forgers' own tiers refuse the fleet's values too: no secret, no reads.
+  CHECK_FALSE(run(forger, job(5, JobKind::promote, {keys[0]}, {13})).ok);
+  CHECK(forger.shared_stats().reads == 0);
 }

@@ -19,6 +19,7 @@
 #include "kvoffload/tiers/shared_tier.hpp"
 #include "kvoffload/tiers/tier.hpp"
 #include "support/cluster.hpp"
+#include "support/shared_secret.hpp"
 #include "support/temp_dir.hpp"
 
 using namespace kvoffload;
@@ -227,9 +228,7 @@ TEST_CASE("Tier conformance: the disk tier, both I/O engines", "[tier][disk]") {
 TEST_CASE("Tier conformance: the shared tier on a Valkey cluster", "[cluster][tier]") {
   const std::string name = "conformance-" + std::to_string(std::random_device{}());
   const MakeTier make = [&](Pool& pool) -> std::unique_ptr<Tier> {
-    SharedTierConfig c;
-    c.nodes = kvoffload::test::cluster_seed();
-    c.name = name;
+    const SharedTierConfig c = kvoffload::test::shared_store(kvoffload::test::cluster_seed(), name);
     return std::make_unique<SharedTier>(c, 1, "layout", kBlockBytes,
                                         [&pool](HostBlockId id) { return pool.block(id); });
   };

@@ -53,6 +53,12 @@ int main(int argc, char** argv) {
   app.add_option("--shared-name", c.shared_name,
                  "the shared tier's namespace: runs share blocks only under the same name")
       ->capture_default_str();
+  app.add_option("--shared-secret-file", c.shared_secret_file,
+                 "a file holding the fleet secret (16 bytes or more; every engine of the fleet "
+                 "the same); without it, the environment variable KVOFFLOAD_SHARED_SECRET");
+  app.add_flag("--shared-insecure", c.shared_insecure,
+               "run the shared tier without a fleet secret (anyone who can write to the "
+               "cluster can forge values): for a trusted, private cluster only");
   app.add_option("--shared-threshold", c.shared_store_threshold,
                  "shared tier admission: write a block once it was looked up N times (0: "
                  "always; a huge N: read only)")

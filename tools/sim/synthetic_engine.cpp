@@ -97,6 +97,8 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
     SharedTierConfig shared;
     shared.nodes = c.shared_nodes;
     shared.name = c.shared_name;
+    shared.secret_file = c.shared_secret_file;
+    shared.insecure = c.shared_insecure;
     shared.reply_timeout_ms = c.shared_reply_timeout_ms;
     TierConfig tier;
     tier.medium = Medium::shared;

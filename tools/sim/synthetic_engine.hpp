@@ -91,6 +91,10 @@ struct SimConfig {
   std::string shared_name = "kvoffload-demo synthetic";
   std::int64_t shared_store_threshold = 0;  ///< admission (a huge value: read-only)
   int shared_reply_timeout_ms = 1000;
+  /// The fleet secret: a file holding it (empty: the environment's KVOFFLOAD_SHARED_SECRET);
+  /// insecure runs without one (a public secret, with a warning).
+  std::string shared_secret_file;
+  bool shared_insecure = false;
   /// Every job and every shared-tier existence check finishes in the step that started it
   /// (the engine waits for them): a run is then a function of its seed and the tiers'
   /// contents, not of timing, so two runs can be compared block for block (the two-process

@@ -60,7 +60,10 @@
   X(tp_size)                                   \
   X(connect_timeout_ms)                        \
   X(reply_timeout_ms)                          \
-  X(in_flight)
+  X(in_flight)                                 \
+  X(secret_file)                               \
+  X(secret_env)                                \
+  X(insecure)
 
 // WorkerConfig's scalars as the Python binding maps them (the C struct takes the factor and the
 // pool's size from its scheduler config and names its backend by number: it maps its own).

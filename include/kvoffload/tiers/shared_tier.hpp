@@ -4,8 +4,10 @@
 // scheduler's tier jobs (promote: GET values into host blocks; write: SET host blocks as values) on
 // one I/O thread with pipelined batches, and reports them finished. Every rank stores its own rows
 // under its own key; a key's ranks share a hash tag, so one EXISTS answers for all of them.
-// A value is a header (magic, version, layout digest, key, length, XXH3 of the payload) and one
-// host block row, written with one SET: a reader never sees a partial block. Anything wrong
+// A value is a header (magic, version, layout digest, key, length, rank) and one host block
+// row, written with one SET: a reader never sees a partial block. Keys' names and the values'
+// MACs (HMAC-SHA-256 over name, header and payload) are keyed by the fleet secret (SharedKeys):
+// a value a writer without it forged, or moved from another key, is refused. Anything wrong
 // with a value, or with the cluster, fails the block (a miss for the scheduler) and is counted.
 
 #include <cstdint>
@@ -21,30 +23,21 @@
 #include "kvoffload/export.hpp"
 #include "kvoffload/job.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
+#include "kvoffload/tiers/shared_keys.hpp"
 #include "kvoffload/tiers/tier.hpp"
 #include "kvoffload/tiers/tier_config.hpp"
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
 
-/// The keys' namespace: 16 hex digits of XXH3 of the name, tp_size and block_size_factor.
-/// The factor is in it because a key names the hash of a host block's last hash block: with
-/// factors 2 and 4, host block 1 of one and host block 0 of the other have the same key but
-/// hold different tokens, so engines with different factors must not share keys. Throws
-/// invalid_argument for a tp_size or factor below 1.
-KVOFFLOAD_EXPORT std::string shared_namespace(std::string_view name, int tp_size,
-                                              std::int64_t block_size_factor);
-/// The cluster key of `key`'s row of rank `rank`: "kvo:{<namespace>:<group>:<hash>}:<rank>"
-/// (the hash tag keeps a key's ranks in one slot).
-KVOFFLOAD_EXPORT std::string shared_key(std::string_view ns, const Key& key, int rank);
 /// The bytes before the payload in a value.
-inline constexpr std::size_t shared_value_header_bytes = 80;
+inline constexpr std::size_t shared_value_header_bytes = 112;
 
 /// A shared tier's counters (SharedTier::stats).
 struct SharedTierStats {
   std::uint64_t reads = 0;          ///< blocks promoted (read and verified)
   std::uint64_t read_misses = 0;    ///< GETs of keys the cluster did not have
-  std::uint64_t bad_values = 0;     ///< values refused: header, length or checksum mismatch
+  std::uint64_t bad_values = 0;     ///< values refused: header, length or MAC mismatch
   std::uint64_t read_errors = 0;    ///< GETs without a usable reply (node down, timeout...)
   std::uint64_t writes = 0;         ///< blocks written
   std::uint64_t write_errors = 0;   ///< SETs not acknowledged
@@ -73,7 +66,7 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   }
   [[nodiscard]] TierIoStats stats() const override;
   [[nodiscard]] SharedTierStats shared_stats() const;
-  [[nodiscard]] const std::string& key_namespace() const noexcept { return namespace_; }
+  [[nodiscard]] const std::string& key_namespace() const noexcept { return keys_->key_namespace(); }
   [[nodiscard]] std::uint64_t layout_digest() const noexcept { return digest_; }
 
  private:
@@ -82,7 +75,8 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   void clear_contents() override {}
   void run();
 
-  std::string namespace_;
+  std::unique_ptr<SharedKeys> keys_;   // the I/O thread's only (after construction)
+  std::unique_ptr<detail::Hmac> mac_;  // the I/O thread's only
   std::uint64_t digest_ = 0;
   int rank_ = 0;
   int in_flight_ = 8;

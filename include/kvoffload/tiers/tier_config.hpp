@@ -44,6 +44,15 @@ struct SharedTierConfig {
   int connect_timeout_ms = 200;
   int reply_timeout_ms = 1000;
   int in_flight = 8;  ///< blocks per pipelined batch
+  /// The fleet secret (SharedKeys: the keys' names and the values' MACs), every engine of the
+  /// fleet the same: a file holding it (one trailing newline is dropped), else the
+  /// environment variable secret_env names. At least 16 bytes (openssl rand -hex 32).
+  std::string secret_file;
+  std::string secret_env = "KVOFFLOAD_SHARED_SECRET";
+  /// Without a secret the tier refuses to start unless this is set: then keys and MACs use a
+  /// public one, which guards against accidents but not against anyone who can write to the
+  /// cluster or list its keys (a warning is logged).
+  bool insecure = false;
 };
 
 /// What a worker runs for one tier: a disk tier or a shared tier.

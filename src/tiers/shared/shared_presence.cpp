@@ -10,7 +10,7 @@
 
 #include "common/expects.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
-#include "kvoffload/tiers/shared_tier.hpp"
+#include "kvoffload/tiers/shared_keys.hpp"
 
 namespace kvoffload {
 
@@ -21,7 +21,7 @@ namespace {
 class ClusterPresence final : public PresenceCheck {
  public:
   ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor)
-      : namespace_(shared_namespace(c.name, c.tp_size, block_size_factor)), tp_size_(c.tp_size) {
+      : keys_(c, block_size_factor), tp_size_(c.tp_size) {
     ClusterClientConfig cc;
     cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
     cc.connect_timeout_ms = c.connect_timeout_ms;
@@ -75,7 +75,7 @@ class ClusterPresence final : public PresenceCheck {
         c.args.push_back("EXISTS");
         for (int rank = 0; rank < tp_size_; ++rank) {
           std::string& name = names[i * static_cast<std::size_t>(tp_size_) + rank];
-          name = shared_key(namespace_, check.second[i], rank);
+          name = keys_.name(check.second[i], rank);
           c.args.push_back(name);
         }
         c.key = c.args[1];
@@ -88,7 +88,7 @@ class ClusterPresence final : public PresenceCheck {
     }
   }
 
-  std::string namespace_;
+  SharedKeys keys_;  // the thread's only (after construction)
   int tp_size_ = 1;
   std::unique_ptr<ClusterClient> client_;
   std::mutex mutex_;

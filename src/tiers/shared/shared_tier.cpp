@@ -8,6 +8,7 @@
 #include <xxhash.h>
 
 #include "common/expects.hpp"
+#include "common/hmac.hpp"
 #include "common/logging.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
 #include "tiers/tier_queue.hpp"
@@ -17,13 +18,17 @@ namespace {
 
 // The value header, little-endian (what every supported host is):
 //   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 key hash bytes [32] |
-//   48 key hash size u32 | 52 group u32 | 56 payload length u64 | 64 XXH3 of the payload u64 |
-//   72 valid_from u32 (SEMANTICS 6.8: first written sub-block) | 76 zero u32
+//   48 key hash size u32 | 52 group u32 | 56 payload length u64 |
+//   64 valid_from u32 (SEMANTICS 6.8: first written sub-block) | 68 rank u32 | 72 zero u64 |
+//   80 MAC [32]: HMAC-SHA-256 under the fleet's value key (SharedKeys) of the key's name
+//      (u32 length, bytes), header bytes 0..80 and the payload.
 // Only whole blocks go below host memory (valid_from 0); a reader refuses any other value.
-// Version 2 added valid_from: values of version 1 predate the rule (some may be partly
-// written) and are refused as foreign.
+// Version 2 had an unkeyed checksum (anyone could recompute it) and version 1 no valid_from:
+// both live in other namespaces.
 constexpr std::uint32_t kMagic = 0x53564b4b;  // "KKVS"
-constexpr std::uint32_t kVersion = 2;
+constexpr std::uint32_t kVersion = 3;
+constexpr std::size_t kMacAt = 80;
+static_assert(kMacAt + detail::kMacBytes == shared_value_header_bytes);
 
 template <typename T>
 void put(std::byte* at, std::size_t off, T v) {
@@ -36,23 +41,19 @@ T get(const char* at, std::size_t off) {
   return v;
 }
 
+/// The value's MAC: its key's name, header bytes 0..kMacAt and the payload.
+detail::Mac value_mac(detail::Hmac& mac, std::string_view name, const std::byte* header,
+                      const std::byte* payload, std::size_t n) {
+  const auto length = static_cast<std::uint32_t>(name.size());
+  return mac.begin()
+      .update(std::as_bytes(std::span(&length, 1)))
+      .update(name)
+      .update(std::span(header, kMacAt))
+      .update(std::span(payload, n))
+      .finish();
+}
+
 }  // namespace
-
-// "v2": the value format of version 2 (valid_from). Values of version 1 live in another
-// namespace, so an engine of either version sees the other's values as absent (a plain miss)
-// rather than finding them and failing their promotion again at every request.
-std::string shared_namespace(std::string_view name, int tp_size, std::int64_t block_size_factor) {
-  KVOFFLOAD_EXPECTS(tp_size >= 1, "shared tier: tp_size must be >= 1, got {}", tp_size);
-  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
-                    block_size_factor);
-  const std::string text = fmt::format("kvoffload shared tier v2\nname={}\ntp={}\nfactor={}\n",
-                                       name, tp_size, block_size_factor);
-  return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
-}
-
-std::string shared_key(std::string_view ns, const Key& key, int rank) {
-  return fmt::format("kvo:{{{}:{}:{}}}:{}", ns, key.group, key.hash.to_hex(), rank);
-}
 
 SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor,
                        std::string_view layout, std::uint64_t payload_bytes,
@@ -74,10 +75,11 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
   cc.connect_timeout_ms = c.connect_timeout_ms;
   cc.reply_timeout_ms = c.reply_timeout_ms;
-  namespace_ = shared_namespace(c.name, c.tp_size, block_size_factor);  // checks the factor
+  keys_ = std::make_unique<SharedKeys>(c, block_size_factor);  // checks the factor, the secret
+  mac_ = keys_->value_mac();
   client_config_ = cc;
   client_ = std::make_unique<ClusterClient>(cc);
-  const std::string text = fmt::format("kvoffload shared tier v2\nname={}\ntp={}/{}\nlayout={}\n",
+  const std::string text = fmt::format("kvoffload shared tier v3\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());
   thread_ = std::thread([this] { run(); });
@@ -92,6 +94,11 @@ void SharedTier::check(const TierJob& job) const {
   KVOFFLOAD_EXPECTS(job.keys.size() == job.host_block_ids.size(),
                     "tier job {}: {} keys but {} host blocks", job.id, job.keys.size(),
                     job.host_block_ids.size());
+  for (std::size_t i = 0; i < job.keys.size(); ++i) {
+    KVOFFLOAD_EXPECTS(job.keys[i].hash.size() >= shared_hash_min_bytes,
+                      "tier job {}: block {}'s hash is {} bytes; a shared tier needs at least {}",
+                      job.id, i, job.keys[i].hash.size(), shared_hash_min_bytes);
+  }
   detail::check_host_blocks(job, host_block_);
 }
 
@@ -129,7 +136,7 @@ void SharedTier::run() {
         const TierJob& job = tasks[i].job->job;
         const std::size_t b = tasks[i].index;
         const Key& k = job.keys[b];
-        keys[i] = shared_key(namespace_, k, rank_);
+        keys[i] = keys_->name(k, rank_);
         if (job.kind == JobKind::promote) {
           // The payload goes straight into the host block; it counts only once verified (the
           // block is the promotion's alone, and a failed one is never a hit).
@@ -150,16 +157,18 @@ void SharedTier::run() {
         put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
         put<std::uint32_t>(h, 52, k.group);
         put<std::uint64_t>(h, 56, payload_bytes_);
-        put<std::uint32_t>(h, 72, 0);  // valid_from: the scheduler writes whole blocks only
+        put<std::uint32_t>(h, 64, 0);  // valid_from: the scheduler writes whole blocks only
+        put<std::uint32_t>(h, 68, static_cast<std::uint32_t>(rank_));
         commands[i] = ClusterCommand{
             .key = keys[i],
             .args = {"SET", keys[i]},
             .value = {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
                       std::string_view(reinterpret_cast<const char*>(payload.data()),
                                        payload_bytes_)},
-            // The checksum while the node stores the block before this one.
-            .before_send = [h, payload, n = payload_bytes_] {
-              put<std::uint64_t>(h, 64, XXH3_64bits(payload.data(), n));
+            // The MAC while the node stores the block before this one.
+            .before_send = [this, h, name = std::string_view(keys[i]), payload] {
+              const detail::Mac m = value_mac(*mac_, name, h, payload.data(), payload_bytes_);
+              std::memcpy(h + kMacAt, m.data(), m.size());
             }};
       }
       if (client_ == nullptr) client_ = std::make_unique<ClusterClient>(client_config_);
@@ -184,7 +193,7 @@ void SharedTier::run() {
           ++delta.read_errors;
           return;
         }
-        // A value of the right length arrived in place: its header, then the payload's sum.
+        // A value of the right length arrived in place: its header, then its MAC.
         const char* v = r.text.data();
         const std::byte* payload = commands[i].reply_into.data();
         const bool valid =
@@ -193,8 +202,12 @@ void SharedTier::run() {
             get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
             std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
             get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
-            get<std::uint32_t>(v, 72) == 0 && get<std::uint32_t>(v, 76) == 0 &&
-            get<std::uint64_t>(v, 64) == XXH3_64bits(payload, payload_bytes_);
+            get<std::uint32_t>(v, 64) == 0 &&
+            get<std::uint32_t>(v, 68) == static_cast<std::uint32_t>(rank_) &&
+            get<std::uint64_t>(v, 72) == 0 &&
+            detail::mac_equal(value_mac(*mac_, keys[i], reinterpret_cast<const std::byte*>(v),
+                                        payload, payload_bytes_),
+                              reinterpret_cast<const std::byte*>(v) + kMacAt);
         if (!valid) {
           ++delta.bad_values;
           return;

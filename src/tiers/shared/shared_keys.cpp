@@ -1,0 +1,120 @@
+#include "kvoffload/tiers/shared_keys.hpp"
+
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
+#include "common/expects.hpp"
+#include "common/hmac.hpp"
+#include "common/logging.hpp"
+
+namespace kvoffload {
+namespace {
+
+// What an engine configured insecure keys with: public, so it protects against accidents
+// (a value moved or damaged) but not against anyone who can write to the cluster.
+constexpr std::string_view kInsecureSecret = "kvoffload shared tier: insecure, no fleet secret";
+
+std::string read_secret_file(const std::string& path) {
+  struct stat st {};
+  KVOFFLOAD_EXPECTS(::stat(path.c_str(), &st) == 0, "shared tier: secret_file \"{}\": {}", path,
+                    std::strerror(errno));
+  KVOFFLOAD_EXPECTS(S_ISREG(st.st_mode), "shared tier: secret_file \"{}\" is not a regular file",
+                    path);
+  if ((st.st_mode & 077) != 0) {
+    detail::logger().warn(
+        "shared tier: secret_file \"{}\" can be read by others (mode {:o}); chmod 600 it", path,
+        st.st_mode & 0777);
+  }
+  std::ifstream in(path, std::ios::binary);
+  KVOFFLOAD_EXPECTS(in.good(), "shared tier: secret_file \"{}\" cannot be read", path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // One trailing newline (what `echo` and editors add) is not part of the secret.
+  if (text.ends_with('\n')) text.pop_back();
+  if (text.ends_with('\r')) text.pop_back();
+  return text;
+}
+
+std::string load_secret(const SharedTierConfig& c, bool& secure) {
+  secure = true;
+  std::string secret;
+  std::string from;
+  if (!c.secret_file.empty()) {
+    secret = read_secret_file(c.secret_file);
+    from = fmt::format("secret_file \"{}\"", c.secret_file);
+  } else if (const char* env = c.secret_env.empty() ? nullptr : std::getenv(c.secret_env.c_str());
+             env != nullptr && *env != '\0') {
+    secret = env;
+    from = fmt::format("environment variable {}", c.secret_env);
+  } else {
+    KVOFFLOAD_EXPECTS(c.insecure,
+                      "shared tier: no fleet secret: set secret_file, or the environment "
+                      "variable secret_env names (\"{}\"), or insecure = true for a cluster "
+                      "nobody else can write to",
+                      c.secret_env);
+    detail::logger().warn(
+        "shared tier: insecure: no fleet secret, so anyone who can write to the cluster can "
+        "forge values and anyone who can list its keys can test them");
+    secure = false;
+    return std::string(kInsecureSecret);
+  }
+  KVOFFLOAD_EXPECTS(secret.size() >= shared_secret_min_bytes,
+                    "shared tier: the fleet secret from {} is {} bytes; at least {} are needed "
+                    "(e.g. openssl rand -hex 32)",
+                    from, secret.size(), shared_secret_min_bytes);
+  return secret;
+}
+
+}  // namespace
+
+// "v3": the value format of version 3 (MACs). Other versions live in other namespaces, so an
+// engine of either version sees the other's values as absent (a plain miss) rather than
+// finding them and failing their promotion again at every request.
+std::string shared_namespace(std::string_view name, int tp_size, std::int64_t block_size_factor) {
+  KVOFFLOAD_EXPECTS(tp_size >= 1, "shared tier: tp_size must be >= 1, got {}", tp_size);
+  KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
+                    block_size_factor);
+  const std::string text = fmt::format("kvoffload shared tier v3\nname={}\ntp={}\nfactor={}\n",
+                                       name, tp_size, block_size_factor);
+  return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
+}
+
+SharedKeys::SharedKeys(const SharedTierConfig& c, std::int64_t block_size_factor)
+    : namespace_(shared_namespace(c.name, c.tp_size, block_size_factor)) {
+  std::string secret = load_secret(c, secure_);
+  const auto bytes = std::as_bytes(std::span(secret.data(), secret.size()));
+  mac_key_ = detail::derive_subkey(bytes, "kvoffload shared tier v3: value MACs");
+  const detail::Mac names_key = detail::derive_subkey(bytes, "kvoffload shared tier v3: key names");
+  names_ = std::make_unique<detail::Hmac>(names_key);
+  // The secret itself is not kept: only what was derived from it.
+  std::fill(secret.begin(), secret.end(), '\0');
+}
+
+SharedKeys::~SharedKeys() = default;
+
+std::string SharedKeys::name(const Key& key, int rank) const {
+  const std::uint32_t group = key.group;
+  const detail::Mac prf = names_->begin()
+                              .update(namespace_)
+                              .update(std::as_bytes(std::span(&group, 1)))
+                              .update(std::as_bytes(std::span(key.hash.data(), key.hash.size())))
+                              .finish();
+  std::string out = "kvo:{";
+  for (std::size_t i = 0; i < 16; ++i) fmt::format_to(std::back_inserter(out), "{:02x}", prf[i]);
+  fmt::format_to(std::back_inserter(out), "}}:{}", rank);
+  return out;
+}
+
+std::unique_ptr<detail::Hmac> SharedKeys::value_mac() const {
+  return std::make_unique<detail::Hmac>(mac_key_);
+}
+
+}  // namespace kvoffload
