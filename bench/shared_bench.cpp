@@ -179,7 +179,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
       // Leave the cluster as it was (untimed): the cell's values, then the baseline's.
       const SharedKeys keys(bench_config(nodes, "kvoffload-bench"), 1);
       std::vector<std::string> names;
-      for (std::int64_t i = 0; i < n; ++i) names.push_back(keys.name(bench_key(i, salt), 0));
+      for (std::int64_t i = 0; i < n; ++i) names.push_back(keys.name(bench_key(i, salt), 0, 0));
       names.push_back(tool_key);
       std::vector<ClusterCommand> unlink;
       for (const std::string& k : names) unlink.push_back({.key = k, .args = {"UNLINK", k}});

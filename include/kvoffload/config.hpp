@@ -76,10 +76,19 @@ struct KVOFFLOAD_EXPORT SchedulerConfig {
   ManagerConfig manager;
   /// Tiers below the host cache, nearest first. Empty: no tier, every behaviour as without.
   std::vector<TierConfig> tiers;
+  /// The model weights' identity (a checkpoint digest, a training step), engine-given: every
+  /// tier keys blocks by its epoch (weights_epoch), so blocks stored under other weights are
+  /// never found, and a disk tier restores only its own weights' slots after a restart.
+  /// Scheduler::reset_cache(weights) moves to new weights in the same call.
+  std::string weights;
 
   /// Throws invalid_argument naming the first bad field (e.g. "groups[1].sliding_window").
   void validate() const;
 };
+
+/// The epoch of a weights identity (SchedulerConfig::weights): a 64-bit digest that tier jobs
+/// carry (TierJob::epoch) and the tiers key their blocks by; 0 for no identity ("").
+KVOFFLOAD_EXPORT std::uint64_t weights_epoch(std::string_view weights) noexcept;
 
 /// Validates a manager configuration; throws invalid_argument naming the field.
 KVOFFLOAD_EXPORT void validate(const ManagerConfig& config);

@@ -41,6 +41,9 @@ struct TierJob {
   std::vector<Key> keys;
   std::vector<HostBlockId> host_block_ids;
   std::vector<std::int64_t> slots;  ///< the tier's slots: read from (promote) or written to (write)
+  /// The weights' epoch the scheduler stored and looks up under (weights_epoch): a tier
+  /// writes it with each block and finds a block only under the epoch it was written with.
+  std::uint64_t epoch = 0;
 };
 
 /// Checks the invariants SEMANTICS 6 states for every GPU spec: sum(group_sizes) ==

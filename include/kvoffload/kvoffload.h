@@ -227,6 +227,9 @@ typedef struct kvoffload_scheduler_config {
                                            host_blocks, at least 1024) */
   const kvoffload_tier_config_t* tiers; /* tiers below the host cache, nearest first */
   size_t num_tiers;
+  /* The model weights' identity (a checkpoint digest, a training step); NULL: none. Every tier
+   * keys blocks by it: blocks of other weights are never found, nor restored from disk. */
+  const char* weights;
 } kvoffload_scheduler_config_t;
 /* kvoffload::SchedulerConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SCHEDULER_CONFIG_INIT                                            \
@@ -246,7 +249,8 @@ typedef struct kvoffload_scheduler_config {
         1,                                /* enable_events */                      \
         0,                                /* threshold_tracker_keys: automatic */  \
         NULL,                             /* tiers: none */                        \
-        0                                 /* num_tiers */                          \
+        0,                                /* num_tiers */                          \
+        NULL                              /* weights: none */                      \
   }
 
 /* lookup's answer when keys are being stored or loaded right now: ask again later. */
@@ -294,6 +298,7 @@ typedef struct kvoffload_tier_job {
   const int32_t* host_block_ids;
   const int64_t* slots;
   size_t num_blocks;
+  uint64_t epoch; /* the weights' epoch it stores and finds blocks under: pass it on as is */
 } kvoffload_tier_job_t;
 
 typedef struct kvoffload_tier_stats {
@@ -383,7 +388,14 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_completed(
 /* Unknown or already finished requests are ignored. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_scheduler_t scheduler,
                                                                    const char* request_id);
+/* Drops the host cache and every tier's index; the tiers' blocks become unreachable at once
+ * (tier jobs and existence checks move to a new, random epoch). */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t scheduler);
+/* kvoffload_scheduler_reset_cache for new weights: blocks stored from now on are keyed by
+ * `weights` (not NULL), found by every engine that gives the same identity and restored
+ * from disk by a restart that does. */
+KVOFFLOAD_C_API kvoffload_status_t
+kvoffload_scheduler_reset_weights(kvoffload_scheduler_t scheduler, const char* weights);
 /* Events since the last call, oldest first; the array is valid until the next call. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_take_events(kvoffload_scheduler_t scheduler,
                                                                    const kvoffload_event_t** events,

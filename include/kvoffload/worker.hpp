@@ -47,6 +47,9 @@ struct WorkerConfig {
   /// The tiers' stores, in the order of SchedulerConfig::tiers (a tier job names its tier by
   /// index): disk tiers are opened and scanned here, shared tiers connect on first use.
   std::vector<TierStore> tiers;
+  /// The weights' identity (SchedulerConfig::weights; derive_worker_config copies it): a disk
+  /// tier's scan keeps only the slots written under its epoch.
+  std::string weights;
   /// This worker's tensor-parallel rank, given to every tier's store (the one description
   /// holds the tiers for all ranks). 0: each store's own tp_rank; otherwise a store's tp_rank
   /// must be 0 or this (a conflict is refused: ranks would share slots or keys).
@@ -54,7 +57,7 @@ struct WorkerConfig {
 };
 
 /// A worker's configuration with what it shares with its scheduler taken from the
-/// scheduler's: block_size_factor, host_blocks (the manager's) and the tiers' stores, in
+/// scheduler's: block_size_factor, host_blocks (the manager's), weights and the tiers' stores, in
 /// order, each store's tp_rank set to worker.tp_rank (WorkerConfig::tp_rank's rule). The rest
 /// (tensors, groups, backend...) comes from `worker`, whose groups must be as many as the
 /// scheduler's. Give the model's geometry and tiers once, in the SchedulerConfig, and derive the
@@ -135,6 +138,7 @@ class KVOFFLOAD_EXPORT Worker {
   std::unique_ptr<KvLayout> layout_;
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
+  std::string weights_;  // the weights its disk tiers restored (WorkerConfig::weights)
   std::vector<std::unique_ptr<Tier>> tiers_;  // destroyed first: they read the pool
 };
 

@@ -145,6 +145,9 @@ class SchedulerConfig:
     block_bytes: int = 0
     enable_events: bool = True
     tiers: List[TierConfig] = field(default_factory=list)  # below the host cache, nearest first
+    # The model weights' identity (a checkpoint digest, a training step): every tier keys
+    # blocks by it, so blocks of other weights are never found, nor restored from disk.
+    weights: str = ""
 
 
 @dataclass
@@ -241,8 +244,20 @@ class Scheduler:
     def on_finished(self, request_id: str) -> None:
         self._s.on_finished(request_id)
 
-    def reset_cache(self) -> None:
-        self._s.reset_cache()
+    def reset_cache(self, weights: Optional[str] = None) -> None:
+        """Drops the host cache and every tier's index; the tiers' blocks become unreachable
+        in the same call. ``weights``: the new weights' identity (blocks stored from now on
+        are found by engines, and disk restarts, that give the same); None: a new, random
+        epoch (nothing stored under it is restored after a restart)."""
+        if weights is None:
+            self._s.reset_cache()
+        else:
+            self._s.reset_weights(weights)
+
+    @property
+    def epoch(self) -> int:
+        """The weights' epoch tier jobs carry now (TierJob.epoch)."""
+        return self._s.epoch
 
     def take_events(self) -> List[Event]:
         return [Event(removed, keys, medium) for removed, keys, medium in self._s.take_events()]
@@ -378,20 +393,23 @@ class WorkerConfig:
     # This worker's rank, given to the tiers' stores (0: each store's own; else a store's must
     # be 0 or this one).
     tp_rank: int = 0
+    # The weights' identity (SchedulerConfig.weights; derive_worker_config copies it): a disk
+    # tier restores only the slots written under it.
+    weights: str = ""
 
 
 def derive_worker_config(scheduler: SchedulerConfig, worker: WorkerConfig) -> WorkerConfig:
     """``worker`` with what it shares with its scheduler taken from ``scheduler`` (C++'s
     kvoffload::derive_worker_config, whose checks run here: a valid config, a store for every
-    tier, as many groups): block_size_factor, host_blocks and the tiers' stores, in order, each
-    as rank ``worker.tp_rank``. Describe the model's geometry and the tiers once, in the
+    tier, as many groups): block_size_factor, host_blocks, weights and the tiers' stores, in
+    order, each as rank ``worker.tp_rank``. Describe the model's geometry and the tiers once, in the
     SchedulerConfig."""
     _check_derivation(scheduler, dataclasses.replace(worker, compute_stream=None))
     # The stores as the description has them: the Worker gives them worker.tp_rank (a store's
     # own rank must be 0 or that one).
     return dataclasses.replace(
         worker, block_size_factor=scheduler.block_size_factor, host_blocks=scheduler.host_blocks,
-        tiers=[t.store for t in scheduler.tiers])
+        tiers=[t.store for t in scheduler.tiers], weights=scheduler.weights)
 
 
 @dataclass(frozen=True)

@@ -102,13 +102,14 @@ namespace {
 void bind_tier_job(nb::module_& m) {
   using TierState = std::tuple<JobId, std::string, std::uint32_t, std::string,
                                std::vector<std::pair<nb::bytes, std::uint32_t>>,
-                               std::vector<HostBlockId>, std::vector<std::int64_t>>;
+                               std::vector<HostBlockId>, std::vector<std::int64_t>, std::uint64_t>;
   nb::class_<TierJob>(m, "TierJob",
                       "A promotion (tier to host memory) or a write (host memory to a tier).")
       .def_ro("id", &TierJob::id)
       .def_prop_ro("kind", [](const TierJob& j) { return std::string(to_string(j.kind)); })
       .def_ro("tier", &TierJob::tier)
       .def_ro("request_id", &TierJob::request_id)
+      .def_ro("epoch", &TierJob::epoch)
       .def_prop_ro("keys", [](const TierJob& j) { return keys_to_list(j.keys); })
       .def_prop_ro(
           "host_block_ids", [](const TierJob& j) { return view(j.host_block_ids); },
@@ -127,11 +128,11 @@ void bind_tier_job(nb::module_& m) {
              std::vector<std::pair<nb::bytes, std::uint32_t>> keys;
              for (const Key& k : j.keys) keys.emplace_back(to_bytes(k.hash), k.group);
              return TierState(j.id, std::string(to_string(j.kind)), j.tier, j.request_id,
-                              std::move(keys), j.host_block_ids, j.slots);
+                              std::move(keys), j.host_block_ids, j.slots, j.epoch);
            })
       .def("__setstate__", [](TierJob& j, const TierState& state) {
         new (&j) TierJob();
-        const auto& [id, kind, tier, request, keys, hosts, slots] = state;
+        const auto& [id, kind, tier, request, keys, hosts, slots, epoch] = state;
         j.id = id;
         j.kind = parse_job_kind(kind, "TierJob: kind");
         if (!is_tier_job(j.kind)) {
@@ -145,6 +146,7 @@ void bind_tier_job(nb::module_& m) {
         }
         j.host_block_ids = hosts;
         j.slots = slots;
+        j.epoch = epoch;
       });
 }
 
@@ -281,7 +283,10 @@ void bind_scheduler(nb::module_& m) {
           },
           "reports"_a)
       .def("on_finished", &Scheduler::on_finished, "request_id"_a)
-      .def("reset_cache", &Scheduler::reset_cache)
+      .def("reset_cache", [](Scheduler& s) { s.reset_cache(); })
+      .def(
+          "reset_weights", [](Scheduler& s, std::string_view w) { s.reset_cache(w); }, "weights"_a)
+      .def_prop_ro("epoch", &Scheduler::epoch)
       .def("take_events",
            [](Scheduler& s) {
              nb::list out;

@@ -4,6 +4,7 @@ engine B, with an empty host cache, finds it through an existence check (retry l
 runs), promotes it and loads it byte for byte."""
 
 import os
+import sys
 import pathlib
 import subprocess
 import time
@@ -166,3 +167,123 @@ def test_bad_shared_tier_configs_name_the_field():
     with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.tp_size: expected an int"):
         kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
                                   tiers=[kv.SharedTierConfig("127.0.0.1:1", "m", tp_size="2")]))
+
+
+# ---- weights: blocks of other weights are never found --------------------------------------
+
+def tiered_engine(gpu, nodes, name, secret, disk, weights, shared_threshold=0):
+    """A disk tier, then the shared tier, under `weights`; the disk's scan restored."""
+    shared = kv.SharedTierConfig(nodes=nodes, name=name, reply_timeout_ms=2000,
+                                 secret_file=secret)
+    store = kv.DiskTierConfig(path=str(disk), capacity_bytes="1MiB", model="pytest-model",
+                              dtype="uint8")
+    sc = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
+                            block_size_factor=F, weights=weights,
+                            tiers=[kv.TierConfig(blocks=1, store=store),
+                                   kv.TierConfig(blocks=1024, medium="shared", store=shared,
+                                                 store_threshold=shared_threshold)])
+    w = kv.Worker(kv.derive_worker_config(sc, kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]],
+                                                              threads=1)))
+    sc.tiers[0].blocks = w.tier_slots(0)
+    s = kv.Scheduler(sc)
+    return s, w, s.restore_tier(0, w.tier_scan(0))
+
+
+def kv_of(weights):
+    """The KV bytes of the test's prompt under `weights` (other weights: other bytes)."""
+    seed = int.from_bytes(weights.encode(), "little") % (1 << 32)
+    return np.random.default_rng(seed).integers(0, 256, size=(4, PAGE), dtype=np.uint8)
+
+
+def store_prompt(s, w, gpu, request, h, weights):
+    """Computes the prompt under `weights` into GPU blocks 1-4 and stores it through host
+    memory to both tiers."""
+    gpu[[1, 2, 3, 4]] = kv_of(weights)
+    written = [s.tier_stats(t)["blocks_written"] + 2 for t in (0, 1)]
+    s.update_request(request, 64, h)
+    assert lookup(s, w, request) == 0
+    s.on_allocated(request, [kv.AllocatedGroup([])], 0)
+    run(s, w, s.build_step([kv.ScheduledRequest(request, 0, 64, [[1, 2, 3, 4]])]))
+    for _ in range(20):  # the write-through jobs (bounded)
+        if [s.tier_stats(t)["blocks_written"] for t in (0, 1)] == written:
+            break
+        run(s, w, s.build_step([]))
+    assert [s.tier_stats(t)["blocks_written"] for t in (0, 1)] == written
+    s.on_finished(request)
+
+
+def load_prompt(s, w, gpu, request, h):
+    """Looks the prompt up; on a hit loads it into GPU blocks 9-12 and returns their bytes."""
+    s.update_request(request, 64, h)
+    hit = lookup(s, w, request)
+    if hit == 0:
+        return None
+    s.on_allocated(request, [kv.AllocatedGroup([9, 10, 11, 12])], hit)
+    done = run(s, w, s.build_step([kv.ScheduledRequest(request, hit, 0, [[]])]))
+    assert [d.kind for d in done] == ["load"] and done[0].ok
+    return gpu[[9, 10, 11, 12]].copy()
+
+
+def weights_child(nodes, name, secret, disk):
+    """The process that gets killed: stores the prompt under w1, moves to w2 (reset_cache),
+    finds nothing, stores the prompt's w2 bytes, and dies by SIGKILL without clearing a
+    tier."""
+    gpu = np.zeros((32, PAGE), dtype=np.uint8)
+    h = block_hashes("weights", 4)
+    s, w, restored = tiered_engine(gpu, nodes, name, secret, disk, "w1")
+    assert restored == 0
+    store_prompt(s, w, gpu, "a", h, "w1")
+    s.reset_cache("w2")  # no clear_tiers(): the process dies first
+    assert load_prompt(s, w, gpu, "b", h) is None
+    store_prompt(s, w, gpu, "c", h, "w2")
+    print("stored under w1 and w2", flush=True)
+    os.kill(os.getpid(), 9)
+
+
+def test_new_weights_never_find_old_blocks_also_after_a_sigkill(cluster, secret, tmp_path):
+    """Same prompt, two weights: every engine loads exactly its own weights' bytes from host
+    memory, disk and the cluster, or misses; a process killed between reset_cache and any
+    clearing leaves nothing another weights' engine can find."""
+    name = f"pytest-weights-{uuid.uuid4()}"
+    disk = tmp_path / "disk"
+    child = subprocess.run(
+        [sys.executable, "-c",
+         "import sys; sys.path.insert(0, sys.argv[1]); import test_shared_tier as t; "
+         "t.weights_child(*sys.argv[2:])",
+         str(pathlib.Path(__file__).parent), cluster, name, secret, str(disk)],
+        capture_output=True, text=True, timeout=120)
+    assert child.returncode == -9, child.stdout + child.stderr
+    assert "stored under w1 and w2" in child.stdout
+    h = block_hashes("weights", 4)
+    gpu = np.zeros((32, PAGE), dtype=np.uint8)
+
+    # A restart under w2 on the killed process's disk: only w2's slots come back.
+    s, w, restored = tiered_engine(gpu, cluster, name, secret, disk, "w2")
+    assert restored == 2
+    got = load_prompt(s, w, gpu, "r", h)
+    assert got is not None and np.array_equal(got, kv_of("w2"))
+    assert s.tier_stats(0)["hits"] == 2 and s.tier_stats(1)["presence_checks"] == 0
+    del s, w
+    # New engines with empty disks: the cluster gives each its own weights' bytes.
+    for weights in ("w1", "w2"):
+        s, w, restored = tiered_engine(gpu, cluster, name, secret, tmp_path / weights, weights,
+                                       shared_threshold=1_000_000)
+        assert restored == 0
+        got = load_prompt(s, w, gpu, "r", h)
+        assert got is not None and np.array_equal(got, kv_of(weights)), weights
+        assert s.tier_stats(1)["promotions"] == 2
+        del s, w
+    # Weights nobody stored: a miss in every tier, on the same disk and cluster.
+    s, w, restored = tiered_engine(gpu, cluster, name, secret, disk, "w3")
+    assert restored == 0
+    assert load_prompt(s, w, gpu, "r", h) is None
+    assert s.tier_stats(1)["presence_hits"] == 0
+    # And in one process: reset_cache with new weights hides every tier's blocks at once;
+    # reset_cache back to the old ones finds them again (the bytes were there all along).
+    s.reset_cache("w2")
+    got = load_prompt(s, w, gpu, "r2", h)
+    assert got is not None and np.array_equal(got, kv_of("w2"))
+    s.reset_cache("w3")
+    assert load_prompt(s, w, gpu, "r3", h) is None
+    s.reset_cache()  # a random epoch: nothing anybody stored
+    assert load_prompt(s, w, gpu, "r4", h) is None

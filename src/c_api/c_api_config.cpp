@@ -147,7 +147,8 @@ SchedulerConfig from_c(const kvoffload_scheduler_config_t& c, std::string_view f
     convert(c.name, s.manager.name, what + "->" #name);
   KVOFFLOAD_MANAGER_CONFIG_FIELDS(KVOFFLOAD_FROM_C)
 #undef KVOFFLOAD_FROM_C
-  if (c.struct_size >= sizeof(kvoffload_scheduler_config_t)) {
+  if (covers(c.struct_size, offsetof(kvoffload_scheduler_config_t, num_tiers),
+             sizeof c.num_tiers)) {
     require_array(c.tiers, c.num_tiers, fn, what + "->tiers");
     // An array is read with this header's stride: an older, shorter element would put
     // tiers[1] at the wrong address, so only a single tier may be of an older size.

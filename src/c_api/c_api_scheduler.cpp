@@ -250,6 +250,14 @@ kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t s) {
   });
 }
 
+kvoffload_status_t kvoffload_scheduler_reset_weights(kvoffload_scheduler_t s, const char* weights) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_reset_weights", "scheduler");
+    require(weights, "kvoffload_scheduler_reset_weights", "weights");
+    s->scheduler.reset_cache(std::string_view(weights));
+  });
+}
+
 kvoffload_status_t kvoffload_scheduler_take_events(kvoffload_scheduler_t s,
                                                    const kvoffload_event_t** events,
                                                    size_t* num_events) {
@@ -376,6 +384,7 @@ kvoffload_status_t kvoffload_step_get_tier_job(kvoffload_step_t step, size_t ind
     job->host_block_ids = j.host_block_ids.data();
     job->slots = j.slots.data();
     job->num_blocks = j.keys.size();
+    job->epoch = j.epoch;
   });
 }
 

@@ -209,6 +209,7 @@ kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t w,
             static_cast<int>(KVOFFLOAD_JOB_TIER_WRITE)));
     }
     t.tier = job->tier;  // the worker's tier t knows its own kind
+    t.epoch = job->epoch;
     if (job->request_id != nullptr) t.request_id = job->request_id;
     require_array(job->keys, job->num_blocks, fn, "job->keys");
     require_array(job->host_block_ids, job->num_blocks, fn, "job->host_block_ids");

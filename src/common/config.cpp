@@ -1,5 +1,8 @@
 #include "kvoffload/config.hpp"
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "common/expects.hpp"
 
 namespace kvoffload {
@@ -106,6 +109,13 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
     layouts.push_back(layout);
   }
   return layouts;
+}
+
+std::uint64_t weights_epoch(std::string_view weights) noexcept {
+  // No identity is epoch 0: what a tier built without a scheduler (a test, a tool) uses.
+  if (weights.empty()) return 0;
+  constexpr std::uint64_t kSeed = 0x6b766f2d77656967;  // "kvo-weig": epochs of no other use
+  return XXH3_64bits_withSeed(weights.data(), weights.size(), kSeed);
 }
 
 void SchedulerConfig::validate() const {

@@ -5,6 +5,7 @@
 #include "kvoffload/scheduler.hpp"
 
 #include <algorithm>
+#include <random>
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
@@ -26,7 +27,11 @@ using detail::offloaded_block_real;
 #endif
 
 Scheduler::Impl::Impl(const SchedulerConfig& cfg, SchedulerServices services)
-    : config(cfg), layouts(derive_layouts(cfg)), f(cfg.block_size_factor), manager(cfg.manager) {
+    : config(cfg),
+      layouts(derive_layouts(cfg)),
+      f(cfg.block_size_factor),
+      manager(cfg.manager),
+      epoch(weights_epoch(cfg.weights)) {
   for (std::size_t g = 0; g < layouts.size(); ++g) {
     if (!layouts[g].windowed()) lookup_order.push_back(g);
   }
@@ -468,7 +473,29 @@ void Scheduler::on_finished(std::string_view request_id) {
 
 void Scheduler::reset_cache() {
   KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
-  Impl& s = *impl_;
+  // A random epoch: another process's unnamed epoch is never this one, so neither its blocks
+  // nor ours are found across the two (the weights behind them may differ).
+  std::random_device random;
+  std::uint64_t next = impl_->epoch;
+  while (next == impl_->epoch || next == 0) {
+    next = (static_cast<std::uint64_t>(random()) << 32) ^ random();
+  }
+  impl_->reset(next);
+}
+
+void Scheduler::reset_cache(std::string_view weights) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
+  impl_->config.weights = std::string(weights);
+  impl_->reset(weights_epoch(weights));
+}
+
+std::uint64_t Scheduler::epoch() const noexcept {
+  return impl_->epoch;
+}
+
+void Scheduler::Impl::reset(std::uint64_t new_epoch) {
+  Impl& s = *this;
+  s.epoch = new_epoch;
   // Transfers first, then tier jobs: every job in flight.
   for (const auto& [id, job] : s.jobs) {
     if (!is_tier_job(job.kind)) s.flush.push_back(id);

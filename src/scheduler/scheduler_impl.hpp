@@ -127,6 +127,8 @@ struct Scheduler::Impl {
   Impl(const SchedulerConfig& config, SchedulerServices services);
 
   // scheduler_validate.cpp: each throws invalid_argument, changing nothing.
+  /// reset_cache: everything dropped, tier jobs from now on under `new_epoch`.
+  void reset(std::uint64_t new_epoch);
   RequestState& find_record(std::string_view id, std::string_view op);
   RequestState& find_looked_up(std::string_view id, std::string_view op);
   void validate_hashes(const RequestState& r, std::span<const BlockHash> hashes) const;
@@ -242,7 +244,8 @@ struct Scheduler::Impl {
   std::vector<TransferJob> pending_loads;   // planned by on_allocated, emitted by the next step
   std::vector<JobId> flush;                 // for the next step
   JobId next_job = 0;
-  JobId stale_below = 0;  // reports of jobs below this id predate reset_cache()
+  JobId stale_below = 0;    // reports of jobs below this id predate reset_cache()
+  std::uint64_t epoch = 0;  // weights_epoch(config.weights), or reset_cache's
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
   BlockReuseFence fence;  // GPU block id -> store jobs still reading it
 

@@ -65,6 +65,7 @@ TierJob& TierCoordinator::new_job(JobKind kind, std::uint32_t tier, std::string 
   job.kind = kind;
   job.tier = tier;
   job.request_id = std::move(request_id);
+  job.epoch = s_.epoch;
   return job;
 }
 
@@ -372,7 +373,7 @@ void TierCoordinator::check_presence(RequestState& r, const LookupPass& pass) {
     tickets_[ticket] = PresenceTicket{r.id, t, keys};
     ++tier.stats.presence_checks;
     try {
-      tier.presence->submit(ticket, keys);
+      tier.presence->submit(ticket, s_.epoch, keys);
       asked = true;
     } catch (const std::exception& e) {
       // The engine's check failed to start: the keys are misses, nothing waits for it.

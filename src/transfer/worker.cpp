@@ -70,6 +70,7 @@ Worker::Worker(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
 void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   check_config(c);
   KVOFFLOAD_EXPECTS(c.host_blocks > 0, "worker: host_blocks is {} (must be > 0)", c.host_blocks);
+  weights_ = c.weights;
   if (backend == nullptr && c.backend == BackendKind::cuda && c.runtime == nullptr &&
       !CudaBackend::available()) {
     throw unsupported(
@@ -108,8 +109,8 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   for (std::size_t t = 0; t < c.tiers.size(); ++t) {
     const TierStore store = with_rank(c.tiers[t], c.tp_rank, t);
     if (const auto* disk = std::get_if<DiskTierConfig>(&store)) {
-      tiers_.push_back(
-          std::make_unique<DiskTier>(*disk, layout, pool_->block_bytes(), host_block_of));
+      tiers_.push_back(std::make_unique<DiskTier>(*disk, layout, pool_->block_bytes(),
+                                                  host_block_of, weights_epoch(c.weights)));
     } else {
       tiers_.push_back(std::make_unique<SharedTier>(std::get<SharedTierConfig>(store),
                                                     layout_->block_size_factor(), layout,
@@ -125,6 +126,7 @@ WorkerConfig derive_worker_config(const SchedulerConfig& scheduler, WorkerConfig
                     worker.groups.size(), scheduler.groups.size());
   worker.block_size_factor = scheduler.block_size_factor;
   worker.host_blocks = scheduler.manager.host_blocks;
+  worker.weights = scheduler.weights;
   worker.tiers.clear();
   for (std::size_t t = 0; t < scheduler.tiers.size(); ++t) {
     KVOFFLOAD_EXPECTS(scheduler.tiers[t].store.has_value(),
@@ -179,6 +181,10 @@ void Worker::check_matches(const SchedulerConfig& config) const {
   KVOFFLOAD_EXPECTS(config.groups.size() == layout_->num_groups(),
                     "worker: {} group(s), but the scheduler has {}", layout_->num_groups(),
                     config.groups.size());
+  KVOFFLOAD_EXPECTS(config.weights == weights_,
+                    "worker: weights is \"{}\", but the scheduler's is \"{}\" (its disk tiers "
+                    "restored the other weights' slots)",
+                    weights_, config.weights);
   const std::span<const TierConfig> scheduler_tiers = config.tiers;
   KVOFFLOAD_EXPECTS(scheduler_tiers.size() == tiers_.size(),
                     "worker: {} tier(s), but the scheduler has {}", tiers_.size(),

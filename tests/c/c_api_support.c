@@ -49,6 +49,8 @@ void one_tensor_worker(kvoffload_worker_config_t* wc, kvoffload_kv_tensor_t* ten
 
 /* With `disk_dir`, the worker gets a disk tier there and the scheduler a tier of its slots,
  * restored from the worker's scan. */
+const char* tiered_weights = NULL;
+
 void make_tiered(kvoffload_scheduler_t* s, kvoffload_worker_t* w, const char* disk_dir) {
   kvoffload_group_config_t group = KVOFFLOAD_GROUP_CONFIG_INIT;
   kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
@@ -71,6 +73,7 @@ void make_tiered(kvoffload_scheduler_t* s, kvoffload_worker_t* w, const char* di
   sc.num_groups = 1;
   sc.block_size_factor = F;
   sc.host_blocks = 8;
+  sc.weights = tiered_weights;
   if (disk_dir != NULL) {
     disk.path = disk_dir;
     disk.capacity_bytes = 16 * (4096 + 4096);

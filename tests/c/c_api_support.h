@@ -36,6 +36,8 @@ void fill_page(int block, int label);
 int page_has(int block, int label);
 void one_tensor_worker(kvoffload_worker_config_t* wc, kvoffload_kv_tensor_t* tensor,
                        kvoffload_group_tensor_t* gt, kvoffload_group_tensors_t* gts);
+/* The weights make_tiered's scheduler gives (SchedulerConfig::weights); NULL: none. */
+extern const char* tiered_weights;
 void make_tiered(kvoffload_scheduler_t* s, kvoffload_worker_t* w, const char* disk_dir);
 void make(kvoffload_scheduler_t* s, kvoffload_worker_t* w);
 void run_step(kvoffload_scheduler_t s, kvoffload_worker_t w, kvoffload_step_t step, size_t* loads,

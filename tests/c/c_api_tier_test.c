@@ -72,8 +72,23 @@ void disk_tier(void) {
   CHECK(ts.promotions == 2 && ts.hits == 2);
   FAILS_WITH(kvoffload_scheduler_get_tier_stats(s, 1, &ts), KVOFFLOAD_INVALID_ARGUMENT,
              "tier 1 is not configured");
+  /* New weights: from this call on nothing stored under the old ones is found. */
+  FAILS_WITH(kvoffload_scheduler_reset_weights(s, NULL), KVOFFLOAD_INVALID_ARGUMENT, "weights");
+  OK(kvoffload_scheduler_reset_weights(s, "c-api-test weights 2"));
+  OK(kvoffload_scheduler_update_request(s, "c", TOKENS, hashes, 4, 0));
+  OK(kvoffload_scheduler_lookup(s, "c", 0, &hit));
+  CHECK(hit == 0);
   OK(kvoffload_worker_destroy(w));
   OK(kvoffload_scheduler_destroy(s));
+  /* A restart under the new weights (nothing was cleared) restores none of the old slots. */
+  tiered_weights = "c-api-test weights 2";
+  make_tiered(&s, &w, dir);
+  OK(kvoffload_scheduler_update_request(s, "d", TOKENS, hashes, 4, 0));
+  OK(kvoffload_scheduler_lookup(s, "d", 0, &hit));
+  CHECK(hit == 0);
+  OK(kvoffload_worker_destroy(w));
+  OK(kvoffload_scheduler_destroy(s));
+  tiered_weights = NULL;
   {
     /* A directory the system cannot create (under a regular file: refused even to root) is
        an I/O error, not a bug in kvoffload. */

@@ -16,9 +16,10 @@ namespace {
 /// Records the checks; the test decides when and what they answer.
 class FakePresence final : public PresenceCheck {
  public:
-  void submit(std::uint64_t ticket, std::vector<Key> keys) override {
+  void submit(std::uint64_t ticket, std::uint64_t epoch, std::vector<Key> keys) override {
     if (throw_on_submit) throw std::runtime_error("cluster unreachable");
     asked.emplace_back(ticket, std::move(keys));
+    epochs.push_back(epoch);
   }
   std::vector<PresenceAnswer> poll() override {
     std::vector<PresenceAnswer> out;
@@ -34,6 +35,7 @@ class FakePresence final : public PresenceCheck {
     ready.push_back(std::move(a));
   }
   std::vector<std::pair<std::uint64_t, std::vector<Key>>> asked;
+  std::vector<std::uint64_t> epochs;  // of each check asked
   std::vector<PresenceAnswer> ready;
   bool throw_on_submit = false;
 };
@@ -316,4 +318,50 @@ TEST_CASE("A block promoted from the shared tier is written to the disk, not bac
     CHECK(h.s.tier_stats(1).write_jobs == 0);
     CHECK(h.s.lookup("r", 0) == 16);
   }
+}
+
+TEST_CASE("Checks and tier jobs carry the weights' epoch; reset_cache moves every tier to new ones",
+          "[scheduler][shared]") {
+  auto presence = std::make_shared<FakePresence>();
+  SchedulerConfig c = disk_and_shared();
+  c.weights = "checkpoint 1";
+  Harness h(c, shared_second(presence));
+  const std::uint64_t w1 = weights_epoch("checkpoint 1"), w2 = weights_epoch("checkpoint 2");
+  CHECK(w1 != w2);
+  CHECK(weights_epoch("") == 0);
+  CHECK(h.s.epoch() == w1);
+  const auto a = chain_hashes("a", 2);
+  // a[0] on disk (restored), a[1] asked of the shared tier: under w1.
+  std::vector<std::optional<Key>> slots = {Key{a[0], 0}};
+  REQUIRE(h.s.restore_tier(0, slots) == 1);
+  CHECK_FALSE(h.lookup("r", a, 33, 0).has_value());
+  REQUIRE(presence->asked.size() == 1);
+  CHECK(presence->epochs[0] == w1);
+  presence->answer(0, keys_of({a[1]}));
+  CHECK_FALSE(h.s.lookup("r", 0).has_value());
+  const std::vector<TierJob> jobs = h.s.build_step({}).tier_jobs;
+  REQUIRE(jobs.size() == 2);  // the disk's and the shared tier's promotions
+  for (const TierJob& j : jobs) CHECK(j.epoch == w1);
+
+  // New weights: nothing of the old ones is found in any tier, in this very call; the
+  // shared tier is asked again under the new epoch, and what the tiers get is tagged with it.
+  h.s.reset_cache("checkpoint 2");
+  CHECK(h.s.epoch() == w2);
+  CHECK(h.s.tier_index(0).peek(Key{a[0], 0}) == LookupResult::miss);
+  CHECK_FALSE(h.lookup("q", a, 33, 0).has_value());
+  REQUIRE(presence->asked.size() == 2);
+  CHECK(presence->epochs[1] == w2);
+  CHECK(presence->asked[1].second == keys_of(a));  // a[0] too: the disk no longer has it
+  presence->answer(1, {});
+  CHECK(h.s.lookup("q", 0) == 0);
+
+  // Without an identity: a random epoch, neither the old one, nor 0, nor another
+  // scheduler's.
+  h.s.reset_cache();
+  const std::uint64_t random1 = h.s.epoch();
+  CHECK(random1 != w2);
+  CHECK(random1 != 0);
+  Harness other(c, shared_second(std::make_shared<FakePresence>()));
+  other.s.reset_cache();
+  CHECK(other.s.epoch() != random1);
 }

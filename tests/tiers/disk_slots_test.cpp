@@ -75,7 +75,7 @@ TEST_CASE("Disk slots: blocks written are found by a new process's scan and read
     CHECK(d.num_slots() == 20);
     CHECK(d.scan_report().valid == 0);
     CHECK(d.scan_report().empty == 20);
-    for (int i = 0; i < 12; ++i) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
+    for (int i = 0; i < 12; ++i) REQUIRE(d.write(i, key_of(i), 0, payload_of(i, c.payload_bytes)));
     REQUIRE(d.erase(3));  // evicted: gone after a restart
   }
   DiskSlots again(c);  // "restart"
@@ -88,7 +88,7 @@ TEST_CASE("Disk slots: blocks written are found by a new process's scan and read
       REQUIRE(k.has_value());
       CHECK(*k == key_of(i));
       std::vector<std::uint8_t> out(c.payload_bytes);
-      REQUIRE(again.read(i, key_of(i), out));
+      REQUIRE(again.read(i, key_of(i), 0, out));
       CHECK(out == payload_of(i, c.payload_bytes));
     } else {
       CHECK_FALSE(k.has_value());
@@ -96,7 +96,7 @@ TEST_CASE("Disk slots: blocks written are found by a new process's scan and read
   }
   // Asking a slot for another key is a miss, counted.
   std::vector<std::uint8_t> out(c.payload_bytes);
-  CHECK_FALSE(again.read(0, key_of(1), out));
+  CHECK_FALSE(again.read(0, key_of(1), 0, out));
   CHECK(again.stats().read_misses == 1);
 }
 
@@ -107,7 +107,7 @@ TEST_CASE("Disk slots: a corrupt payload or header is a miss, never data", "[dis
   std::uint64_t slot_bytes = 0;
   {
     DiskSlots d(c);
-    for (int i = 0; i < 4; ++i) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
+    for (int i = 0; i < 4; ++i) REQUIRE(d.write(i, key_of(i), 0, payload_of(i, c.payload_bytes)));
     file = d.layout_directory() + "/slab-0.kvo";
     slot_bytes = d.slot_bytes();
   }
@@ -119,10 +119,10 @@ TEST_CASE("Disk slots: a corrupt payload or header is a miss, never data", "[dis
     CHECK(d.scan_report().invalid == 1);
     CHECK_FALSE(d.scanned()[2].has_value());
     std::vector<std::uint8_t> out(c.payload_bytes);
-    CHECK_FALSE(d.read(1, key_of(1), out));
-    CHECK_FALSE(d.read(2, key_of(2), out));
+    CHECK_FALSE(d.read(1, key_of(1), 0, out));
+    CHECK_FALSE(d.read(2, key_of(2), 0, out));
     CHECK(d.stats().read_misses == 2);
-    REQUIRE(d.read(0, key_of(0), out));
+    REQUIRE(d.read(0, key_of(0), 0, out));
     CHECK(out == payload_of(0, c.payload_bytes));
   }
   c.verify_payloads_on_scan = true;  // then the scan drops slot 1 as well
@@ -139,7 +139,7 @@ TEST_CASE("Disk slots: another layout never sees these bytes; a truncated file i
   std::string file;
   {
     DiskSlots d(c);
-    for (int i = 0; i < 10; ++i) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
+    for (int i = 0; i < 10; ++i) REQUIRE(d.write(i, key_of(i), 0, payload_of(i, c.payload_bytes)));
     file = d.layout_directory() + "/slab-1.kvo";  // slots 8..15
   }
   DiskSlotsConfig other = c;
@@ -155,9 +155,9 @@ TEST_CASE("Disk slots: another layout never sees these bytes; a truncated file i
     DiskSlots d(c);
     CHECK(d.scan_report().valid == 9);  // the header-only scan still lists slot 8 ...
     std::vector<std::uint8_t> out(c.payload_bytes);
-    CHECK_FALSE(d.read(8, key_of(8), out));  // ... whose read is a miss
-    CHECK_FALSE(d.read(9, key_of(9), out));
-    REQUIRE(d.read(7, key_of(7), out));
+    CHECK_FALSE(d.read(8, key_of(8), 0, out));  // ... whose read is a miss
+    CHECK_FALSE(d.read(9, key_of(9), 0, out));
+    REQUIRE(d.read(7, key_of(7), 0, out));
     CHECK(out == payload_of(7, c.payload_bytes));
   }
   c.verify_payloads_on_scan = true;
@@ -178,8 +178,8 @@ TEST_CASE("Disk slots: bad configurations are refused by field", "[disk]") {
   c = config_in(dir.path);
   DiskSlots d(c);
   std::vector<std::uint8_t> small(10);
-  CHECK_THROWS_WITH(d.write(0, key_of(0), small), ContainsSubstring("payload of 10 bytes"));
-  CHECK_THROWS_WITH(d.write(20, key_of(0), payload_of(0, c.payload_bytes)),
+  CHECK_THROWS_WITH(d.write(0, key_of(0), 0, small), ContainsSubstring("payload of 10 bytes"));
+  CHECK_THROWS_WITH(d.write(20, key_of(0), 0, payload_of(0, c.payload_bytes)),
                     ContainsSubstring("slot 20 is outside 0..19"));
 }
 
@@ -195,7 +195,7 @@ TEST_CASE("Disk slots: a process killed while writing leaves only whole blocks",
     ::close(pipe_fds[0]);
     DiskSlots d(c);
     for (int i = 0; i < 400; ++i) {
-      if (!d.write(i, key_of(i), payload_of(i, c.payload_bytes))) ::_exit(3);
+      if (!d.write(i, key_of(i), 0, payload_of(i, c.payload_bytes))) ::_exit(3);
       if (::write(pipe_fds[1], &i, sizeof i) != sizeof i) ::_exit(4);
     }
     ::_exit(0);
@@ -226,7 +226,7 @@ TEST_CASE("Disk slots: a process killed while writing leaves only whole blocks",
     ++found;
     CAPTURE(s);
     REQUIRE(*k == key_of(s));
-    REQUIRE(d.read(s, key_of(s), out));
+    REQUIRE(d.read(s, key_of(s), 0, out));
     REQUIRE(out == payload_of(s, c.payload_bytes));
   }
   CHECK(found >= static_cast<std::int64_t>(completed.size()));
@@ -237,8 +237,9 @@ TEST_CASE("A tier's index is a block manager restored from the slots' scan", "[d
   const DiskSlotsConfig c = config_in(dir.path, 4096, 6);
   {
     DiskSlots d(c);
-    for (const int i : {0, 2, 3, 5}) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
-    REQUIRE(d.write(4, key_of(0), payload_of(0, c.payload_bytes)));  // key 0 twice
+    for (const int i : {0, 2, 3, 5})
+      REQUIRE(d.write(i, key_of(i), 0, payload_of(i, c.payload_bytes)));
+    REQUIRE(d.write(4, key_of(0), 0, payload_of(0, c.payload_bytes)));  // key 0 twice
   }
   DiskSlots d(c);
   ManagerConfig mc;
@@ -276,19 +277,19 @@ TEST_CASE(
   const DiskSlotsConfig c = config_in(dir.path);
   {
     DiskSlots d(c);
-    for (int i = 0; i < 3; ++i) REQUIRE(d.write(i, key_of(i), payload_of(i, c.payload_bytes)));
+    for (int i = 0; i < 3; ++i) REQUIRE(d.write(i, key_of(i), 0, payload_of(i, c.payload_bytes)));
   }
   const std::uint64_t slot = 4096 + (c.payload_bytes + 4095) / 4096 * 4096;
   const std::string file = (dir.path / "1234abcd5678ef90" / "slab-0.kvo").string();
   const auto patch = [&](std::uint64_t at, std::size_t field, std::uint32_t value) {
     std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
     REQUIRE(f.good());
-    std::uint8_t h[88];
+    std::uint8_t h[96];
     f.seekg(static_cast<std::streamoff>(at));
     f.read(reinterpret_cast<char*>(h), sizeof h);
     std::memcpy(h + field, &value, sizeof value);
-    const std::uint64_t sum = disk_checksum(std::span<const std::uint8_t>(h, 80));
-    std::memcpy(h + 80, &sum, sizeof sum);
+    const std::uint64_t sum = disk_checksum(std::span<const std::uint8_t>(h, 88));
+    std::memcpy(h + 88, &sum, sizeof sum);
     f.seekp(static_cast<std::streamoff>(at));
     f.write(reinterpret_cast<const char*>(h), sizeof h);
   };
@@ -299,8 +300,45 @@ TEST_CASE(
   CHECK(d.scan_report().valid == 1);
   CHECK(d.scan_report().invalid == 2);
   std::vector<std::uint8_t> out(c.payload_bytes);
-  CHECK_FALSE(d.read(0, key_of(0), out));
-  CHECK_FALSE(d.read(1, key_of(1), out));
-  REQUIRE(d.read(2, key_of(2), out));
+  CHECK_FALSE(d.read(0, key_of(0), 0, out));
+  CHECK_FALSE(d.read(1, key_of(1), 0, out));
+  REQUIRE(d.read(2, key_of(2), 0, out));
   CHECK(out == payload_of(2, c.payload_bytes));
+}
+
+TEST_CASE("Disk slots: a block is found only under the weights' epoch it was written with",
+          "[disk]") {
+  // After new weights (reset_cache), or a restart that gives other weights, the slots of the
+  // old ones are unreachable: a read under another epoch misses and the scan keeps them out
+  // of the index, whatever the process did or did not clear before it died.
+  TempDir dir;
+  DiskSlotsConfig c = config_in(dir.path);
+  c.epoch = 7;
+  std::vector<std::uint8_t> out(c.payload_bytes);
+  {
+    DiskSlots d(c);
+    REQUIRE(d.write(0, key_of(0), 7, payload_of(0, c.payload_bytes)));
+    REQUIRE(d.write(1, key_of(1), 7, payload_of(1, c.payload_bytes)));
+    REQUIRE(d.write(2, key_of(2), 8, payload_of(2, c.payload_bytes)));  // after reset_cache
+    CHECK_FALSE(d.read(0, key_of(0), 8, out));
+    REQUIRE(d.read(2, key_of(2), 8, out));
+    CHECK(out == payload_of(2, c.payload_bytes));
+  }
+  {
+    DiskSlots old_weights(c);  // a restart under epoch 7 (a read miss erases nothing here)
+    CHECK(old_weights.scan_report().valid == 2);
+    CHECK(old_weights.scan_report().other_epoch == 1);
+    CHECK(old_weights.scanned()[1] == key_of(1));
+    CHECK_FALSE(old_weights.scanned()[2].has_value());
+  }
+  c.epoch = 8;
+  DiskSlots new_weights(c);
+  CHECK(new_weights.scan_report().valid == 1);
+  CHECK(new_weights.scan_report().other_epoch == 2);
+  CHECK_FALSE(new_weights.scanned()[0].has_value());
+  CHECK_FALSE(new_weights.scanned()[1].has_value());
+  CHECK(new_weights.scanned()[2] == key_of(2));
+  CHECK_FALSE(new_weights.read(1, key_of(1), 8, out));
+  REQUIRE(new_weights.read(1, key_of(1), 7, out));  // still there: only the epoch hid it
+  CHECK(out == payload_of(1, c.payload_bytes));
 }

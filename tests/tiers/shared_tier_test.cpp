@@ -102,7 +102,7 @@ TEST_CASE("Shared keys: a namespace per name, tp size and factor, a key's ranks 
   CHECK(keys.secure());
   CHECK(keys.key_namespace() == ns);
   const Key k = key(5, 3);
-  const std::string r0 = keys.name(k, 0), r1 = keys.name(k, 1);
+  const std::string r0 = keys.name(k, 0, 0), r1 = keys.name(k, 1, 0);
   // "kvo:{" 32 hex digits "}:" rank: nothing of the hash or the namespace shows.
   CHECK(r0.size() == 5 + 32 + 3);
   CHECK(r0.starts_with("kvo:{"));
@@ -112,14 +112,15 @@ TEST_CASE("Shared keys: a namespace per name, tp size and factor, a key's ranks 
   CHECK(r0.find(ns) == std::string::npos);
   CHECK(r0.substr(0, 37) == r1.substr(0, 37));
   CHECK(cluster_key_slot(r0) == cluster_key_slot(r1));
-  CHECK(keys.name(key(5, 2), 0) != r0);
-  CHECK(keys.name(key(6, 3), 0) != r0);
-  CHECK(SharedKeys(c, 4).name(k, 0) == r0);  // the same secret and config: the same names
-  CHECK(SharedKeys(c, 2).name(k, 0) != r0);
+  CHECK(keys.name(key(5, 2), 0, 0) != r0);
+  CHECK(keys.name(key(6, 3), 0, 0) != r0);
+  CHECK(keys.name(k, 0, weights_epoch("new weights")) != r0);  // another epoch, another name
+  CHECK(SharedKeys(c, 4).name(k, 0, 0) == r0);  // the same secret and config: the same names
+  CHECK(SharedKeys(c, 2).name(k, 0, 0) != r0);
   // Another secret: other names for the same key.
   const OtherSecret other("another fleet's secret, 32 bytes");
   c.secret_file = other.path;
-  CHECK(SharedKeys(c, 4).name(k, 0) != r0);
+  CHECK(SharedKeys(c, 4).name(k, 0, 0) != r0);
 }
 
 TEST_CASE("Shared keys: the secret comes from a file or the environment, or insecure is said",
@@ -141,11 +142,11 @@ TEST_CASE("Shared keys: the secret comes from a file or the environment, or inse
   // One trailing newline is not part of the secret: echo's file and printf's give one key.
   const OtherSecret with_newline("sixteen bytes ok\n");
   c.secret_file = with_newline.path;
-  const std::string a = SharedKeys(c, 1).name(key(1), 0);
+  const std::string a = SharedKeys(c, 1).name(key(1), 0, 0);
   {
     const OtherSecret without("sixteen bytes ok");
     c.secret_file = without.path;
-    CHECK(SharedKeys(c, 1).name(key(1), 0) == a);
+    CHECK(SharedKeys(c, 1).name(key(1), 0, 0) == a);
   }
   // The environment: the variable secret_env names (insecure is not needed then).
   c.secret_file.clear();
@@ -154,7 +155,7 @@ TEST_CASE("Shared keys: the secret comes from a file or the environment, or inse
   REQUIRE(std::getenv("PATH") != nullptr);
   REQUIRE(std::string(std::getenv("PATH")).size() >= 16);
   CHECK(SharedKeys(c, 1).secure());
-  CHECK(SharedKeys(c, 1).name(key(1), 0) != insecure.name(key(1), 0));
+  CHECK(SharedKeys(c, 1).name(key(1), 0, 0) != insecure.name(key(1), 0, 0));
 }
 
 TEST_CASE("Shared tier: bad configs are named", "[shared_tier]") {
@@ -189,7 +190,7 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
 
   // Another client damages key 2 (garbage), flips one payload byte of key 3 and deletes key 4.
   const SharedKeys names(config(name), 2);
-  const auto name_of = [&](std::size_t i) { return names.name(keys[i], 0); };
+  const auto name_of = [&](std::size_t i) { return names.name(keys[i], 0, 0); };
   REQUIRE(cli("-c SET '" + name_of(1) + "' garbage") == "OK");
   REQUIRE(cli("-c SETRANGE '" + name_of(2) + "' 1000 X") != "");
   REQUIRE(cli("-c DEL '" + name_of(3) + "'") == "1");
@@ -232,6 +233,12 @@ TEST_CASE("Shared tier: blocks round-trip; damaged, deleted and foreign values a
   CHECK_FALSE(run(factor4, job(6, JobKind::promote, {keys[0]}, {14})).ok);
   CHECK(factor4.shared_stats().read_misses == 1);
   CHECK(factor4.shared_stats().bad_values == 0);
+  // The same key under other weights (another epoch): another name, a miss without reading.
+  TierJob new_weights = job(9, JobKind::promote, {keys[0]}, {14});
+  new_weights.epoch = weights_epoch("other weights");
+  CHECK_FALSE(run(tier, new_weights).ok);
+  CHECK(tier.shared_stats().read_misses == 2);
+  CHECK(tier.shared_stats().bad_values == 2);
   // A value marked partly written (valid_from at header offset 64 not 0): refused, the tier
   // holds whole blocks only (SEMANTICS 6.8), and the MAC covers the header.
   REQUIRE(cli("-c SETRANGE '" + name_of(0) + "' 64 1") != "");
@@ -309,14 +316,14 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
     });
   };
   // Key 0's valid value moved to key 1 (a replay of another prompt's KV).
-  set(names.name(keys[1], 0), get(names.name(keys[0], 0)));
+  set(names.name(keys[1], 0, 0), get(names.name(keys[0], 0, 0)));
   // The forged values copied over the fleet's keys 2 and 3.
-  set(names.name(keys[2], 0), get(SharedKeys(foreign, 1).name(keys[2], 0)));
-  set(names.name(keys[3], 0), get(SharedKeys(public_secret, 1).name(keys[3], 0)));
+  set(names.name(keys[2], 0, 0), get(SharedKeys(foreign, 1).name(keys[2], 0, 0)));
+  set(names.name(keys[3], 0, 0), get(SharedKeys(public_secret, 1).name(keys[3], 0, 0)));
   // Key 4's payload changed, nothing recomputed (nothing can be without the secret).
-  std::string v4 = get(names.name(keys[4], 0));
+  std::string v4 = get(names.name(keys[4], 0, 0));
   v4[shared_value_header_bytes + 100] = static_cast<char>(v4[shared_value_header_bytes + 100] ^ 1);
-  set(names.name(keys[4], 0), v4);
+  set(names.name(keys[4], 0, 0), v4);
 
   const FinishedTierJob f = run(tier, job(4, JobKind::promote, keys, {8, 9, 10, 11, 12}));
   CHECK_FALSE(f.ok);

@@ -176,6 +176,9 @@ void read_field(const json& obj, const char* name, std::int64_t& out, const std:
 void read_field(const json& obj, const char* name, bool& out, const std::string&) {
   out = get_bool_or(obj, name, out);
 }
+void read_field(const json& obj, const char* name, std::string& out, const std::string&) {
+  if (obj.contains(name)) out = get_string(obj, name);
+}
 void read_field(const json& obj, const char* name, Medium& out, const std::string& what) {
   if (obj.contains(name)) out = parse_medium(get_string(obj, name), what + "." + name);
 }

@@ -10,8 +10,8 @@ namespace {
 class AnsweredAtOnce final : public PresenceCheck {
  public:
   explicit AnsweredAtOnce(std::shared_ptr<PresenceCheck> inner) : inner_(std::move(inner)) {}
-  void submit(std::uint64_t ticket, std::vector<Key> keys) override {
-    inner_->submit(ticket, std::move(keys));
+  void submit(std::uint64_t ticket, std::uint64_t epoch, std::vector<Key> keys) override {
+    inner_->submit(ticket, epoch, std::move(keys));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     for (;;) {
       bool answered = false;

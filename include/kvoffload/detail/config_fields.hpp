@@ -21,7 +21,8 @@
   X(hash_block_size)                         \
   X(num_workers)                             \
   X(prefix_caching)                          \
-  X(gpu_blocks)
+  X(gpu_blocks)                              \
+  X(weights)
 
 // GroupConfig's.
 #define KVOFFLOAD_GROUP_CONFIG_FIELDS(X) \
@@ -76,4 +77,5 @@
   X(defer_stores)                         \
   X(loads_wait_for_compute)               \
   X(copy_mode)                            \
-  X(tp_rank)
+  X(tp_rank)                              \
+  X(weights)

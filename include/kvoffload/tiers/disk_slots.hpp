@@ -8,8 +8,8 @@
 // Slot layout (all integers little-endian):
 //   [0, 4096)           header: magic "KVOFSLT1", format version, key (hash bytes, size,
 //                       group), valid_from (0: whole blocks only, SEMANTICS 6.8),
-//                       layout digest, payload length, XXH3-64 of the payload, XXH3-64
-//                       of the header fields before it; zero padding
+//                       layout digest, payload length, XXH3-64 of the payload, the
+//                       weights' epoch, XXH3-64 of the header fields before it; zero padding
 //   [4096, slot_bytes)  payload, padded to a multiple of 4096 (O_DIRECT-ready)
 // Files: <directory>/<layout digest, 16 hex digits>/slab-<n>.kvo, `slots_per_file` slots each.
 //
@@ -30,8 +30,11 @@
 namespace kvoffload {
 
 struct DiskSlotsConfig {
-  std::string directory;             ///< the tier's root directory (created if missing)
-  std::uint64_t layout_digest = 0;   ///< of everything that makes bytes incompatible
+  std::string directory;            ///< the tier's root directory (created if missing)
+  std::uint64_t layout_digest = 0;  ///< of everything that makes bytes incompatible
+  /// The weights' epoch (weights_epoch of the scheduler's weights): the scan restores only
+  /// slots written under it; the others are blocks of other weights, never found.
+  std::uint64_t epoch = 0;
   std::uint64_t payload_bytes = 0;   ///< bytes of one host block row, > 0
   std::uint64_t capacity_bytes = 0;  ///< bound on the slab files' total size, >= one slot
   std::uint64_t slots_per_file = 1024;
@@ -54,9 +57,10 @@ struct SlotIo {
 
 /// What the scan at open found.
 struct DiskScanReport {
-  std::int64_t valid = 0;    ///< slots with a good header (and payload, when verified)
-  std::int64_t invalid = 0;  ///< slots with a header that is torn, corrupt or of another layout
-  std::int64_t empty = 0;    ///< slots never written or erased
+  std::int64_t valid = 0;        ///< slots with a good header (and payload, when verified)
+  std::int64_t invalid = 0;      ///< slots with a header that is torn, corrupt or of another layout
+  std::int64_t other_epoch = 0;  ///< well-formed slots of other weights (another epoch)
+  std::int64_t empty = 0;        ///< slots never written or erased
   double seconds = 0;
 };
 
@@ -82,13 +86,15 @@ class KVOFFLOAD_EXPORT DiskSlots {
   /// The directory of this layout's files.
   [[nodiscard]] const std::string& layout_directory() const noexcept { return layout_dir_; }
 
-  /// Writes `payload` (exactly payload_bytes) with `key`'s header into `slot`, header and
-  /// payload in one write. Returns false (counted, logged) on an I/O error such as ENOSPC.
-  bool write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload);
-  /// Reads `slot` into `out` (payload_bytes) if its header is valid, holds `key`, and the
-  /// payload's checksum matches; otherwise returns false (a miss, counted) and `out` must not
-  /// be used.
-  bool read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out);
+  /// Writes `payload` (exactly payload_bytes) with `key`'s header, under the weights' epoch
+  /// `epoch`, into `slot`, header and payload in one write. Returns false (counted, logged)
+  /// on an I/O error such as ENOSPC.
+  bool write(std::int64_t slot, const Key& key, std::uint64_t epoch,
+             std::span<const std::uint8_t> payload);
+  /// Reads `slot` into `out` (payload_bytes) if its header is valid, holds `key` under
+  /// `epoch`, and the payload's checksum matches; otherwise returns false (a miss, counted)
+  /// and `out` must not be used.
+  bool read(std::int64_t slot, const Key& key, std::uint64_t epoch, std::span<std::uint8_t> out);
   /// Marks `slot` empty (its header zeroed), e.g. when the tier evicts it.
   bool erase(std::int64_t slot);
   /// Empties every slot (each file cut to nothing and grown back, sparse). No I/O may be in
@@ -98,16 +104,16 @@ class KVOFFLOAD_EXPORT DiskSlots {
   // write() and read() in parts, for an engine that does the I/O itself. `buffer` holds a
   // slot (slot_bytes()), 4 KiB-aligned.
   /// Encodes header and payload into `buffer`; the caller writes it to the returned place.
-  SlotIo prepare_write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload,
-                       std::uint8_t* buffer);
+  SlotIo prepare_write(std::int64_t slot, const Key& key, std::uint64_t epoch,
+                       std::span<const std::uint8_t> payload, std::uint8_t* buffer);
   /// A write that failed with `err` (an errno): counted, logged, the slot's header dropped.
   void write_failed(std::int64_t slot, int err);
   /// Where to read `slot` from (a whole slot, into a buffer).
   SlotIo prepare_read(std::int64_t slot);
-  /// Checks a slot read into `buffer` (header valid, holds `key`, payload checksum) and copies
-  /// the payload to `out`; false (a miss, counted) otherwise. `read_ok` false: the read
-  /// itself failed.
-  bool finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
+  /// Checks a slot read into `buffer` (header valid, holds `key` under `epoch`, payload
+  /// checksum) and copies the payload to `out`; false (a miss, counted) otherwise. `read_ok`
+  /// false: the read itself failed.
+  bool finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key, std::uint64_t epoch,
                    std::span<std::uint8_t> out);
 
   /// The key the scan at open found in each slot (nullopt: empty or invalid).

@@ -44,10 +44,12 @@ KVOFFLOAD_EXPORT std::vector<std::optional<Key>> merge_rank_scans(
 class KVOFFLOAD_EXPORT DiskTier final : public Tier {
  public:
   /// `host_block(id)` gives the bytes of host block `id` (the worker's pool, payload_bytes
-  /// each). Opens (creating if needed) and scans the slab files; throws invalid_argument naming
-  /// the field for a bad config, kvoffload::error naming the path if a file cannot be opened.
+  /// each). Opens (creating if needed) and scans the slab files, keeping the slots written
+  /// under the weights' epoch `epoch` (weights_epoch of the scheduler's weights; a job's own
+  /// TierJob::epoch governs its reads and writes); throws invalid_argument naming the field
+  /// for a bad config, kvoffload::error naming the path if a file cannot be opened.
   DiskTier(const DiskTierConfig& config, std::string_view layout, std::uint64_t payload_bytes,
-           std::function<std::span<std::byte>(HostBlockId)> host_block);
+           std::function<std::span<std::byte>(HostBlockId)> host_block, std::uint64_t epoch = 0);
   /// Finishes the jobs already submitted, then stops the threads.
   ~DiskTier() override;
 

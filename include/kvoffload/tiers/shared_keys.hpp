@@ -51,10 +51,12 @@ class KVOFFLOAD_EXPORT SharedKeys {
   SharedKeys(const SharedKeys&) = delete;
   SharedKeys& operator=(const SharedKeys&) = delete;
 
-  /// The cluster key of `key`'s row of rank `rank`: "kvo:{<32 hex digits>}:<rank>", the
-  /// digits a keyed PRF of the namespace, group and hash (the hash tag keeps a key's ranks in
-  /// one slot).
-  [[nodiscard]] std::string name(const Key& key, int rank) const;
+  /// The cluster key of `key`'s row of rank `rank` under the weights' epoch `epoch`
+  /// (TierJob::epoch): "kvo:{<32 hex digits>}:<rank>", the digits a keyed PRF of the
+  /// namespace, epoch, group and hash (the hash tag keeps a key's ranks in one slot). Blocks
+  /// of another epoch have other names: they are never found, and a value's MAC covers its
+  /// name, so none can be moved across epochs.
+  [[nodiscard]] std::string name(const Key& key, int rank, std::uint64_t epoch) const;
   [[nodiscard]] const std::string& key_namespace() const noexcept { return namespace_; }
   /// Whether a fleet secret was given (false: the public insecure one).
   [[nodiscard]] bool secure() const noexcept { return secure_; }

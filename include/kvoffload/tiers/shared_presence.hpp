@@ -26,9 +26,9 @@ struct PresenceAnswer {
 class KVOFFLOAD_EXPORT PresenceCheck {
  public:
   virtual ~PresenceCheck();
-  /// Starts checking `keys` (a key is present if every tensor-parallel rank's row is). Must
-  /// not block on the network.
-  virtual void submit(std::uint64_t ticket, std::vector<Key> keys) = 0;
+  /// Starts checking `keys` under the weights' epoch `epoch` (a key is present if every
+  /// tensor-parallel rank's row is, written under that epoch). Must not block on the network.
+  virtual void submit(std::uint64_t ticket, std::uint64_t epoch, std::vector<Key> keys) = 0;
   /// The checks finished since the last call.
   virtual std::vector<PresenceAnswer> poll() = 0;
 };

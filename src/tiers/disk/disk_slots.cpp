@@ -27,15 +27,17 @@ static_assert(std::endian::native == std::endian::little, "the slot format is li
 constexpr std::uint64_t kHeaderBytes = 4096;
 constexpr std::uint64_t kAlign = 4096;
 constexpr char kMagic[8] = {'K', 'V', 'O', 'F', 'S', 'L', 'T', '1'};
-// Version 2 added valid_from (SEMANTICS 6.8): slots of version 1 predate the written-sub-block
-// rule, may hold partly written blocks, and are refused as invalid.
-constexpr std::uint32_t kVersion = 2;
+// Version 3 added the weights' epoch; version 2 added valid_from (SEMANTICS 6.8). Slots of
+// older versions are refused as invalid: version 1 predates the written-sub-block rule, and
+// neither says which weights wrote it.
+constexpr std::uint32_t kVersion = 3;
 
 // Field offsets in the header. valid_from is the block's first written sub-block; only whole
-// blocks go below host memory, so a slot whose valid_from is not 0 is invalid.
+// blocks go below host memory, so a slot whose valid_from is not 0 is invalid. epoch is the
+// weights' epoch (TierJob::epoch) the block was written under.
 constexpr std::size_t kOffVersion = 8, kOffKeySize = 12, kOffKey = 16, kOffGroup = 48,
                       kOffValidFrom = 52, kOffDigest = 56, kOffLength = 64, kOffPayloadSum = 72,
-                      kOffHeaderSum = 80, kHeaderFields = 88;
+                      kOffEpoch = 80, kOffHeaderSum = 88, kHeaderFields = 96;
 
 template <class T>
 void put(std::uint8_t* p, std::size_t at, T v) {
@@ -102,11 +104,12 @@ bool full_pwrite(int fd, const std::uint8_t* p, std::size_t n, off_t at) {
   return true;
 }
 
-enum class HeaderState { empty, invalid, valid };
+enum class HeaderState { empty, invalid, other_epoch, valid };
 
-/// Decodes a header; `key` is set when valid.
-HeaderState decode(const std::uint8_t* h, std::uint64_t digest, std::uint64_t payload_bytes,
-                   Key& key) {
+/// Decodes a header; `key` is set when valid. A well-formed header of another epoch is
+/// other_epoch: a block of other weights, never found.
+HeaderState decode(const std::uint8_t* h, std::uint64_t digest, std::uint64_t epoch,
+                   std::uint64_t payload_bytes, Key& key) {
   bool zero = true;
   for (std::size_t i = 0; i < kHeaderFields && zero; ++i) zero = h[i] == 0;
   if (zero) return HeaderState::empty;
@@ -119,6 +122,7 @@ HeaderState decode(const std::uint8_t* h, std::uint64_t digest, std::uint64_t pa
       get<std::uint64_t>(h, kOffLength) != payload_bytes) {
     return HeaderState::invalid;
   }
+  if (get<std::uint64_t>(h, kOffEpoch) != epoch) return HeaderState::other_epoch;
   key = Key{BlockHash::from_bytes(std::span(h + kOffKey, size)), get<std::uint32_t>(h, kOffGroup)};
   return HeaderState::valid;
 }
@@ -213,9 +217,10 @@ void DiskSlots::scan() {
       ++scan_.empty;  // past the end of a truncated file
       continue;
     }
-    switch (decode(buffer, config_.layout_digest, config_.payload_bytes, key)) {
+    switch (decode(buffer, config_.layout_digest, config_.epoch, config_.payload_bytes, key)) {
       case HeaderState::empty: ++scan_.empty; break;
       case HeaderState::invalid: ++scan_.invalid; break;
+      case HeaderState::other_epoch: ++scan_.other_epoch; break;
       case HeaderState::valid:
         if (config_.verify_payloads_on_scan &&
             XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) !=
@@ -230,9 +235,9 @@ void DiskSlots::scan() {
   }
   scan_.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   detail::logger().info(
-      "disk tier: {} holds {} valid, {} invalid and {} empty slots (scanned in {:.3f} s); "
-      "slot I/O {}",
-      layout_dir_, scan_.valid, scan_.invalid, scan_.empty, scan_.seconds,
+      "disk tier: {} holds {} valid, {} invalid, {} other weights' and {} empty slots "
+      "(scanned in {:.3f} s); slot I/O {}",
+      layout_dir_, scan_.valid, scan_.invalid, scan_.other_epoch, scan_.empty, scan_.seconds,
       direct_ ? "O_DIRECT" : "buffered");
 }
 
@@ -251,7 +256,7 @@ void DiskSlots::clear() {
   detail::logger().info("disk tier: {} emptied ({} slots)", layout_dir_, num_slots_);
 }
 
-SlotIo DiskSlots::prepare_write(std::int64_t slot, const Key& key,
+SlotIo DiskSlots::prepare_write(std::int64_t slot, const Key& key, std::uint64_t epoch,
                                 std::span<const std::uint8_t> payload, std::uint8_t* h) {
   KVOFFLOAD_EXPECTS(payload.size() == config_.payload_bytes,
                     "disk tier: a payload of {} bytes, slots hold {}", payload.size(),
@@ -267,6 +272,7 @@ SlotIo DiskSlots::prepare_write(std::int64_t slot, const Key& key,
   put<std::uint64_t>(h, kOffDigest, config_.layout_digest);
   put<std::uint64_t>(h, kOffLength, config_.payload_bytes);
   put<std::uint64_t>(h, kOffPayloadSum, XXH3_64bits(payload.data(), payload.size()));
+  put<std::uint64_t>(h, kOffEpoch, epoch);
   put<std::uint64_t>(h, kOffHeaderSum, XXH3_64bits(h, kOffHeaderSum));
   std::memcpy(h + kHeaderBytes, payload.data(), payload.size());
   std::memset(h + kHeaderBytes + payload.size(), 0, slot_bytes_ - kHeaderBytes - payload.size());
@@ -289,17 +295,17 @@ SlotIo DiskSlots::prepare_read(std::int64_t slot) {
 }
 
 bool DiskSlots::finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
-                            std::span<std::uint8_t> out) {
+                            std::uint64_t epoch, std::span<std::uint8_t> out) {
   KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
                     "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
                     config_.payload_bytes);
   Key found;
-  const bool ok =
-      read_ok &&
-      decode(buffer, config_.layout_digest, config_.payload_bytes, found) == HeaderState::valid &&
-      found == key &&
-      XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) ==
-          get<std::uint64_t>(buffer, kOffPayloadSum);
+  const bool ok = read_ok &&
+                  decode(buffer, config_.layout_digest, epoch, config_.payload_bytes, found) ==
+                      HeaderState::valid &&
+                  found == key &&
+                  XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) ==
+                      get<std::uint64_t>(buffer, kOffPayloadSum);
   if (!ok) {
     ++read_misses_;
     return false;
@@ -308,9 +314,10 @@ bool DiskSlots::finish_read(const std::uint8_t* buffer, bool read_ok, const Key&
   return true;
 }
 
-bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::uint8_t> payload) {
+bool DiskSlots::write(std::int64_t slot, const Key& key, std::uint64_t epoch,
+                      std::span<const std::uint8_t> payload) {
   std::uint8_t* const buffer = slot_buffer(slot_bytes_);
-  const SlotIo io = prepare_write(slot, key, payload, buffer);
+  const SlotIo io = prepare_write(slot, key, epoch, payload, buffer);
   if (!full_pwrite(io.fd, buffer, io.bytes, static_cast<off_t>(io.offset))) {
     write_failed(slot, errno == 0 ? EIO : errno);
     return false;
@@ -318,14 +325,15 @@ bool DiskSlots::write(std::int64_t slot, const Key& key, std::span<const std::ui
   return true;
 }
 
-bool DiskSlots::read(std::int64_t slot, const Key& key, std::span<std::uint8_t> out) {
+bool DiskSlots::read(std::int64_t slot, const Key& key, std::uint64_t epoch,
+                     std::span<std::uint8_t> out) {
   KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
                     "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
                     config_.payload_bytes);
   const SlotIo io = prepare_read(slot);
   std::uint8_t* const buffer = slot_buffer(slot_bytes_);
   const bool read_ok = full_pread(io.fd, buffer, io.bytes, static_cast<off_t>(io.offset));
-  return finish_read(buffer, read_ok, key, out);
+  return finish_read(buffer, read_ok, key, epoch, out);
 }
 
 bool DiskSlots::erase(std::int64_t slot) {

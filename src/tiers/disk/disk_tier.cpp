@@ -41,7 +41,7 @@ std::vector<std::optional<Key>> merge_rank_scans(
 namespace {
 
 DiskSlotsConfig slots_config(const DiskTierConfig& c, std::string_view layout,
-                             std::uint64_t payload_bytes) {
+                             std::uint64_t payload_bytes, std::uint64_t epoch) {
   KVOFFLOAD_EXPECTS(!c.path.empty(), "disk tier: path is empty");
   KVOFFLOAD_EXPECTS(c.io_threads >= 1 && c.io_threads <= 256,
                     "disk tier: io_threads must be 1 to 256, got {}", c.io_threads);
@@ -51,6 +51,7 @@ DiskSlotsConfig slots_config(const DiskTierConfig& c, std::string_view layout,
   DiskSlotsConfig s;
   s.directory = c.path;
   s.layout_digest = disk_layout_digest(c, layout);
+  s.epoch = epoch;
   s.payload_bytes = payload_bytes;
   s.capacity_bytes = c.capacity_bytes;
   s.verify_payloads_on_scan = c.verify_payloads_on_scan;
@@ -62,9 +63,9 @@ DiskSlotsConfig slots_config(const DiskTierConfig& c, std::string_view layout,
 
 DiskTier::DiskTier(const DiskTierConfig& config, std::string_view layout,
                    std::uint64_t payload_bytes,
-                   std::function<std::span<std::byte>(HostBlockId)> host_block)
+                   std::function<std::span<std::byte>(HostBlockId)> host_block, std::uint64_t epoch)
     : Tier("disk tier", /*failures_expected=*/false),
-      slots_(slots_config(config, layout, payload_bytes)),
+      slots_(slots_config(config, layout, payload_bytes, epoch)),
       host_block_(std::move(host_block)) {
   KVOFFLOAD_EXPECTS(config.io_depth >= 1 && config.io_depth <= 4096,
                     "disk tier: io_depth must be 1 to 4096, got {}", config.io_depth);
@@ -154,9 +155,9 @@ void DiskTier::run_threads() {
     bool ok = false;
     try {
       if (job.kind == JobKind::write) {
-        ok = slots_.write(slot, job.keys[i], host_bytes(job, i));
+        ok = slots_.write(slot, job.keys[i], job.epoch, host_bytes(job, i));
       } else {
-        ok = slots_.read(slot, job.keys[i], host_bytes(job, i));
+        ok = slots_.read(slot, job.keys[i], job.epoch, host_bytes(job, i));
         // Bad bytes stay bad: the slot is emptied so a restart does not find it again.
         if (!ok) (void)slots_.erase(slot);
       }
@@ -211,7 +212,7 @@ void DiskTier::run_uring() {
       const unsigned b = free_buffers.back();
       try {
         const bool write = job.kind == JobKind::write;
-        const SlotIo io = write ? slots_.prepare_write(job.slots[i], job.keys[i],
+        const SlotIo io = write ? slots_.prepare_write(job.slots[i], job.keys[i], job.epoch,
                                                        host_bytes(job, i), ring.buffer(b))
                                 : slots_.prepare_read(job.slots[i]);
         ready.push_back(Prepared{b, write, io});
@@ -245,7 +246,8 @@ void DiskTier::run_uring() {
         ok = complete;
       } else {
         try {
-          ok = slots_.finish_read(ring.buffer(b), complete, job.keys[i], host_bytes(job, i));
+          ok = slots_.finish_read(ring.buffer(b), complete, job.keys[i], job.epoch,
+                                  host_bytes(job, i));
         } catch (const std::exception& e) {
           detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
         }

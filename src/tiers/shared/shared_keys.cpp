@@ -100,10 +100,11 @@ SharedKeys::SharedKeys(const SharedTierConfig& c, std::int64_t block_size_factor
 
 SharedKeys::~SharedKeys() = default;
 
-std::string SharedKeys::name(const Key& key, int rank) const {
+std::string SharedKeys::name(const Key& key, int rank, std::uint64_t epoch) const {
   const std::uint32_t group = key.group;
   const detail::Mac prf = names_->begin()
                               .update(namespace_)
+                              .update(std::as_bytes(std::span(&epoch, 1)))
                               .update(std::as_bytes(std::span(&group, 1)))
                               .update(std::as_bytes(std::span(key.hash.data(), key.hash.size())))
                               .finish();

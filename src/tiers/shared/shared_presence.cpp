@@ -40,10 +40,10 @@ class ClusterPresence final : public PresenceCheck {
   ClusterPresence(const ClusterPresence&) = delete;
   ClusterPresence& operator=(const ClusterPresence&) = delete;
 
-  void submit(std::uint64_t ticket, std::vector<Key> keys) override {
+  void submit(std::uint64_t ticket, std::uint64_t epoch, std::vector<Key> keys) override {
     {
       std::lock_guard lock(mutex_);
-      queue_.emplace_back(ticket, std::move(keys));
+      queue_.push_back(Check{ticket, epoch, std::move(keys)});
     }
     ready_.notify_one();
   }
@@ -58,7 +58,7 @@ class ClusterPresence final : public PresenceCheck {
  private:
   void run() {
     for (;;) {
-      std::pair<std::uint64_t, std::vector<Key>> check;
+      Check check;
       {
         std::unique_lock lock(mutex_);
         ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
@@ -66,16 +66,16 @@ class ClusterPresence final : public PresenceCheck {
         check = std::move(queue_.front());
         queue_.pop_front();
       }
-      PresenceAnswer a{check.first, std::vector<bool>(check.second.size(), false)};
+      PresenceAnswer a{check.ticket, std::vector<bool>(check.keys.size(), false)};
       // One EXISTS per key naming every rank's row (they share a slot): present if all are.
-      std::vector<std::string> names(check.second.size() * static_cast<std::size_t>(tp_size_));
-      std::vector<ClusterCommand> commands(check.second.size());
-      for (std::size_t i = 0; i < check.second.size(); ++i) {
+      std::vector<std::string> names(check.keys.size() * static_cast<std::size_t>(tp_size_));
+      std::vector<ClusterCommand> commands(check.keys.size());
+      for (std::size_t i = 0; i < check.keys.size(); ++i) {
         ClusterCommand& c = commands[i];
         c.args.push_back("EXISTS");
         for (int rank = 0; rank < tp_size_; ++rank) {
           std::string& name = names[i * static_cast<std::size_t>(tp_size_) + rank];
-          name = keys_.name(check.second[i], rank);
+          name = keys_.name(check.keys[i], rank, check.epoch);
           c.args.push_back(name);
         }
         c.key = c.args[1];
@@ -93,7 +93,12 @@ class ClusterPresence final : public PresenceCheck {
   std::unique_ptr<ClusterClient> client_;
   std::mutex mutex_;
   std::condition_variable ready_;
-  std::deque<std::pair<std::uint64_t, std::vector<Key>>> queue_;
+  struct Check {
+    std::uint64_t ticket = 0;
+    std::uint64_t epoch = 0;
+    std::vector<Key> keys;
+  };
+  std::deque<Check> queue_;
   std::vector<PresenceAnswer> answers_;
   bool stopping_ = false;
   std::thread thread_;

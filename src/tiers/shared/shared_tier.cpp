@@ -136,7 +136,7 @@ void SharedTier::run() {
         const TierJob& job = tasks[i].job->job;
         const std::size_t b = tasks[i].index;
         const Key& k = job.keys[b];
-        keys[i] = keys_->name(k, rank_);
+        keys[i] = keys_->name(k, rank_, job.epoch);
         if (job.kind == JobKind::promote) {
           // The payload goes straight into the host block; it counts only once verified (the
           // block is the promotion's alone, and a failed one is never a hit).
