@@ -39,20 +39,24 @@ void TierQueue::submit(const TierJob& job) {
     }
     Job* raw = state.get();
     jobs_.emplace(job.id, std::move(state));
-    for (std::size_t i = 0; i < job.keys.size(); ++i) queue_.push_back(Task{raw, i});
+    std::deque<Task>& q = job.kind == JobKind::promote ? promotes_ : writes_;
+    for (std::size_t i = 0; i < job.keys.size(); ++i) q.push_back(Task{raw, i});
   }
   work_ready_.notify_all();
 }
 
 bool TierQueue::take(std::vector<Task>& out, std::size_t max, bool busy) {
   std::unique_lock lock(mutex_);
-  if (!busy) work_ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-  while (out.size() < max && !queue_.empty()) {
-    out.push_back(queue_.front());
-    queue_.pop_front();
+  const auto empty = [&] { return promotes_.empty() && writes_.empty(); };
+  if (!busy) work_ready_.wait(lock, [&] { return stopping_ || !empty(); });
+  for (std::deque<Task>* q : {&promotes_, &writes_}) {
+    while (out.size() < max && !q->empty()) {
+      out.push_back(q->front());
+      q->pop_front();
+    }
   }
   // Stopping ends the loop only once every submitted block is done.
-  return !(stopping_ && queue_.empty() && out.empty() && !busy);
+  return !(stopping_ && empty() && out.empty() && !busy);
 }
 
 void TierQueue::done(const Task& task, bool ok) {

@@ -1,7 +1,11 @@
 #pragma once
 
-// The job bookkeeping every tier shares (tier.hpp): submitted jobs by id, their blocks queued
-// in order, per-job progress, the finished list, waiting and stopping.
+// The job bookkeeping every tier shares (tier.hpp): submitted jobs by id, their blocks queued,
+// per-job progress, the finished list, waiting and stopping.
+//
+// Promotions first (issue 28): a promotion is what a waiting request needs, a write only keeps
+// a copy, so take() hands out every queued promote block before any write block; each kind
+// keeps its submission order.
 
 #include <condition_variable>
 #include <cstdint>
@@ -43,8 +47,9 @@ class TierQueue {
   /// Queues every block of `job` (a job without blocks finishes at once). Throws
   /// invalid_argument if a job of that id is still running.
   void submit(const TierJob& job);
-  /// Appends up to `max` queued blocks to `out`, waiting for one unless `busy` (the caller has
-  /// work in flight). False once stopping with nothing queued, nothing taken and not busy.
+  /// Appends up to `max` queued blocks to `out`, promote blocks before write blocks, each kind
+  /// in submission order; waits for one unless `busy` (the caller has work in flight). False
+  /// once stopping with nothing queued, nothing taken and not busy.
   bool take(std::vector<Task>& out, std::size_t max, bool busy);
   /// Counts one block done; the job finishes with its last block.
   void done(const Task& task, bool ok);
@@ -63,7 +68,8 @@ class TierQueue {
   std::condition_variable work_ready_;
   std::condition_variable job_done_;
   std::unordered_map<JobId, std::unique_ptr<Job>> jobs_;  // submitted, not finished
-  std::deque<Task> queue_;
+  std::deque<Task> promotes_;                             // blocks of promote jobs, taken first
+  std::deque<Task> writes_;                               // blocks of write jobs
   std::vector<FinishedTierJob> finished_;
   bool stopping_ = false;
 };

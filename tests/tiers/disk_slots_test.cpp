@@ -88,7 +88,7 @@ TEST_CASE("Disk slots: blocks written are found by a new process's scan and read
       REQUIRE(k.has_value());
       CHECK(*k == key_of(i));
       std::vector<std::uint8_t> out(c.payload_bytes);
-      REQUIRE(again.read(i, key_of(i), 0, out));
+      REQUIRE(again.read(i, key_of(i), 0, out) == SlotRead::ok);
       CHECK(out == payload_of(i, c.payload_bytes));
     } else {
       CHECK_FALSE(k.has_value());
@@ -96,7 +96,7 @@ TEST_CASE("Disk slots: blocks written are found by a new process's scan and read
   }
   // Asking a slot for another key is a miss, counted.
   std::vector<std::uint8_t> out(c.payload_bytes);
-  CHECK_FALSE(again.read(0, key_of(1), 0, out));
+  CHECK(again.read(0, key_of(1), 0, out) == SlotRead::not_found);
   CHECK(again.stats().read_misses == 1);
 }
 
@@ -119,10 +119,10 @@ TEST_CASE("Disk slots: a corrupt payload or header is a miss, never data", "[dis
     CHECK(d.scan_report().invalid == 1);
     CHECK_FALSE(d.scanned()[2].has_value());
     std::vector<std::uint8_t> out(c.payload_bytes);
-    CHECK_FALSE(d.read(1, key_of(1), 0, out));
-    CHECK_FALSE(d.read(2, key_of(2), 0, out));
+    CHECK(d.read(1, key_of(1), 0, out) == SlotRead::corrupt);
+    CHECK(d.read(2, key_of(2), 0, out) == SlotRead::corrupt);
     CHECK(d.stats().read_misses == 2);
-    REQUIRE(d.read(0, key_of(0), 0, out));
+    REQUIRE(d.read(0, key_of(0), 0, out) == SlotRead::ok);
     CHECK(out == payload_of(0, c.payload_bytes));
   }
   c.verify_payloads_on_scan = true;  // then the scan drops slot 1 as well
@@ -143,7 +143,8 @@ TEST_CASE("Disk slots: another layout never sees these bytes; a truncated file i
     file = d.layout_directory() + "/slab-1.kvo";  // slots 8..15
   }
   DiskSlotsConfig other = c;
-  other.layout_digest ^= 1;  // e.g. another dtype or tensor-parallel rank
+  other.layout_digest ^= 1;                // e.g. another tensor-parallel rank of the same engine
+  other.keep_layouts = {c.layout_digest};  // its other ranks' directories are not stale
   {
     DiskSlots d(other);
     CHECK(d.scan_report().valid == 0);
@@ -155,9 +156,11 @@ TEST_CASE("Disk slots: another layout never sees these bytes; a truncated file i
     DiskSlots d(c);
     CHECK(d.scan_report().valid == 9);  // the header-only scan still lists slot 8 ...
     std::vector<std::uint8_t> out(c.payload_bytes);
-    CHECK_FALSE(d.read(8, key_of(8), 0, out));  // ... whose read is a miss
-    CHECK_FALSE(d.read(9, key_of(9), 0, out));
-    REQUIRE(d.read(7, key_of(7), 0, out));
+    // ... whose read is a miss: the file grew back with zeros, so slot 8's payload fails its
+    // checksum and slot 9 is empty.
+    CHECK(d.read(8, key_of(8), 0, out) == SlotRead::corrupt);
+    CHECK(d.read(9, key_of(9), 0, out) == SlotRead::not_found);
+    REQUIRE(d.read(7, key_of(7), 0, out) == SlotRead::ok);
     CHECK(out == payload_of(7, c.payload_bytes));
   }
   c.verify_payloads_on_scan = true;
@@ -226,7 +229,7 @@ TEST_CASE("Disk slots: a process killed while writing leaves only whole blocks",
     ++found;
     CAPTURE(s);
     REQUIRE(*k == key_of(s));
-    REQUIRE(d.read(s, key_of(s), 0, out));
+    REQUIRE(d.read(s, key_of(s), 0, out) == SlotRead::ok);
     REQUIRE(out == payload_of(s, c.payload_bytes));
   }
   CHECK(found >= static_cast<std::int64_t>(completed.size()));
@@ -300,9 +303,9 @@ TEST_CASE(
   CHECK(d.scan_report().valid == 1);
   CHECK(d.scan_report().invalid == 2);
   std::vector<std::uint8_t> out(c.payload_bytes);
-  CHECK_FALSE(d.read(0, key_of(0), 0, out));
-  CHECK_FALSE(d.read(1, key_of(1), 0, out));
-  REQUIRE(d.read(2, key_of(2), 0, out));
+  CHECK(d.read(0, key_of(0), 0, out) == SlotRead::corrupt);
+  CHECK(d.read(1, key_of(1), 0, out) == SlotRead::corrupt);
+  REQUIRE(d.read(2, key_of(2), 0, out) == SlotRead::ok);
   CHECK(out == payload_of(2, c.payload_bytes));
 }
 
@@ -320,8 +323,8 @@ TEST_CASE("Disk slots: a block is found only under the weights' epoch it was wri
     REQUIRE(d.write(0, key_of(0), 7, payload_of(0, c.payload_bytes)));
     REQUIRE(d.write(1, key_of(1), 7, payload_of(1, c.payload_bytes)));
     REQUIRE(d.write(2, key_of(2), 8, payload_of(2, c.payload_bytes)));  // after reset_cache
-    CHECK_FALSE(d.read(0, key_of(0), 8, out));
-    REQUIRE(d.read(2, key_of(2), 8, out));
+    CHECK(d.read(0, key_of(0), 8, out) == SlotRead::not_found);
+    REQUIRE(d.read(2, key_of(2), 8, out) == SlotRead::ok);
     CHECK(out == payload_of(2, c.payload_bytes));
   }
   {
@@ -338,7 +341,51 @@ TEST_CASE("Disk slots: a block is found only under the weights' epoch it was wri
   CHECK_FALSE(new_weights.scanned()[0].has_value());
   CHECK_FALSE(new_weights.scanned()[1].has_value());
   CHECK(new_weights.scanned()[2] == key_of(2));
-  CHECK_FALSE(new_weights.read(1, key_of(1), 8, out));
-  REQUIRE(new_weights.read(1, key_of(1), 7, out));  // still there: only the epoch hid it
+  CHECK(new_weights.read(1, key_of(1), 8, out) == SlotRead::not_found);
+  REQUIRE(new_weights.read(1, key_of(1), 7, out) ==
+          SlotRead::ok);  // still there: only the epoch hid it
   CHECK(out == payload_of(1, c.payload_bytes));
+}
+
+TEST_CASE("Disk slots: a read says why it missed; a failed read leaves the slot as it was",
+          "[disk]") {
+  // Only a corrupt slot is a reason to erase it (the disk tier does, SlotRead::corrupt): a
+  // read that failed (EIO, EAGAIN, a short read) may work the next time, and a well-formed
+  // slot of another key or epoch is not the reader's to judge.
+  TempDir dir;
+  const DiskSlotsConfig c = config_in(dir.path);
+  DiskSlots d(c);
+  REQUIRE(d.write(0, key_of(0), 0, payload_of(0, c.payload_bytes)));
+  std::vector<std::uint8_t> buffer(d.slot_bytes()), out(c.payload_bytes);
+  const auto read_raw = [&](std::int64_t slot) {
+    const SlotIo io = d.prepare_read(slot);
+    REQUIRE(::pread(io.fd, buffer.data(), io.bytes, static_cast<off_t>(io.offset)) ==
+            static_cast<ssize_t>(io.bytes));
+  };
+  // The read itself failed: a transient miss, nothing looked at, the slot kept.
+  CHECK(d.finish_read(buffer.data(), false, key_of(0), 0, out) == SlotRead::io_error);
+  CHECK(d.stats().read_errors == 1);
+  CHECK(d.stats().read_misses == 1);
+  REQUIRE(d.read(0, key_of(0), 0, out) == SlotRead::ok);
+  CHECK(out == payload_of(0, c.payload_bytes));
+  // The same bytes, checked for another key, another epoch: not found (not corrupt).
+  read_raw(0);
+  CHECK(d.finish_read(buffer.data(), true, key_of(0), 0, out) == SlotRead::ok);
+  CHECK(d.finish_read(buffer.data(), true, key_of(1), 0, out) == SlotRead::not_found);
+  CHECK(d.finish_read(buffer.data(), true, key_of(0), 5, out) == SlotRead::not_found);
+  read_raw(3);  // never written
+  CHECK(d.finish_read(buffer.data(), true, key_of(3), 0, out) == SlotRead::not_found);
+  CHECK(d.stats().read_corrupt == 0);
+  // A payload or header that fails its checksum: corrupt.
+  read_raw(0);
+  buffer[4096 + 7] ^= 1;
+  CHECK(d.finish_read(buffer.data(), true, key_of(0), 0, out) == SlotRead::corrupt);
+  read_raw(0);
+  buffer[20] ^= 1;  // the key, under the header's checksum
+  CHECK(d.finish_read(buffer.data(), true, key_of(0), 0, out) == SlotRead::corrupt);
+  CHECK(d.stats().read_corrupt == 2);
+  CHECK(d.stats().read_errors == 1);
+  // None of it touched the slot.
+  REQUIRE(d.read(0, key_of(0), 0, out) == SlotRead::ok);
+  CHECK(out == payload_of(0, c.payload_bytes));
 }

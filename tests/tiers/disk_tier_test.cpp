@@ -162,24 +162,26 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
     f.seekp(at);
     f.write(&c, 1);
   }
-  DiskTier tier(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
-                [&](HostBlockId id) { return pool.block(id); });
-  const auto& scanned = tier.scanned();
-  for (int i = 0; i < 4; ++i) {
-    REQUIRE(scanned[static_cast<std::size_t>(i)].has_value());  // headers are fine
-    CHECK(*scanned[static_cast<std::size_t>(i)] == key_of(i));
+  {
+    DiskTier tier(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
+                  [&](HostBlockId id) { return pool.block(id); });
+    const auto& scanned = tier.scanned();
+    for (int i = 0; i < 4; ++i) {
+      REQUIRE(scanned[static_cast<std::size_t>(i)].has_value());  // headers are fine
+      CHECK(*scanned[static_cast<std::size_t>(i)] == key_of(i));
+    }
+    TierJob p = job_of(2, JobKind::promote, 0, 4, 4, 0);
+    tier.submit(p);
+    const std::vector<JobId> ids{2};
+    const auto done = finish(tier, ids);
+    REQUIRE(done.size() == 1);
+    CHECK_FALSE(done[0].ok);
+    CHECK(done[0].failed_blocks == 1);
+    CHECK(tier.slots().stats().read_misses == 1);
+    CHECK(tier.slots().stats().read_corrupt == 1);  // erased: the restart below misses it
+    CHECK(pool.holds(4, 7));                        // the good slots still arrived
+    CHECK(pool.holds(7, 10));
   }
-  TierJob p = job_of(2, JobKind::promote, 0, 4, 4, 0);
-  tier.submit(p);
-  const std::vector<JobId> ids{2};
-  const auto done = finish(tier, ids);
-  REQUIRE(done.size() == 1);
-  CHECK_FALSE(done[0].ok);
-  CHECK(done[0].failed_blocks == 1);
-  CHECK(tier.slots().stats().read_misses == 1);
-  CHECK(pool.holds(4, 7));  // the good slots still arrived
-  CHECK(pool.holds(7, 10));
-
   DiskTier again(config_in(dir, 8, 2, io), "layout-a", kBlockBytes,
                  [&](HostBlockId id) { return pool.block(id); });
   CHECK_FALSE(again.scanned()[2].has_value());
@@ -515,6 +517,8 @@ TEST_CASE("A worker derived from the scheduler's config has its tiers, factor an
   // A shared tier (it connects on first use: none here) writes the namespace of its store;
   // a scheduler whose store names another would check keys nobody writes.
   SchedulerConfig with_shared = sc;
+  const TempDir dir2;  // a disk of its own: `w` holds (locks) the first while it lives
+  std::get<DiskTierConfig>(*with_shared.tiers[0].store).path = dir2.path.string();
   shared.store = kvoffload::test::shared_store("127.0.0.1:1", "model-a");
   with_shared.tiers.push_back(shared);
   const Worker ws(derive_worker_config(with_shared, wc));

@@ -11,7 +11,25 @@
 //                       layout digest, payload length, XXH3-64 of the payload, the
 //                       weights' epoch, XXH3-64 of the header fields before it; zero padding
 //   [4096, slot_bytes)  payload, padded to a multiple of 4096 (O_DIRECT-ready)
-// Files: <directory>/<layout digest, 16 hex digits>/slab-<n>.kvo, `slots_per_file` slots each.
+// Files: <directory>/<layout digest, 16 hex digits>/slab-<n>.kvo, `slots_per_file` slots each,
+// and <layout digest>/kvoffload.lock.
+//
+// Opening (issue 28):
+// - One owner per layout directory: an exclusive flock on its kvoffload.lock, held for the
+//   object's life (O_CLOEXEC). A second DiskSlots on the same directory, in this process or
+//   another, throws io_error naming the directory: two writers would overwrite each other's
+//   slots. Give each engine its own path, and each tensor-parallel worker its own tp_rank.
+// - Private files: directories the tier creates are 0700, slab and lock files 0600 (wider
+//   existing files are narrowed); every file is opened with O_NOFOLLOW, and a root or layout
+//   directory that is a symbolic link is refused (io_error naming it).
+// - The capacity is the bound on disk: files past the slots capacity_bytes holds now are
+//   removed, and a longer last file is cut to its slots (a tier whose capacity shrank).
+// - A root belongs to one engine: the other layout directories under it are stale (an older
+//   model, dtype, factor or layout of this engine) and are removed, except the layouts in
+//   keep_layouts (this engine's other tensor-parallel ranks) and any whose lock another
+//   DiskSlots holds (in use). Only a directory named by 16 hex digits that holds nothing but
+//   slab-<n>.kvo files and its lock file is removed; anything else is left alone. Each
+//   removal is logged.
 //
 // Thread-safety: write, read and erase of different slots may run concurrently (the disk
 // tier's I/O threads); the same slot must not be used by two calls at once (the scheduler's
@@ -45,6 +63,17 @@ struct DiskSlotsConfig {
   /// Slot reads and writes bypass the page cache (O_DIRECT) where the file system allows it;
   /// elsewhere (tmpfs, some overlay file systems) they fall back to buffered I/O, logged.
   bool direct_io = false;
+  /// Layout digests under the same directory that are not stale and never removed at open:
+  /// this engine's other tensor-parallel ranks (DiskTier fills it).
+  std::vector<std::uint64_t> keep_layouts;
+};
+
+/// Why a slot read did or did not give the block. Only `corrupt` is a reason to erase the slot.
+enum class SlotRead {
+  ok,         ///< the payload was copied out
+  io_error,   ///< the read itself failed (an I/O error, a short read): the slot is kept
+  corrupt,    ///< a torn or corrupt header, or the key's payload fails its checksum
+  not_found,  ///< empty, or a well-formed slot of another key or weights' epoch
 };
 
 /// Where one slot operation goes: the file, the offset and the byte count (a whole slot for
@@ -68,14 +97,18 @@ struct DiskSlotsStats {
   std::uint64_t writes = 0;
   std::uint64_t write_errors = 0;  ///< I/O errors, ENOSPC included
   std::uint64_t reads = 0;
-  std::uint64_t read_misses = 0;  ///< bad header, other key, bad checksum, short file
+  std::uint64_t read_misses = 0;   ///< every read that gave no block (the three below)
+  std::uint64_t read_errors = 0;   ///< of them, reads that failed (I/O error, short read)
+  std::uint64_t read_corrupt = 0;  ///< of them, a torn or corrupt header or payload
 };
 
 class KVOFFLOAD_EXPORT DiskSlots {
  public:
-  /// Creates or opens the slab files and scans their headers. Throws invalid_argument naming
-  /// the field for a bad config, and kvoffload::error naming the path when a file cannot be
-  /// created.
+  /// Creates or opens the slab files (locking the layout directory, removing stale layout
+  /// directories and files past the capacity: see the top of this file) and scans their
+  /// headers. Throws invalid_argument naming the field for a bad config, and io_error naming
+  /// the path when a directory or file cannot be created or opened, is a symbolic link, or
+  /// another DiskSlots (in this process or another) uses the layout directory.
   explicit DiskSlots(const DiskSlotsConfig& config);
   ~DiskSlots();
   DiskSlots(const DiskSlots&) = delete;
@@ -83,7 +116,7 @@ class KVOFFLOAD_EXPORT DiskSlots {
 
   [[nodiscard]] std::int64_t num_slots() const noexcept { return num_slots_; }
   [[nodiscard]] std::uint64_t slot_bytes() const noexcept { return slot_bytes_; }
-  /// The directory of this layout's files.
+  /// The directory of this layout's files (locked by this object while it lives).
   [[nodiscard]] const std::string& layout_directory() const noexcept { return layout_dir_; }
 
   /// Writes `payload` (exactly payload_bytes) with `key`'s header, under the weights' epoch
@@ -92,9 +125,11 @@ class KVOFFLOAD_EXPORT DiskSlots {
   bool write(std::int64_t slot, const Key& key, std::uint64_t epoch,
              std::span<const std::uint8_t> payload);
   /// Reads `slot` into `out` (payload_bytes) if its header is valid, holds `key` under
-  /// `epoch`, and the payload's checksum matches; otherwise returns false (a miss, counted)
-  /// and `out` must not be used.
-  bool read(std::int64_t slot, const Key& key, std::uint64_t epoch, std::span<std::uint8_t> out);
+  /// `epoch`, and the payload's checksum matches (SlotRead::ok); otherwise says why (a miss,
+  /// counted; an I/O error is logged) and `out` must not be used. Erases nothing: the caller
+  /// erases a slot read as corrupt.
+  SlotRead read(std::int64_t slot, const Key& key, std::uint64_t epoch,
+                std::span<std::uint8_t> out);
   /// Marks `slot` empty (its header zeroed), e.g. when the tier evicts it.
   bool erase(std::int64_t slot);
   /// Empties every slot (each file cut to nothing and grown back, sparse). No I/O may be in
@@ -111,10 +146,11 @@ class KVOFFLOAD_EXPORT DiskSlots {
   /// Where to read `slot` from (a whole slot, into a buffer).
   SlotIo prepare_read(std::int64_t slot);
   /// Checks a slot read into `buffer` (header valid, holds `key` under `epoch`, payload
-  /// checksum) and copies the payload to `out`; false (a miss, counted) otherwise. `read_ok`
-  /// false: the read itself failed.
-  bool finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key, std::uint64_t epoch,
-                   std::span<std::uint8_t> out);
+  /// checksum) and copies the payload to `out` (SlotRead::ok); otherwise says why (a miss,
+  /// counted). `read_ok` false: the read itself failed, `buffer` is not looked at and the
+  /// answer is SlotRead::io_error (the caller logs the reason).
+  SlotRead finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
+                       std::uint64_t epoch, std::span<std::uint8_t> out);
 
   /// The key the scan at open found in each slot (nullopt: empty or invalid).
   [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept { return scanned_; }
@@ -124,6 +160,9 @@ class KVOFFLOAD_EXPORT DiskSlots {
   [[nodiscard]] bool direct() const noexcept { return direct_; }
 
  private:
+  void open_files(int dir_fd);
+  void remove_stale_layouts(const std::string& root);
+  void close_all() noexcept;
   void scan();
   [[nodiscard]] std::pair<int, std::uint64_t> locate(std::int64_t slot) const;
 
@@ -133,10 +172,12 @@ class KVOFFLOAD_EXPORT DiskSlots {
   std::int64_t num_slots_ = 0;
   std::vector<int> fds_;         // buffered: the scan
   std::vector<int> direct_fds_;  // slot I/O: O_DIRECT, or the buffered fds again
+  int lock_fd_ = -1;             // <layout_dir_>/kvoffload.lock, flock(LOCK_EX) while alive
   bool direct_ = false;
   std::vector<std::optional<Key>> scanned_;
   DiskScanReport scan_;
-  std::atomic<std::uint64_t> writes_{0}, write_errors_{0}, reads_{0}, read_misses_{0};
+  std::atomic<std::uint64_t> writes_{0}, write_errors_{0}, reads_{0}, read_misses_{0},
+      read_errors_{0}, read_corrupt_{0};
 };
 
 /// XXH3-64 of `bytes` (the disk tier's checksum), exposed for tests and tools.

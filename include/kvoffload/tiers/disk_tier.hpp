@@ -3,8 +3,16 @@
 // The worker side of a disk tier (a Tier, tier.hpp): runs the scheduler's tier jobs (promote:
 // slots into host blocks; write: host blocks into slots) on a pool of I/O threads over
 // DiskSlots, and reports them finished. Each tensor-parallel worker has its own (its rows, its
-// files: the layout digest includes the rank).
+// files: the layout digest includes the rank), and its layout directory is locked while the
+// tier lives (a second DiskTier on it, in any process, throws io_error at construction).
+//
+// A failed promotion erases its slot only when the slot is verifiably bad (a torn or corrupt
+// header, a payload that fails its checksum: SlotRead::corrupt); a read that failed (an I/O
+// error, a short read) or a slot holding another key or weights' epoch is left as it is. With
+// io_uring, operations the kernel does not take are retried (bounded) and, if it still
+// refuses, fail their blocks at once (no wait for completions that cannot come).
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -63,6 +71,14 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   /// The engine in use: DiskIo::io_uring or DiskIo::threads.
   [[nodiscard]] DiskIo io() const noexcept { return io_; }
 
+  // Test seams (C++ only), for the tests of what the tier does when the disk or the kernel
+  // fails; production code never calls them.
+  /// The next `count` slot reads fail as if the read had returned -`err` (nothing is read).
+  void fail_reads_for_test(int count, int err) noexcept;
+  /// io_uring engine: the next `count` submissions fail with -`err` before the kernel sees
+  /// them (EAGAIN, EBUSY: retried; another errno: their blocks fail). No-op for threads.
+  void fail_submits_for_test(int count, int err) noexcept;
+
  private:
   void check(const TierJob& job) const override;
   void clear_contents() override { slots_.clear(); }
@@ -70,12 +86,18 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   void run_threads();
   void run_uring();
   [[nodiscard]] std::span<std::uint8_t> host_bytes(const TierJob& job, std::size_t i) const;
+  /// An injected read failure's errno (fail_reads_for_test), or 0.
+  int take_read_fault() noexcept;
+  /// Erases `slot` if `r` says it is corrupt (only then: SlotRead).
+  void settle_read(SlotRead r, std::int64_t slot);
 
   DiskSlots slots_;  // clear() changes it: not const after construction
   DiskIo io_ = DiskIo::threads;
   std::unique_ptr<detail::UringIo> uring_;
   std::function<std::span<std::byte>(HostBlockId)> host_block_;
   std::vector<std::thread> threads_;
+  std::atomic<int> read_faults_{0};
+  std::atomic<int> read_fault_errno_{0};
 };
 
 }  // namespace kvoffload

@@ -1,16 +1,21 @@
 #include "kvoffload/tiers/disk_slots.hpp"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <bit>
 #include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <new>
+#include <optional>
+#include <utility>
 
 // Header-only XXH3 (Debian's libxxhash-dev): nothing to load at run time.
 #define XXH_INLINE_ALL
@@ -133,6 +138,120 @@ std::uint64_t disk_checksum(std::span<const std::uint8_t> bytes) noexcept {
   return XXH3_64bits(bytes.data(), bytes.size());
 }
 
+namespace {
+
+constexpr char kLockName[] = "kvoffload.lock";
+
+/// A file descriptor closed when it goes out of scope.
+struct Fd {
+  int fd = -1;
+  Fd() = default;
+  explicit Fd(int f) : fd(f) {}
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+  int release() { return std::exchange(fd, -1); }
+};
+
+std::string errno_text(int err) {
+  return err == ELOOP ? "it is a symbolic link (refused)" : std::strerror(err);
+}
+
+/// `path` without trailing slashes (so that lstat looks at a link itself, not its target).
+std::string strip_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+/// Throws io_error unless `path` is a directory that is not a symbolic link.
+void check_directory(const std::string& path, std::string_view what) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    throw io_error(
+        fmt::format("disk tier: cannot use {} {}: {}", what, path, std::strerror(errno)));
+  }
+  if (S_ISLNK(st.st_mode)) {
+    throw io_error(
+        fmt::format("disk tier: {} {} is a symbolic link; refused (the tier's files could be "
+                    "redirected): give the tier the real directory",
+                    what, path));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    throw io_error(fmt::format("disk tier: {} {} is not a directory", what, path));
+  }
+}
+
+/// Creates `path` and its missing parents, each 0700.
+void make_directories(const std::string& path) {
+  struct stat st {};
+  if (path.empty() || ::lstat(path.c_str(), &st) == 0) return;
+  const std::size_t slash = path.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) make_directories(path.substr(0, slash));
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST) {
+    throw io_error(fmt::format("disk tier: cannot create {}: {}", path, std::strerror(errno)));
+  }
+}
+
+/// Opens (creating, 0600) the regular file `name` in `dir_fd`, never through a symbolic
+/// link, and narrows a wider mode to 0600. -1 with errno set on failure (EINVAL: not a
+/// regular file).
+int open_private_file(int dir_fd, const char* name, int flags) {
+  Fd fd(::openat(dir_fd, name, flags | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.fd < 0) return -1;
+  struct stat st {};
+  if (::fstat(fd.fd, &st) != 0) return -1;
+  if (!S_ISREG(st.st_mode)) {
+    errno = EINVAL;
+    return -1;
+  }
+  if ((st.st_mode & 0777) != 0600 && ::fchmod(fd.fd, 0600) != 0) return -1;
+  return fd.release();
+}
+
+/// The n of a file named "slab-<n>.kvo", else nullopt.
+std::optional<std::uint64_t> slab_index(std::string_view name) {
+  constexpr std::string_view prefix = "slab-", suffix = ".kvo";
+  if (name.size() <= prefix.size() + suffix.size() || !name.starts_with(prefix) ||
+      !name.ends_with(suffix)) {
+    return std::nullopt;
+  }
+  const std::string_view digits =
+      name.substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  std::uint64_t n = 0;
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (ec != std::errc() || end != digits.data() + digits.size()) return std::nullopt;
+  return n;
+}
+
+/// A layout directory's name: exactly 16 lowercase hex digits.
+bool is_layout_name(std::string_view name) {
+  return name.size() == 16 && std::all_of(name.begin(), name.end(), [](char c) {
+           return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+         });
+}
+
+/// The names in the directory `dir_fd` (not . and ..); false if it cannot be listed.
+bool list_directory(int dir_fd, std::vector<std::string>& names) {
+  const int fd = ::dup(dir_fd);
+  if (fd < 0) return false;
+  DIR* d = ::fdopendir(fd);
+  if (d == nullptr) {
+    ::close(fd);
+    return false;
+  }
+  ::rewinddir(d);
+  while (const dirent* e = ::readdir(d)) {
+    const std::string_view n = e->d_name;
+    if (n != "." && n != "..") names.emplace_back(n);
+  }
+  ::closedir(d);
+  return true;
+}
+
+}  // namespace
+
 DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
   KVOFFLOAD_EXPECTS(!config.directory.empty(), "disk tier: directory is empty");
   KVOFFLOAD_EXPECTS(config.payload_bytes > 0, "disk tier: payload_bytes must be positive");
@@ -142,29 +261,67 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
                     "disk tier: capacity_bytes {} is less than one slot ({} bytes)",
                     config.capacity_bytes, slot_bytes_);
   num_slots_ = static_cast<std::int64_t>(config.capacity_bytes / slot_bytes_);
-  layout_dir_ = (std::filesystem::path(config.directory) / hex16(config.layout_digest)).string();
-  std::error_code ec;
-  std::filesystem::create_directories(layout_dir_, ec);
-  if (ec) {
-    throw io_error(fmt::format("disk tier: cannot create {}: {}", layout_dir_, ec.message()));
+  const std::string root = strip_slashes(config.directory);
+  layout_dir_ = fmt::format("{}/{}", root == "/" ? "" : root, hex16(config.layout_digest));
+  try {
+    // The root: created 0700 if missing (an existing one keeps its mode), never a link.
+    make_directories(root);
+    check_directory(root, "directory");
+    // This layout's directory: 0700, never a link, locked by this object while it lives.
+    if (::mkdir(layout_dir_.c_str(), 0700) != 0 && errno != EEXIST) {
+      throw io_error(
+          fmt::format("disk tier: cannot create {}: {}", layout_dir_, std::strerror(errno)));
+    }
+    check_directory(layout_dir_, "layout directory");
+    const Fd dir_fd(::open(layout_dir_.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (dir_fd.fd < 0) {
+      throw io_error(fmt::format("disk tier: cannot open {}: {}", layout_dir_, errno_text(errno)));
+    }
+    struct stat st {};
+    if (::fstat(dir_fd.fd, &st) == 0 && (st.st_mode & 0777) != 0700) {
+      (void)::fchmod(dir_fd.fd, 0700);  // ours: narrowed like the files
+    }
+    lock_fd_ = open_private_file(dir_fd.fd, kLockName, O_RDWR);
+    if (lock_fd_ < 0) {
+      throw io_error(fmt::format("disk tier: cannot open {}/{}: {}", layout_dir_, kLockName,
+                                 errno_text(errno)));
+    }
+    if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK) {
+        throw io_error(fmt::format(
+            "disk tier: {} is in use by another process or DiskTier (it holds {}); two "
+            "writers would overwrite each other's slots: give each engine its own path, and "
+            "each tensor-parallel worker its own tp_rank",
+            layout_dir_, kLockName));
+      }
+      throw io_error(fmt::format("disk tier: cannot lock {}/{}: {}", layout_dir_, kLockName,
+                                 std::strerror(err)));
+    }
+    (void)::futimens(lock_fd_, nullptr);  // last used now (what the stale collector logs)
+    remove_stale_layouts(root);
+    open_files(dir_fd.fd);
+    scan();
+  } catch (...) {
+    close_all();
+    throw;
   }
-  const auto per_file = static_cast<std::int64_t>(config.slots_per_file);
+}
+
+void DiskSlots::open_files(int dir_fd) {
+  const auto per_file = static_cast<std::int64_t>(config_.slots_per_file);
   const std::int64_t files = (num_slots_ + per_file - 1) / per_file;
   for (std::int64_t f = 0; f < files; ++f) {
-    const std::string path = fmt::format("{}/slab-{}.kvo", layout_dir_, f);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const std::string name = fmt::format("slab-{}.kvo", f);
+    const std::string path = fmt::format("{}/{}", layout_dir_, name);
+    const int fd = open_private_file(dir_fd, name.c_str(), O_RDWR);
     if (fd < 0) {
-      const int err = errno;
-      for (std::size_t i = 0; i < fds_.size(); ++i) {
-        if (direct_fds_[i] != fds_[i]) ::close(direct_fds_[i]);
-        ::close(fds_[i]);
-      }
-      throw io_error(fmt::format("disk tier: cannot open {}: {}", path, std::strerror(err)));
+      throw io_error(fmt::format("disk tier: cannot open {}: {}", path, errno_text(errno)));
     }
     fds_.push_back(fd);
     int direct_fd = -1;
-    if (config.direct_io) {
-      direct_fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | O_DIRECT);
+    if (config_.direct_io) {
+      direct_fd = ::openat(dir_fd, name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_DIRECT);
       if (direct_fd < 0 && f == 0) {
         detail::logger().info("disk tier: {} does not support O_DIRECT ({}): buffered I/O",
                               layout_dir_, std::strerror(errno));
@@ -173,26 +330,125 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
     direct_fds_.push_back(direct_fd >= 0 ? direct_fd : fd);
     if (f == 0) direct_ = direct_fd >= 0;
     // Sparse: space is taken as slots are written, so a full disk fails a write (ENOSPC,
-    // counted), never the open. A file someone truncated grows back with empty slots.
+    // counted), never the open. A file someone truncated grows back with empty slots; a
+    // longer one (the capacity shrank) is cut to its slots, so the tier holds no more than
+    // capacity_bytes.
     const std::int64_t slots = std::min(per_file, num_slots_ - f * per_file);
     const auto want = static_cast<off_t>(static_cast<std::uint64_t>(slots) * slot_bytes_);
     struct stat st {};
-    if (::fstat(fd, &st) == 0 && st.st_size < want && ::ftruncate(fd, want) != 0) {
-      detail::logger().warn("disk tier: cannot size {}: {}", path, std::strerror(errno));
+    if (::fstat(fd, &st) == 0 && st.st_size != want) {
+      if (::ftruncate(fd, want) != 0) {
+        if (st.st_size > want) {
+          throw io_error(fmt::format("disk tier: cannot cut {} to its {} slots: {}", path, slots,
+                                     std::strerror(errno)));
+        }
+        detail::logger().warn("disk tier: cannot size {}: {}", path, std::strerror(errno));
+      } else if (st.st_size > want) {
+        detail::logger().info("disk tier: {} cut from {} to {} bytes (capacity_bytes {})", path,
+                              st.st_size, want, config_.capacity_bytes);
+      }
     }
   }
-  scan();
+  // Files past the capacity (it shrank since they were made) are removed.
+  std::vector<std::string> names;
+  if (!list_directory(dir_fd, names)) return;
+  for (const std::string& name : names) {
+    const std::optional<std::uint64_t> n = slab_index(name);
+    if (!n || *n < static_cast<std::uint64_t>(files)) continue;
+    if (::unlinkat(dir_fd, name.c_str(), 0) == 0) {
+      detail::logger().info("disk tier: removed {}/{}: past capacity_bytes {} ({} slots)",
+                            layout_dir_, name, config_.capacity_bytes, num_slots_);
+    } else {
+      throw io_error(fmt::format("disk tier: cannot remove {}/{} (past capacity_bytes {}): {}",
+                                 layout_dir_, name, config_.capacity_bytes, std::strerror(errno)));
+    }
+  }
 }
 
-DiskSlots::~DiskSlots() {
+void DiskSlots::remove_stale_layouts(const std::string& root) {
+  const Fd root_fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  std::vector<std::string> names;
+  if (root_fd.fd < 0 || !list_directory(root_fd.fd, names)) {
+    detail::logger().warn("disk tier: cannot list {} for stale layouts: {}", root,
+                          std::strerror(errno));
+    return;
+  }
+  const std::string own = hex16(config_.layout_digest);
+  for (const std::string& name : names) {
+    if (!is_layout_name(name) || name == own) continue;
+    if (std::any_of(config_.keep_layouts.begin(), config_.keep_layouts.end(),
+                    [&](std::uint64_t d) { return hex16(d) == name; })) {
+      continue;
+    }
+    const std::string path = fmt::format("{}/{}", root == "/" ? "" : root, name);
+    const Fd dir_fd(
+        ::openat(root_fd.fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (dir_fd.fd < 0) continue;  // a link, a file, gone: not ours to remove
+    // Only a directory of nothing but slab files and its lock (regular files, no links), and
+    // only while no live DiskSlots holds that lock; checked again once locked.
+    std::vector<std::string> files;
+    std::uint64_t bytes = 0;
+    const auto only_ours = [&] {
+      files.clear();
+      bytes = 0;
+      if (!list_directory(dir_fd.fd, files)) return false;
+      return std::all_of(files.begin(), files.end(), [&](const std::string& f) {
+        struct stat st {};
+        if (f != kLockName && !slab_index(f).has_value()) return false;
+        if (::fstatat(dir_fd.fd, f.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISREG(st.st_mode))
+          return false;
+        bytes += static_cast<std::uint64_t>(st.st_blocks) * 512;
+        return true;
+      });
+    };
+    if (!only_ours()) {
+      detail::logger().info(
+          "disk tier: {} is named like a layout directory but holds other files: kept", path);
+      continue;
+    }
+    const Fd lock(::openat(dir_fd.fd, kLockName, O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (lock.fd < 0) continue;
+    if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0) {
+      detail::logger().info("disk tier: {} (another layout) is in use: kept", path);
+      continue;
+    }
+    if (!only_ours()) continue;
+    bool removed = true;
+    for (const std::string& f : files) {
+      if (f != kLockName) removed = ::unlinkat(dir_fd.fd, f.c_str(), 0) == 0 && removed;
+    }
+    removed = removed && ::unlinkat(dir_fd.fd, kLockName, 0) == 0 &&
+              ::unlinkat(root_fd.fd, name.c_str(), AT_REMOVEDIR) == 0;
+    if (removed) {
+      detail::logger().info(
+          "disk tier: removed stale layout directory {} ({} bytes on disk): another layout, "
+          "not in use (the root {} belongs to one engine)",
+          path, bytes, root);
+    } else {
+      detail::logger().warn("disk tier: cannot remove stale layout directory {}: {}", path,
+                            std::strerror(errno));
+    }
+  }
+}
+
+void DiskSlots::close_all() noexcept {
   for (std::size_t i = 0; i < fds_.size(); ++i) {
     if (direct_fds_[i] != fds_[i]) ::close(direct_fds_[i]);
     ::close(fds_[i]);
   }
+  fds_.clear();
+  direct_fds_.clear();
+  if (lock_fd_ >= 0) ::close(lock_fd_);  // releases the lock
+  lock_fd_ = -1;
+}
+
+DiskSlots::~DiskSlots() {
+  close_all();
 }
 
 DiskSlotsStats DiskSlots::stats() const noexcept {
-  return DiskSlotsStats{writes_.load(), write_errors_.load(), reads_.load(), read_misses_.load()};
+  return DiskSlotsStats{writes_.load(),      write_errors_.load(), reads_.load(),
+                        read_misses_.load(), read_errors_.load(),  read_corrupt_.load()};
 }
 
 std::pair<int, std::uint64_t> DiskSlots::locate(std::int64_t slot) const {
@@ -294,24 +550,33 @@ SlotIo DiskSlots::prepare_read(std::int64_t slot) {
   return SlotIo{fd, at, slot_bytes_};
 }
 
-bool DiskSlots::finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
-                            std::uint64_t epoch, std::span<std::uint8_t> out) {
+SlotRead DiskSlots::finish_read(const std::uint8_t* buffer, bool read_ok, const Key& key,
+                                std::uint64_t epoch, std::span<std::uint8_t> out) {
   KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
                     "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
                     config_.payload_bytes);
-  Key found;
-  const bool ok = read_ok &&
-                  decode(buffer, config_.layout_digest, epoch, config_.payload_bytes, found) ==
-                      HeaderState::valid &&
-                  found == key &&
-                  XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) ==
-                      get<std::uint64_t>(buffer, kOffPayloadSum);
-  if (!ok) {
+  const auto miss = [&](SlotRead why) {
     ++read_misses_;
-    return false;
+    if (why == SlotRead::io_error) ++read_errors_;
+    if (why == SlotRead::corrupt) ++read_corrupt_;
+    return why;
+  };
+  if (!read_ok) return miss(SlotRead::io_error);  // transient, or not: the slot is kept
+  Key found;
+  switch (decode(buffer, config_.layout_digest, epoch, config_.payload_bytes, found)) {
+    case HeaderState::empty:
+    case HeaderState::other_epoch: return miss(SlotRead::not_found);
+    case HeaderState::invalid: return miss(SlotRead::corrupt);
+    case HeaderState::valid: break;
+  }
+  // A well-formed slot of another key is not ours to judge (nor to erase).
+  if (!(found == key)) return miss(SlotRead::not_found);
+  if (XXH3_64bits(buffer + kHeaderBytes, config_.payload_bytes) !=
+      get<std::uint64_t>(buffer, kOffPayloadSum)) {
+    return miss(SlotRead::corrupt);
   }
   std::memcpy(out.data(), buffer + kHeaderBytes, out.size());
-  return true;
+  return SlotRead::ok;
 }
 
 bool DiskSlots::write(std::int64_t slot, const Key& key, std::uint64_t epoch,
@@ -325,14 +590,18 @@ bool DiskSlots::write(std::int64_t slot, const Key& key, std::uint64_t epoch,
   return true;
 }
 
-bool DiskSlots::read(std::int64_t slot, const Key& key, std::uint64_t epoch,
-                     std::span<std::uint8_t> out) {
+SlotRead DiskSlots::read(std::int64_t slot, const Key& key, std::uint64_t epoch,
+                         std::span<std::uint8_t> out) {
   KVOFFLOAD_EXPECTS(out.size() == config_.payload_bytes,
                     "disk tier: a buffer of {} bytes, slots hold {}", out.size(),
                     config_.payload_bytes);
   const SlotIo io = prepare_read(slot);
   std::uint8_t* const buffer = slot_buffer(slot_bytes_);
   const bool read_ok = full_pread(io.fd, buffer, io.bytes, static_cast<off_t>(io.offset));
+  if (!read_ok) {
+    detail::logger().warn("disk tier: reading slot {} of {} failed: {}; the slot is kept", slot,
+                          layout_dir_, errno == 0 ? "a short read" : std::strerror(errno));
+  }
   return finish_read(buffer, read_ok, key, epoch, out);
 }
 

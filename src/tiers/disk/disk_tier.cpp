@@ -51,6 +51,13 @@ DiskSlotsConfig slots_config(const DiskTierConfig& c, std::string_view layout,
   DiskSlotsConfig s;
   s.directory = c.path;
   s.layout_digest = disk_layout_digest(c, layout);
+  // This engine's other ranks share the root: their directories are not stale.
+  for (int r = 0; r < c.tp_size; ++r) {
+    if (r == c.tp_rank) continue;
+    DiskTierConfig rank = c;
+    rank.tp_rank = r;
+    s.keep_layouts.push_back(disk_layout_digest(rank, layout));
+  }
   s.epoch = epoch;
   s.payload_bytes = payload_bytes;
   s.capacity_bytes = c.capacity_bytes;
@@ -141,6 +148,29 @@ std::span<std::uint8_t> DiskTier::host_bytes(const TierJob& job, std::size_t i) 
   return {reinterpret_cast<std::uint8_t*>(host.data()), host.size()};
 }
 
+void DiskTier::fail_reads_for_test(int count, int err) noexcept {
+  read_fault_errno_.store(err);
+  read_faults_.store(count);
+}
+
+void DiskTier::fail_submits_for_test(int count, int err) noexcept {
+  if (uring_ != nullptr) uring_->fail_submits_for_test(count, err);
+}
+
+int DiskTier::take_read_fault() noexcept {
+  int n = read_faults_.load();
+  while (n > 0 && !read_faults_.compare_exchange_weak(n, n - 1)) {
+  }
+  return n > 0 ? read_fault_errno_.load() : 0;
+}
+
+void DiskTier::settle_read(SlotRead r, std::int64_t slot) {
+  // Bad bytes stay bad: a corrupt slot is emptied so a restart does not find it again. A read
+  // that failed may work next time, and a well-formed slot of another key or epoch is not
+  // this read's to judge: both are kept.
+  if (r == SlotRead::corrupt) (void)slots_.erase(slot);
+}
+
 using Task = detail::TierQueue::Task;
 
 void DiskTier::run_threads() {
@@ -157,9 +187,17 @@ void DiskTier::run_threads() {
       if (job.kind == JobKind::write) {
         ok = slots_.write(slot, job.keys[i], job.epoch, host_bytes(job, i));
       } else {
-        ok = slots_.read(slot, job.keys[i], job.epoch, host_bytes(job, i));
-        // Bad bytes stay bad: the slot is emptied so a restart does not find it again.
-        if (!ok) (void)slots_.erase(slot);
+        SlotRead r = SlotRead::io_error;
+        if (const int err = take_read_fault(); err != 0) {
+          (void)slots_.prepare_read(slot);
+          detail::logger().warn("tier job {}: reading slot {} failed: {}; the slot is kept", job.id,
+                                slot, std::strerror(err));
+          r = slots_.finish_read(nullptr, false, job.keys[i], job.epoch, host_bytes(job, i));
+        } else {
+          r = slots_.read(slot, job.keys[i], job.epoch, host_bytes(job, i));
+        }
+        ok = r == SlotRead::ok;
+        settle_read(r, slot);
       }
     } catch (const std::exception& e) {
       detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
@@ -169,9 +207,10 @@ void DiskTier::run_threads() {
 }
 
 void DiskTier::run_uring() {
-  // Up to io_depth operations in flight, and as many prepared ahead in spare buffers, so the
-  // CPU work (a write's checksum and copy, a read's check and copy) overlaps the I/O even at
-  // depth 1: a completion is replaced by a prepared operation before it is processed.
+  // Up to io_depth operations queued or in flight, and as many prepared ahead in spare
+  // buffers, so the CPU work (a write's checksum and copy, a read's check and copy) overlaps
+  // the I/O even at depth 1: a completion is replaced by a prepared operation before it is
+  // processed.
   detail::UringIo& ring = *uring_;
   const unsigned depth = ring.depth() / 2;
   struct Prepared {
@@ -184,24 +223,33 @@ void DiskTier::run_uring() {
   std::vector<Task> owner(ring.depth());  // per buffer
   std::deque<Prepared> ready;
   std::vector<Task> tasks;
-  std::vector<std::pair<unsigned, std::int64_t>> done;
-  unsigned busy = 0;
+  std::vector<std::pair<unsigned, std::int64_t>> done;  // (buffer, bytes or -errno)
+  std::vector<unsigned> cancelled;
+  const auto busy = [&] { return ring.in_flight() + ring.queued(); };
+  // Hands prepared operations to the kernel. What it does not take waits for the next call
+  // while operations are in flight (short of resources: completions free some); otherwise,
+  // the kernel refusing, those operations fail now: into `done` as failed completions, their
+  // blocks finished and buffers freed like any other.
   const auto submit_ready = [&] {
-    unsigned queued = 0;
-    for (; busy < depth && !ready.empty(); ready.pop_front()) {
-      ring.queue(ready.front().buffer, ready.front().write, ready.front().io);
-      ++busy;
-      ++queued;
+    for (; busy() < depth && !ready.empty(); ready.pop_front()) {
+      if (!ring.queue(ready.front().buffer, ready.front().write, ready.front().io)) {
+        done.emplace_back(ready.front().buffer, -EBUSY);
+      }
     }
+    if (ring.queued() == 0) return;
     int err = 0;
-    if (queued > 0 && !ring.submit(err)) {
-      detail::logger().error("disk tier: io_uring_submit failed: {}", std::strerror(err));
-    }
+    (void)ring.submit(err);
+    if (err == 0 || ((err == EAGAIN || err == EBUSY) && ring.in_flight() > 0)) return;
+    detail::logger().error("disk tier: io_uring_submit failed: {}; {} queued block(s) fail",
+                           std::strerror(err), ring.queued());
+    cancelled.clear();
+    ring.cancel_queued(cancelled);
+    for (const unsigned b : cancelled) done.emplace_back(b, -static_cast<std::int64_t>(err));
   };
   // Prepares queued blocks into free buffers, up to `depth` ahead; waits for work only when
-  // nothing is in flight or prepared. False: stopping and everything is done.
+  // nothing is queued, in flight, prepared or done. False: stopping and everything is done.
   const auto fill = [&]() -> bool {
-    const bool idle = busy == 0 && ready.empty();
+    const bool idle = busy() == 0 && ready.empty() && done.empty();
     const std::size_t room = std::min<std::size_t>(free_buffers.size(), depth - ready.size());
     tasks.clear();
     if (room == 0 && !idle) return true;
@@ -226,36 +274,46 @@ void DiskTier::run_uring() {
     }
     return true;
   };
+  const auto finish = [&](unsigned b, std::int64_t res) {
+    const TierJob& job = owner[b].job->job;
+    const std::size_t i = owner[b].index;
+    const std::int64_t slot = job.slots[i];
+    bool ok = false;
+    if (job.kind == JobKind::write) {
+      const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
+      if (!complete) slots_.write_failed(slot, res < 0 ? static_cast<int>(-res) : EIO);
+      ok = complete;
+    } else {
+      if (const int err = take_read_fault(); err != 0) res = -err;
+      const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
+      if (!complete) {
+        detail::logger().warn("tier job {}: reading slot {} failed: {}; the slot is kept", job.id,
+                              slot,
+                              res < 0 ? std::strerror(static_cast<int>(-res)) : "a short read");
+      }
+      try {
+        const SlotRead r = slots_.finish_read(ring.buffer(b), complete, job.keys[i], job.epoch,
+                                              host_bytes(job, i));
+        ok = r == SlotRead::ok;
+        settle_read(r, slot);
+      } catch (const std::exception& e) {
+        detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
+      }
+    }
+    free_buffers.push_back(b);
+    queue().done(owner[b], ok);
+  };
   for (;;) {
     if (!fill()) return;
     submit_ready();
     if (!fill()) return;  // the next blocks get ready while these are in flight
-    if (busy == 0) continue;
-    done.clear();
-    ring.wait(done);
-    busy -= static_cast<unsigned>(done.size());
-    submit_ready();
-    for (const auto& [b, res] : done) {
-      const TierJob& job = owner[b].job->job;
-      const std::size_t i = owner[b].index;
-      const std::int64_t slot = job.slots[i];
-      const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
-      bool ok = false;
-      if (job.kind == JobKind::write) {
-        if (!complete) slots_.write_failed(slot, res < 0 ? static_cast<int>(-res) : EIO);
-        ok = complete;
-      } else {
-        try {
-          ok = slots_.finish_read(ring.buffer(b), complete, job.keys[i], job.epoch,
-                                  host_bytes(job, i));
-        } catch (const std::exception& e) {
-          detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
-        }
-        if (!ok) (void)slots_.erase(slot);
-      }
-      free_buffers.push_back(b);
-      queue().done(owner[b], ok);
+    if (done.empty()) {
+      if (ring.in_flight() == 0) continue;
+      ring.wait(done);  // may give nothing (only cancelled no-ops completed)
     }
+    submit_ready();
+    for (const auto& [b, res] : done) finish(b, res);
+    done.clear();
   }
 }
 
