@@ -31,6 +31,10 @@ run() {  # run LOG NAME ARGS...
     exit 1
   fi
   grep -q "OK: every loaded block matched" "$log" || { cat "$log"; exit 1; }
+  # Steps alone prove nothing: the run must have finished requests.
+  local done
+  done=$(grep "requests done" "$log" | tail -1 | sed -nE 's/.* ([0-9]+) requests done.*/\1/p')
+  [ "${done:-0}" -gt 0 ] || { cat "$log"; echo "FAILED: $log finished no request"; exit 1; }
 }
 
 run "$work/a.log" "$name"
@@ -104,4 +108,22 @@ echo "poisoned: $found keys found, $promoted promoted, $bad bad values"
 [ "${bad:-0}" -gt 0 ] || { cat "$work/p2.log"; echo "FAILED: no value refused"; exit 1; }
 [ "${promoted:-1}" -eq 0 ] || { cat "$work/p2.log"; echo "FAILED: promoted forged values"; exit 1; }
 run "$work/p3.log" "$name-poison-gone" --disk "$work/poison-disk" --shared-threshold 1000000000
+
+# As across machines: a cluster that speaks only TLS and lets in only an ACL user, started by
+# the project's script on ports of its own. A stores, B (another process) loads A's blocks.
+secure_dir="$work/secure-cluster"
+secure_port=7331
+secure() { KVOFFLOAD_VALKEY_DIR="$secure_dir" KVOFFLOAD_VALKEY_PORT=$secure_port \
+  "$(dirname "$0")/../scripts/valkey-cluster" "$@" > /dev/null; }
+trap 'secure stop || true; rm -rf "$work"' EXIT
+secure start 3 --tls --auth
+tls=(--shared-tls-ca "$secure_dir/tls/ca.crt" --shared-user kvoffload
+  --shared-password-file "$secure_dir/password")
+nodes="127.0.0.1:$secure_port" run "$work/s1.log" "$name-secure" "${tls[@]}"
+nodes="127.0.0.1:$secure_port" run "$work/s2.log" "$name-secure" "${tls[@]}" \
+  --shared-threshold 1000000000
+secure_promoted=$(field "$work/s2.log" "keys; ([0-9]+) blocks promoted")
+echo "over TLS with AUTH: B promoted $secure_promoted blocks written by A"
+[ "${secure_promoted:-0}" -gt 0 ] || { cat "$work/s2.log"; echo "FAILED: nothing over TLS"; exit 1; }
+secure stop
 echo "OK"

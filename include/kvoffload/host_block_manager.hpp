@@ -63,6 +63,9 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   LookupResult lookup(const Key& key);
   /// lookup() that also gives the block's valid_from (0 when the key is absent).
   LookupResult lookup(const Key& key, std::uint16_t& valid_from);
+  /// Like lookup() (hits and misses counted) but not toward the store threshold: a caller
+  /// that asks about a key again for the same request.
+  LookupResult lookup_again(const Key& key);
   /// Like lookup() but counts nothing.
   [[nodiscard]] LookupResult peek(const Key& key) const;
   /// peek() that also gives the block's valid_from (0 when the key is absent).
@@ -166,6 +169,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   void free_id(HostBlockId id);
 
   void count_lookup(const Key& key);
+  LookupResult count_result(LookupResult r) noexcept;  // hits, misses, pending
 
   std::int64_t capacity_;
   bool enable_events_;

@@ -125,6 +125,20 @@ typedef struct kvoffload_shared_tier_config {
   const char* secret_file;
   const char* secret_env;
   int insecure;
+  /* AUTH: password from password_file, else the environment variable password_env names
+   * (NULL: KVOFFLOAD_SHARED_PASSWORD); neither set: no AUTH. username NULL: "default". */
+  const char* username;
+  const char* password_file;
+  const char* password_env;
+  /* tls 1: TLS to every node, verified against tls_ca_file (NULL: the system's CAs) and
+   * tls_server_name (NULL: the host connected to); tls_cert_file/tls_key_file: a client
+   * certificate, if the servers ask for one. */
+  int tls;
+  const char* tls_ca_file;
+  const char* tls_cert_file;
+  const char* tls_key_file;
+  const char* tls_server_name;
+  int ttl_seconds; /* values expire after this many seconds (0: never) */
 } kvoffload_shared_tier_config_t;
 /* kvoffload::SharedTierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SHARED_TIER_CONFIG_INIT                                     \
@@ -139,7 +153,16 @@ typedef struct kvoffload_shared_tier_config {
         8,                                  /* in_flight */                   \
         NULL,                               /* secret_file: none */           \
         NULL,                               /* secret_env: the default */     \
-        0                                   /* insecure: no */                \
+        0,                                  /* insecure: no */                \
+        NULL,                               /* username: "default" */         \
+        NULL,                               /* password_file: none */         \
+        NULL,                               /* password_env: the default */   \
+        0,                                  /* tls: no */                     \
+        NULL,                               /* tls_ca_file: the system's */   \
+        NULL,                               /* tls_cert_file: none */         \
+        NULL,                               /* tls_key_file: none */          \
+        NULL,                               /* tls_server_name: the host */   \
+        0                                   /* ttl_seconds: none */           \
   }
 
 /* A disk tier's store, as a worker runs it: its own rows, in files of its own rank
@@ -309,11 +332,14 @@ typedef struct kvoffload_tier_stats {
   uint64_t evictions, promote_jobs, write_jobs;
   uint64_t presence_checks, presence_hits, presence_misses, presence_failures;
   uint64_t writes_partial; /* not written: stored without leading sub-blocks (host only) */
+  /* Keys whose existence check got no usable answer (the cluster down, a timeout, AUTH or TLS
+   * refused): an outage, apart from presence_misses. Read only when struct_size covers it. */
+  uint64_t presence_errors;
 } kvoffload_tier_stats_t;
 #define KVOFFLOAD_TIER_STATS_INIT                                                                  \
   {                                                                                                \
     sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0                                                                                          \
+        0, 0                                                                                       \
   }
 
 /* The result of one build_step; free it with kvoffload_step_destroy. */

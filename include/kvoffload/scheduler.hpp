@@ -107,6 +107,9 @@ struct TierStats {
   std::uint64_t presence_hits = 0;
   std::uint64_t presence_misses = 0;
   std::uint64_t presence_failures = 0;
+  /// Keys whose check got no usable answer (an outage: the cluster down, a timeout, AUTH or
+  /// TLS refused), apart from presence_misses; they are misses for the request too.
+  std::uint64_t presence_errors = 0;
 };
 
 /// The complete snapshot of the host cache and the scheduler's counters: what the C API's

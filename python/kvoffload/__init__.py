@@ -106,6 +106,18 @@ class SharedTierConfig:
     secret_file: str = ""
     secret_env: str = "KVOFFLOAD_SHARED_SECRET"
     insecure: bool = False
+    # AUTH (an ACL user): the password from a file, else the environment variable
+    # password_env names; neither: no AUTH. TLS: the servers' certificates verified against
+    # tls_ca_file (empty: the system's) and named tls_server_name (empty: the host).
+    username: str = ""
+    password_file: str = ""
+    password_env: str = "KVOFFLOAD_SHARED_PASSWORD"
+    tls: bool = False
+    tls_ca_file: str = ""
+    tls_cert_file: str = ""
+    tls_key_file: str = ""
+    tls_server_name: str = ""
+    ttl_seconds: int = 0  # values expire after this many seconds (0: never)
 
 
 @dataclass

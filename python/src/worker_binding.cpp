@@ -40,6 +40,11 @@ void bind_worker(nb::module_& m) {
             d["write_errors"] = s.write_errors;
             d["bytes_read"] = s.bytes_read;
             d["bytes_written"] = s.bytes_written;
+            d["connect_errors"] = s.connect_errors;
+            d["tls_errors"] = s.tls_errors;
+            d["auth_errors"] = s.auth_errors;
+            d["io_errors"] = s.io_errors;
+            d["oversized"] = s.oversized;
             return d;
           },
           "tier"_a)

@@ -72,7 +72,15 @@ LookupResult HostBlockManager::lookup(const Key& key) {
 
 LookupResult HostBlockManager::lookup(const Key& key, std::uint16_t& valid_from) {
   if (store_threshold_ > 0) count_lookup(key);
-  const LookupResult r = peek(key, valid_from);
+  return count_result(peek(key, valid_from));
+}
+
+LookupResult HostBlockManager::lookup_again(const Key& key) {
+  std::uint16_t valid_from = 0;
+  return count_result(peek(key, valid_from));
+}
+
+LookupResult HostBlockManager::count_result(LookupResult r) noexcept {
   switch (r) {
     case LookupResult::miss: ++stats_.misses; break;
     case LookupResult::pending: ++stats_.pending; break;

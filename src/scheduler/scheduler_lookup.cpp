@@ -194,7 +194,7 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
   r.skip_tiers = false;
   // Twice at most: again if a shared tier's check could not start (its keys are then misses).
   for (int attempt = 0;; ++attempt) {
-    LookupPass& pass = tiers->begin_pass(!skip_tiers);
+    LookupPass& pass = tiers->begin_pass(!skip_tiers, is_new && attempt == 0);
     const bool answered = scan(r, nct, hit, &pass);
     if (!pass.shared_unknown.empty()) {
       // Keys nobody knows about: ask the shared tiers, answer later (never wait here).

@@ -69,8 +69,9 @@ TierJob& TierCoordinator::new_job(JobKind kind, std::uint32_t tier, std::string 
   return job;
 }
 
-LookupPass& TierCoordinator::begin_pass(bool probe_tiers) {
+LookupPass& TierCoordinator::begin_pass(bool probe_tiers, bool count_lookups) {
   pass_.probe_tiers = probe_tiers;
+  pass_.count_lookups = count_lookups;
   pass_.tier_found.clear();
   pass_.shared_unknown.clear();
   pass_.catch_up_writes.clear();
@@ -80,10 +81,11 @@ LookupPass& TierCoordinator::begin_pass(bool probe_tiers) {
 Probe TierCoordinator::probe(const RequestState& r, const Key& k, std::size_t g, std::int64_t i,
                              Probe host, LookupPass& pass) {
   if (host.result != LookupResult::miss) {
-    // Admission counts every lookup of the key, also while the host cache has it; a host hit
-    // that brings a key to a tier's threshold is written through now (it was stored earlier).
+    // Admission counts every request's first lookup of the key, also while the host cache
+    // has it; a host hit that brings a key to a tier's threshold is written through now (it
+    // was stored earlier).
     for (const auto& tier : tiers_) {
-      if (tier->config.store_threshold == 0) continue;
+      if (tier->config.store_threshold == 0 || !pass.count_lookups) continue;
       tier->index.note_lookup(k);
       if (host.result == LookupResult::hit &&
           tier->index.lookup_count(k) == static_cast<std::uint32_t>(tier->config.store_threshold) &&
@@ -97,7 +99,8 @@ Probe TierCoordinator::probe(const RequestState& r, const Key& k, std::size_t g,
   // Below the host cache every block is whole (partly written ones are never written there).
   if (promoting_.contains(k)) return {LookupResult::pending, 0};  // promotion starts next step
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
-    if (tiers_[t]->index.lookup(k) == LookupResult::hit) {
+    HostBlockManager& index = tiers_[t]->index;
+    if ((pass.count_lookups ? index.lookup(k) : index.lookup_again(k)) == LookupResult::hit) {
       pass.tier_found.push_back(
           TierFind{static_cast<std::uint32_t>(g), static_cast<std::uint32_t>(t), i});
       return {LookupResult::hit, 0};
@@ -401,6 +404,7 @@ void TierCoordinator::poll_presence() {
       }
       tier.stats.presence_hits += present.size();
       tier.stats.presence_misses += ticket.keys.size() - present.size();
+      tier.stats.presence_errors += std::min(a.errors, ticket.keys.size() - present.size());
       // Known present from now on (until the index evicts them, or a read finds them gone).
       PreparedStore prepared;
       if (!present.empty() && tier.index.prepare_store(present, prepared, /*admit_all=*/true)) {

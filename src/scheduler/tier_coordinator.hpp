@@ -45,7 +45,10 @@ struct TierFind {
 /// What one scan of a request's keys found besides its answer, handed from the scan to the
 /// lookup's tier phases (TierCoordinator::begin_pass gives one, its vectors' capacity kept).
 struct LookupPass {
-  bool probe_tiers = false;                  // look keys the host cache misses up in the tiers
+  bool probe_tiers = false;  // look keys the host cache misses up in the tiers
+  // Count the keys toward the tiers' admission (store_threshold): a request counts once, at
+  // its first lookup, however often it is asked again ("retry later", a resumed request).
+  bool count_lookups = true;
   std::vector<TierFind> tier_found;          // keys only a tier has
   std::vector<Key> shared_unknown;           // keys no tier is known to have, never checked
   std::vector<HostBlockId> catch_up_writes;  // host hits that just reached a tier's admission
@@ -91,7 +94,7 @@ class TierCoordinator {
   // ---- lookup -------------------------------------------------------------------------
   [[nodiscard]] bool any_shared() const noexcept { return any_shared_; }
   /// A cleared pass for one scan; `probe_tiers` false: the host cache alone answers.
-  LookupPass& begin_pass(bool probe_tiers);
+  LookupPass& begin_pass(bool probe_tiers, bool count_lookups);
   /// The scan's answer for key k (group g, index i) given the host cache's: counts the
   /// lookup for the tiers' admission, and with pass.probe_tiers looks a host miss up below.
   Probe probe(const RequestState& r, const Key& k, std::size_t g, std::int64_t i, Probe host,

@@ -98,9 +98,25 @@ TEST_CASE(
   CHECK(sh.secret_env == nullptr);  // NULL: the default name
   CHECK(shc.secret_env == "KVOFFLOAD_SHARED_SECRET");
   CHECK((sh.insecure != 0) == shc.insecure);
+  // NULL strings are the C++ defaults: empty, or the default variable names.
+  for (const char* s : {sh.username, sh.password_file, sh.tls_ca_file, sh.tls_cert_file,
+                        sh.tls_key_file, sh.tls_server_name, sh.password_env}) {
+    CHECK(s == nullptr);
+  }
+  CHECK(shc.username.empty());
+  CHECK(shc.password_file.empty());
+  CHECK(shc.password_env == "KVOFFLOAD_SHARED_PASSWORD");
+  CHECK(shc.tls_ca_file.empty());
+  CHECK(shc.tls_cert_file.empty());
+  CHECK(shc.tls_key_file.empty());
+  CHECK(shc.tls_server_name.empty());
+  CHECK((sh.tls != 0) == shc.tls);
+  CHECK(sh.ttl_seconds == shc.ttl_seconds);
   const kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   CHECK(sc.tiers == nullptr);
   CHECK(sc.num_tiers == SchedulerConfig{}.tiers.size());
+  CHECK(sc.weights == nullptr);
+  CHECK(SchedulerConfig{}.weights.empty());
 }
 
 TEST_CASE("threshold_tracker_keys reaches the scheduler from the C API", "[config][c_api]") {

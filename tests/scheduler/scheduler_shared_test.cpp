@@ -365,3 +365,49 @@ TEST_CASE("Checks and tier jobs carry the weights' epoch; reset_cache moves ever
   other.s.reset_cache();
   CHECK(other.s.epoch() != random1);
 }
+
+TEST_CASE("Tier admission counts a request once, however often it is asked again",
+          "[scheduler][shared]") {
+  // With a shared tier a new request's lookup answers "retry later" while its check runs: a
+  // single-use request asked five times must not reach the disk's threshold of 2.
+  auto presence = std::make_shared<FakePresence>();
+  SchedulerConfig c = disk_and_shared();
+  c.tiers[0].store_threshold = 2;
+  Harness h(c, shared_second(presence));
+  const auto a = chain_hashes("a", 2);
+  CHECK_FALSE(h.lookup("r", a, 33, 0).has_value());
+  for (int i = 0; i < 4; ++i) CHECK_FALSE(h.s.lookup("r", 0).has_value());
+  presence->answer(0, {});
+  REQUIRE(h.s.lookup("r", 0) == 0);
+  h.alloc_none("r");
+  const StepResult st = h.step("r", 0, 33, {ids(10, 3)});
+  REQUIRE(st.store_jobs.size() == 1);
+  h.complete(st.store_jobs[0].id);
+  std::vector<std::uint32_t> written_to;
+  for (const TierJob& j : h.s.build_step({}).tier_jobs) {
+    if (j.kind == JobKind::write) written_to.push_back(j.tier);
+  }
+  CHECK(written_to == std::vector<std::uint32_t>{1});  // the shared tier (no threshold) only
+  CHECK(h.s.tier_stats(0).writes_skipped == 2);
+  // A second request with the same prefix is the second lookup: the disk admits a[0] now.
+  REQUIRE(h.lookup("q", a, 33, 0) == 32);
+  written_to.clear();
+  for (const TierJob& j : h.s.build_step({}).tier_jobs) {
+    if (j.kind == JobKind::write) written_to.push_back(j.tier);
+  }
+  CHECK(written_to == std::vector<std::uint32_t>{0});
+}
+
+TEST_CASE("Keys a check could not answer are misses counted as an outage", "[scheduler][shared]") {
+  Shared t;
+  const auto a = chain_hashes("a", 3);
+  CHECK_FALSE(t.h->lookup("r", a, 49, 0).has_value());
+  REQUIRE(t.presence->asked.size() == 1);
+  PresenceAnswer down{t.presence->asked[0].first, {false, false, false}, 3};
+  t.presence->ready.push_back(down);
+  CHECK(t.h->s.lookup("r", 0) == 0);
+  const TierStats s = t.h->s.tier_stats(0);
+  CHECK(s.presence_misses == 3);
+  CHECK(s.presence_errors == 3);
+  CHECK(s.presence_hits == 0);
+}

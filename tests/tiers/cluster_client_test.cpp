@@ -239,12 +239,56 @@ TEST_CASE("cluster: values read in place and written after a last-moment hook", 
     CHECK(std::memcmp(into[i].data(), values[i].data() + 16, into[i].size()) == 0);
     CHECK(static_cast<char>(into[i].back()) == static_cast<char>('a' + i));
   }
-  // A value of another length is not read in place: the reply carries it whole.
-  std::vector<std::byte> small(100);
-  const ClusterCommand get{
-      .key = keys[0], .args = {"GET", keys[0]}, .reply_into = small, .reply_prefix = 16};
-  c.run(std::span(&get, 1), [&](std::size_t, const ClusterReply& r) {
+  // A value longer than asked for is skipped without being buffered (one oversized value
+  // used to keep the client's read buffer grown for good); a shorter one is carried whole.
+  // Pipelined behind the skipped one, the next reply is still read in step.
+  std::vector<std::byte> small(100), large(values[0].size() + 100);
+  const std::vector<ClusterCommand> two{
+      {.key = keys[0], .args = {"GET", keys[0]}, .reply_into = small, .reply_prefix = 16},
+      {.key = keys[0], .args = {"GET", keys[0]}, .reply_into = large, .reply_prefix = 16}};
+  int answered = 0;
+  c.run(two, [&](std::size_t i, const ClusterReply& r) {
+    ++answered;
     CHECK_FALSE(r.in_place);
-    CHECK(r.text.size() == values[0].size());
+    CHECK(r.kind == ClusterReplyKind::string);
+    if (i == 0) {
+      CHECK(r.oversized);
+      CHECK(r.text.empty());
+    } else {
+      CHECK_FALSE(r.oversized);
+      const bool whole = r.text == values[0];
+      CHECK(whole);
+    }
   });
+  CHECK(answered == 2);
+  CHECK(c.stats().oversized == 1);
+  CHECK(c.stats().io_errors == 0);
+}
+
+TEST_CASE("cluster client: a redirect without a host is to the node that sent it",
+          "[cluster_client]") {
+  // Redis 7+ may answer "MOVED <slot> :<port>": the host is the one the reply came from. The
+  // fake server redirects to itself, so the client follows until max_redirects.
+  FakeRespServer server("-MOVED 1 :PORT\r\n");
+  ClusterClientConfig config;
+  config.seeds = parse_cluster_nodes("127.0.0.1:" + std::to_string(server.port()), "test");
+  config.reply_timeout_ms = 300;
+  ClusterClient c(config);
+  const Replies r = run(c, {get("k")});
+  CHECK(r.kind[0] == ClusterReplyKind::failed);
+  CHECK(c.stats().moved == static_cast<std::uint64_t>(config.max_redirects));
+}
+
+TEST_CASE("cluster client: a server without cluster support owns every slot", "[cluster_client]") {
+  // A standalone Valkey or Redis (most managed offerings) answers CLUSTER SLOTS with an error.
+  FakeRespServer server("$5\r\nvalue\r\n", "-ERR This instance has cluster support disabled\r\n");
+  ClusterClientConfig config;
+  config.seeds = parse_cluster_nodes("127.0.0.1:" + std::to_string(server.port()), "test");
+  config.reply_timeout_ms = 300;
+  ClusterClient c(config);
+  const Replies r = run(c, {get("a"), get("b"), get("{x}c")});
+  for (const ClusterReplyKind k : r.kind) CHECK(k == ClusterReplyKind::string);
+  CHECK(c.owner_of(0) == "127.0.0.1:" + std::to_string(server.port()));
+  CHECK(c.owner_of(16383) == c.owner_of(0));
+  CHECK(c.stats().failed == 0);
 }

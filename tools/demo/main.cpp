@@ -56,6 +56,15 @@ int main(int argc, char** argv) {
   app.add_option("--shared-secret-file", c.shared_secret_file,
                  "a file holding the fleet secret (16 bytes or more; every engine of the fleet "
                  "the same); without it, the environment variable KVOFFLOAD_SHARED_SECRET");
+  app.add_option("--shared-user", c.shared_username,
+                 "the shared tier's ACL user (its password: --shared-password-file, else the "
+                 "environment variable KVOFFLOAD_SHARED_PASSWORD)");
+  app.add_option("--shared-password-file", c.shared_password_file,
+                 "a file holding the ACL user's password");
+  app.add_option("--shared-tls-ca", c.shared_tls_ca_file,
+                 "TLS to the cluster, its certificates verified against this CA file");
+  app.add_option("--shared-tls-server-name", c.shared_tls_server_name,
+                 "the name the cluster's certificates must carry (default: the host connected to)");
   app.add_flag("--shared-insecure", c.shared_insecure,
                "run the shared tier without a fleet secret (anyone who can write to the "
                "cluster can forge values): for a trusted, private cluster only");

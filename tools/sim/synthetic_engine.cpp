@@ -99,6 +99,11 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
     shared.name = c.shared_name;
     shared.secret_file = c.shared_secret_file;
     shared.insecure = c.shared_insecure;
+    shared.username = c.shared_username;
+    shared.password_file = c.shared_password_file;
+    shared.tls = !c.shared_tls_ca_file.empty();
+    shared.tls_ca_file = c.shared_tls_ca_file;
+    shared.tls_server_name = c.shared_tls_server_name;
     shared.reply_timeout_ms = c.shared_reply_timeout_ms;
     TierConfig tier;
     tier.medium = Medium::shared;

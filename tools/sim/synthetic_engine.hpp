@@ -95,6 +95,12 @@ struct SimConfig {
   /// insecure runs without one (a public secret, with a warning).
   std::string shared_secret_file;
   bool shared_insecure = false;
+  /// AUTH (an ACL user; the password from a file, else KVOFFLOAD_SHARED_PASSWORD) and TLS
+  /// (on when a CA file is given).
+  std::string shared_username;
+  std::string shared_password_file;
+  std::string shared_tls_ca_file;
+  std::string shared_tls_server_name;
   /// Every job and every shared-tier existence check finishes in the step that started it
   /// (the engine waits for them): a run is then a function of its seed and the tiers'
   /// contents, not of timing, so two runs can be compared block for block (the two-process

@@ -64,7 +64,16 @@
   X(in_flight)                                 \
   X(secret_file)                               \
   X(secret_env)                                \
-  X(insecure)
+  X(insecure)                                  \
+  X(username)                                  \
+  X(password_file)                             \
+  X(password_env)                              \
+  X(tls)                                       \
+  X(tls_ca_file)                               \
+  X(tls_cert_file)                             \
+  X(tls_key_file)                              \
+  X(tls_server_name)                           \
+  X(ttl_seconds)
 
 // WorkerConfig's scalars as the Python binding maps them (the C struct takes the factor and the
 // pool's size from its scheduler config and names its backend by number: it maps its own).

@@ -52,4 +52,5 @@
   X(presence_hits)                     \
   X(presence_misses)                   \
   X(presence_failures)                 \
-  X(writes_partial)
+  X(writes_partial)                    \
+  X(presence_errors)

@@ -1,9 +1,11 @@
 #pragma once
 
-// A small client for a Valkey (or Redis 7) cluster, what the shared tier talks through: hiredis
-// for the protocol, and on top of it the cluster's rules: the slot map (CLUSTER SLOTS), key
-// slots (CRC16 with hash tags), MOVED and ASK redirects, map refresh, one connection per node,
-// pipelined batches, timeouts on connect and on every reply. Not thread-safe: one per thread.
+// A small client for a Valkey (or Redis 7) cluster, what the shared tier talks through: our own
+// sockets (plain TCP or TLS through OpenSSL, AUTH with an ACL user), hiredis's reply parser,
+// and on top of them the cluster's rules: the slot map (CLUSTER SLOTS), key slots (CRC16 with
+// hash tags), MOVED and ASK redirects, map refresh, one connection per node, pipelined
+// batches, timeouts on connect and on every reply. A server without cluster support
+// (standalone Valkey or Redis) is one node owning every slot. Not thread-safe: one per thread.
 
 #include <cstddef>
 #include <cstdint>
@@ -27,12 +29,32 @@ struct ClusterAddress {
 KVOFFLOAD_EXPORT std::vector<ClusterAddress> parse_cluster_nodes(std::string_view text,
                                                                  std::string_view field);
 
+/// TLS to every node (OpenSSL): the server's certificate is verified against `ca_file` (empty:
+/// the system's CAs) and must name `server_name` (empty: the host connected to, an IP address
+/// checked against the certificate's IP entries). A client certificate is optional.
+struct ClusterTls {
+  bool enabled = false;
+  std::string ca_file;
+  std::string cert_file;
+  std::string key_file;
+  std::string server_name;
+};
+
 struct ClusterClientConfig {
   std::vector<ClusterAddress> seeds;  ///< any nodes of the cluster; the rest is discovered
   int connect_timeout_ms = 200;
   int reply_timeout_ms = 1000;  ///< for every reply (a stopped node costs this once)
   int max_redirects = 5;        ///< MOVED/ASK hops per command before it fails
-  int down_backoff_ms = 500;    ///< a node that failed is not tried again for this long
+  /// A node that failed is not tried again for this long, doubled at each failure in a row up
+  /// to max_backoff_ms, each wait drawn from [0.5, 1.5) of it (jitter: a fleet does not
+  /// reconnect in step).
+  int down_backoff_ms = 500;
+  int max_backoff_ms = 8000;
+  /// AUTH on every connection when password is set (username empty: "default").
+  std::string username;
+  std::string password;
+  ClusterTls tls;
+  bool keepalive = true;  ///< TCP keepalive: a vanished peer is found within about a minute
   /// Connect to the seeds only: nodes the cluster names (slot map, MOVED, ASK) that are not
   /// seeds count as unreachable. For deployments that pin their nodes, and for tests that
   /// must not reach anything else.
@@ -49,6 +71,8 @@ struct ClusterCommand {
   /// reply_into.size() bytes, its bytes after the prefix are written to reply_into as they are
   /// parsed (one copy less) and the reply's text is the prefix (ClusterReply::in_place). The
   /// caller must treat reply_into as garbage unless it then accepts the reply.
+  /// A longer bulk string is not read into memory: it is skipped and answered as a string
+  /// with ClusterReply::oversized set.
   std::span<std::byte> reply_into{};
   std::size_t reply_prefix = 0;
   /// Called right before the command is written (the commands before it already are), so
@@ -72,7 +96,8 @@ struct ClusterReply {
   ClusterReplyKind kind = ClusterReplyKind::failed;
   long long integer = 0;
   std::string_view text;
-  bool in_place = false;  ///< a string whose bytes after the prefix went to reply_into
+  bool in_place = false;   ///< a string whose bytes after the prefix went to reply_into
+  bool oversized = false;  ///< a string longer than reply_prefix + reply_into: skipped, no text
 };
 
 struct ClusterStats {
@@ -82,8 +107,11 @@ struct ClusterStats {
   std::uint64_t asked = 0;           ///< ASK redirects followed
   std::uint64_t refreshes = 0;       ///< slot map loads
   std::uint64_t connects = 0;        ///< connections opened
-  std::uint64_t connect_errors = 0;  ///< connections that could not be opened
+  std::uint64_t connect_errors = 0;  ///< connections that could not be opened (network)
+  std::uint64_t tls_errors = 0;      ///< TLS handshakes that failed (certificate, protocol)
+  std::uint64_t auth_errors = 0;     ///< connections whose AUTH was refused
   std::uint64_t io_errors = 0;       ///< connections dropped: timeout, reset, bad protocol
+  std::uint64_t oversized = 0;       ///< values longer than asked for, skipped unbuffered
 };
 
 class KVOFFLOAD_EXPORT ClusterClient {
@@ -105,6 +133,9 @@ class KVOFFLOAD_EXPORT ClusterClient {
   [[nodiscard]] ClusterStats stats() const noexcept;
   /// "host:port" of the node owning `slot` in the current map, or empty.
   [[nodiscard]] std::string owner_of(int slot) const;
+  /// What went wrong last with a connection ("127.0.0.1:7101: AUTH as \"x\" refused: ..."),
+  /// or empty.
+  [[nodiscard]] std::string last_error() const;
 
  private:
   struct Impl;

@@ -15,11 +15,12 @@
 
 namespace kvoffload {
 
-/// The answer to one check: present[i] for keys[i] of the check. A check that failed (the
-/// cluster unreachable, a timeout) answers every key absent.
+/// The answer to one check: present[i] for keys[i] of the check. A key whose check failed
+/// (the cluster unreachable, a timeout, AUTH refused) is absent, and counted in `errors`.
 struct PresenceAnswer {
   std::uint64_t ticket = 0;
   std::vector<bool> present;
+  std::size_t errors = 0;  ///< keys without a usable answer (an outage, not a miss)
 };
 
 /// Asked by the scheduler's thread only; an implementation answers from wherever it likes.

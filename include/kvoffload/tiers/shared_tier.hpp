@@ -43,6 +43,12 @@ struct SharedTierStats {
   std::uint64_t write_errors = 0;   ///< SETs not acknowledged
   std::uint64_t bytes_read = 0;     ///< payload bytes promoted
   std::uint64_t bytes_written = 0;  ///< payload bytes written
+  // Why connections failed (outages apart from misses): each also fails its blocks.
+  std::uint64_t connect_errors = 0;  ///< a node unreachable (refused, timed out)
+  std::uint64_t tls_errors = 0;      ///< TLS handshakes refused (certificate, name, protocol)
+  std::uint64_t auth_errors = 0;     ///< AUTH refused (wrong user or password)
+  std::uint64_t io_errors = 0;       ///< connections dropped mid-batch (timeout, reset)
+  std::uint64_t oversized = 0;       ///< values longer than a block, skipped unbuffered
 };
 
 class KVOFFLOAD_EXPORT SharedTier final : public Tier {
@@ -74,6 +80,8 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   /// The fleet's values are not this worker's to delete.
   void clear_contents() override {}
   void run();
+  /// Adds what client_'s connection counters gained since the last call to `delta`.
+  void add_client_stats(SharedTierStats& delta);
 
   std::unique_ptr<SharedKeys> keys_;   // the I/O thread's only (after construction)
   std::unique_ptr<detail::Hmac> mac_;  // the I/O thread's only
@@ -84,6 +92,8 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   std::function<std::span<std::byte>(HostBlockId)> host_block_;
   ClusterClientConfig client_config_;
   std::unique_ptr<ClusterClient> client_;  // the I/O thread's only; null after a failed batch
+  ClusterStats client_seen_;               // client_'s counters already added to stats_
+  std::string ttl_;                        // SETEX's seconds; empty: plain SET
   std::vector<std::optional<Key>> no_scan_;
   mutable std::mutex stats_mutex_;
   SharedTierStats stats_;

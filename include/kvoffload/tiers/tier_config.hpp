@@ -53,6 +53,22 @@ struct SharedTierConfig {
   /// public one, which guards against accidents but not against anyone who can write to the
   /// cluster or list its keys (a warning is logged).
   bool insecure = false;
+  /// AUTH (an ACL user): the password from a file (one trailing newline dropped), else the
+  /// environment variable password_env names; neither: no AUTH. username empty: "default".
+  std::string username;
+  std::string password_file;
+  std::string password_env = "KVOFFLOAD_SHARED_PASSWORD";
+  /// TLS to every node: the server's certificate verified against tls_ca_file (empty: the
+  /// system's CAs) and its name against tls_server_name (empty: the host connected to); a
+  /// client certificate (tls_cert_file and tls_key_file) if the servers ask for one.
+  bool tls = false;
+  std::string tls_ca_file;
+  std::string tls_cert_file;
+  std::string tls_key_file;
+  std::string tls_server_name;
+  /// Values expire this many seconds after they are written (0: never; the cluster's own
+  /// eviction policy still applies).
+  int ttl_seconds = 0;
 };
 
 /// What a worker runs for one tier: a disk tier or a shared tier.

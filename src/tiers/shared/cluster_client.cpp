@@ -2,21 +2,22 @@
 // cluster specification, as the common cluster clients (hiredis-cluster, redis-py's
 // RedisCluster, Jedis) do:
 // - the slot map comes from CLUSTER SLOTS of any reachable node (the seeds first time, then the
-//   known nodes); an empty host in an entry means the node answering;
+//   known nodes); an empty host in an entry means the node answering; a node that answers
+//   that cluster support is disabled is a standalone server and owns every slot;
 // - a command goes to its slot's master; MOVED updates that slot and schedules a full reload
 //   before the next batch; ASK sends ASKING and the command to the node named, once, without
-//   touching the map; more than max_redirects hops fail the command;
+//   touching the map; more than max_redirects hops fail the command; an empty host in a
+//   redirect (Redis 7+) means the node that sent it;
 // - every node gets its commands as one pipelined batch (all are written, then the replies are
 //   read in order), on one connection per node with a timeout on connect and on every read;
 // - an I/O error (timeout, reset, malformed reply) drops the connection: the commands of that
-//   batch without a reply fail, the node is skipped for down_backoff_ms, the map is reloaded.
+//   batch without a reply fail, the node is skipped (a jittered backoff that doubles at each
+//   failure in a row), the map is reloaded; nodes the new map no longer names are disconnected.
 
 #include "kvoffload/tiers/cluster_client.hpp"
 
 #include <hiredis/hiredis.h>
-#include <sys/time.h>
 #include <sys/uio.h>
-#include <climits>
 
 #include <algorithm>
 #include <array>
@@ -27,23 +28,18 @@
 #include <cstring>
 #include <deque>
 #include <optional>
+#include <random>
 #include <string>
 
 #include "common/expects.hpp"
 #include "common/logging.hpp"
 #include "tiers/shared/cluster_slot.hpp"
+#include "tiers/shared/node_connection.hpp"
 
 namespace kvoffload {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-timeval to_timeval(int ms) {
-  timeval tv{};
-  tv.tv_sec = ms / 1000;
-  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
-  return tv;
-}
 
 std::string_view str_of(const redisReply* r) {
   return {r->str, r->len};
@@ -171,8 +167,9 @@ int cluster_key_slot(std::string_view key) noexcept {
 struct ClusterClient::Impl {
   struct Node {
     ClusterAddress address;
-    redisContext* context = nullptr;
+    std::unique_ptr<detail::NodeConnection> conn;
     Clock::time_point down_until{};
+    int failures = 0;  // in a row: the backoff doubles with each
     bool seed = false;
   };
   /// A command in flight: where it goes next and how often it was redirected.
@@ -200,20 +197,17 @@ struct ClusterClient::Impl {
   static constexpr std::size_t kFlushBytes = 1 << 20;
   // The destination of the reply being read (ClusterCommand::reply_into), for createString.
   InPlace in_place;
+  std::unique_ptr<detail::TlsContext> tls;  // null: plain TCP
+  std::minstd_rand jitter{std::random_device{}()};
+  std::string last_error;
+  // The warnings already logged (an operator's mistake is said once, not at every retry).
+  std::string warned;
 
   explicit Impl(ClusterClientConfig c) : config(std::move(c)) {
     slots.fill(-1);
     for (const ClusterAddress& a : config.seeds)
       nodes[static_cast<std::size_t>(node_of(a))].seed = true;
-  }
-
-  ~Impl() {
-    for (Node& n : nodes) drop(n);
-  }
-
-  static void drop(Node& n) {
-    if (n.context != nullptr) redisFree(n.context);
-    n.context = nullptr;
+    if (config.tls.enabled) tls = std::make_unique<detail::TlsContext>(config.tls);
   }
 
   int node_of(const ClusterAddress& a) {
@@ -222,42 +216,67 @@ struct ClusterClient::Impl {
         return static_cast<int>(i);
       }
     }
-    nodes.push_back(Node{a, nullptr, {}, false});
+    nodes.push_back(Node{a, nullptr, {}, 0, false});
     return static_cast<int>(nodes.size() - 1);
   }
 
-  void mark_down(Node& n, const char* what) {
-    detail::logger().debug("cluster: {}:{}: {}; skipped for {} ms", n.address.host, n.address.port,
-                           what, config.down_backoff_ms);
-    drop(n);
-    n.down_until = Clock::now() + std::chrono::milliseconds(config.down_backoff_ms);
+  /// `what` may be the connection's own error text: it is logged before the connection goes.
+  void mark_down(Node& n, std::string_view what) {
+    ++n.failures;
+    // Doubles at each failure in a row, capped; drawn from [0.5, 1.5) of that.
+    const int shift = std::min(n.failures - 1, 16);
+    const auto base = static_cast<double>(
+        std::min<long long>(static_cast<long long>(config.down_backoff_ms) << shift,
+                            std::max(config.max_backoff_ms, config.down_backoff_ms)));
+    const double wait = base * std::uniform_real_distribution<double>(0.5, 1.5)(jitter);
+    detail::logger().debug("cluster: {}:{}: {}; skipped for {:.0f} ms", n.address.host,
+                           n.address.port, what, wait);
+    n.down_until = Clock::now() + std::chrono::microseconds(static_cast<long long>(wait * 1000));
+    n.conn.reset();
     map_stale = true;
   }
 
+  void note_error(const Node& n, std::string_view what, bool warn) {
+    last_error = fmt::format("{}:{}: {}", n.address.host, n.address.port, what);
+    if (warn && warned != last_error) {
+      detail::logger().warn("cluster: {}", last_error);
+      warned = last_error;
+    }
+  }
+
   bool connect(Node& n) {
-    if (n.context != nullptr) return true;
+    if (n.conn != nullptr) return true;
     if (Clock::now() < n.down_until) return false;
     if (config.only_seeds && !n.seed) {
       ++stats.connect_errors;
       mark_down(n, "not a seed, and only_seeds is set");
       return false;
     }
-    redisContext* c = redisConnectWithTimeout(n.address.host.c_str(), n.address.port,
-                                              to_timeval(config.connect_timeout_ms));
-    if (c == nullptr || c->err != 0 ||
-        redisSetTimeout(c, to_timeval(config.reply_timeout_ms)) != 0) {
-      ++stats.connect_errors;
-      if (c != nullptr) redisFree(c);
-      mark_down(n, "connect failed");
+    detail::ConnectionOptions o;
+    o.connect_timeout_ms = config.connect_timeout_ms;
+    o.reply_timeout_ms = config.reply_timeout_ms;
+    o.tls = tls.get();
+    o.username = config.username;
+    o.password = config.password;
+    o.keepalive = config.keepalive;
+    o.functions = &kReplyFunctions;  // in-place values
+    o.privdata = &in_place;
+    detail::ConnectFailure failure = detail::ConnectFailure::none;
+    std::string why;
+    n.conn = detail::NodeConnection::open(n.address, o, failure, why);
+    if (n.conn == nullptr) {
+      // TLS and AUTH failures are an operator's to fix: said at warning level, once.
+      switch (failure) {
+        case detail::ConnectFailure::tls: ++stats.tls_errors; break;
+        case detail::ConnectFailure::auth: ++stats.auth_errors; break;
+        default: ++stats.connect_errors; break;
+      }
+      note_error(n, why, failure != detail::ConnectFailure::network);
+      mark_down(n, why);
       return false;
     }
     ++stats.connects;
-    // Keep the read buffer between replies (the default frees it above 16 KiB, so every large
-    // value grew it again from scratch), and build replies with our functions (in-place values).
-    c->reader->maxbuf = 0;
-    c->reader->fn = &kReplyFunctions;
-    c->reader->privdata = &in_place;
-    n.context = c;
+    n.failures = 0;
     return true;
   }
 
@@ -285,8 +304,8 @@ struct ClusterClient::Impl {
     iov_ref.push_back({kNoHead, "\r\n"});
   }
 
-  /// Writes every encoded command to the node's socket (writev: values are not copied). False
-  /// on an error or a timeout (SO_SNDTIMEO, set with the reply timeout).
+  /// Writes every encoded command to the node's connection (values are not copied). False on
+  /// an error or a timeout (SO_SNDTIMEO, set with the reply timeout).
   bool send_encoded(Node& n) {
     std::vector<iovec> iov;
     iov.reserve(iov_ref.size());
@@ -300,37 +319,45 @@ struct ClusterClient::Impl {
       iov_ref.clear();
       encoded_bytes = 0;
     };
-    std::size_t first = 0;
-    while (first < iov.size()) {
-      const int count = static_cast<int>(std::min<std::size_t>(iov.size() - first, IOV_MAX));
-      const ssize_t w = ::writev(n.context->fd, iov.data() + first, count);
-      if (w < 0) {
-        if (errno == EINTR) continue;
-        clear();
-        return false;
-      }
-      auto left = static_cast<std::size_t>(w);
-      while (first < iov.size() && left >= iov[first].iov_len) left -= iov[first++].iov_len;
-      if (left > 0) {
-        iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + left;
-        iov[first].iov_len -= left;
-      }
-    }
+    const bool ok = n.conn->write_all(iov);
     clear();
-    return true;
+    return ok;
   }
 
-  bool load_map_from(Node& n) {
+  bool load_map_from(std::size_t index) {
+    Node& n = nodes[index];  // a deque: stays valid while node_of adds nodes
     if (!connect(n)) return false;
-    auto* reply = static_cast<redisReply*>(redisCommand(n.context, "CLUSTER SLOTS"));
-    if (reply == nullptr) {
+    static constexpr std::array<std::string_view, 2> kSlots{"CLUSTER", "SLOTS"};
+    void* raw = nullptr;
+    if (!n.conn->command(kSlots, &raw)) {
       ++stats.io_errors;
+      note_error(n, "CLUSTER SLOTS got no reply: " + n.conn->error(), false);
       mark_down(n, "CLUSTER SLOTS got no reply");
       return false;
     }
-    bool ok = reply->type == REDIS_REPLY_ARRAY;
+    auto* reply = static_cast<redisReply*>(raw);
     std::array<int, detail::kClusterSlots> map;
     map.fill(-1);
+    if (reply->type == REDIS_REPLY_ERROR &&
+        str_of(reply).find("cluster support disabled") != std::string_view::npos) {
+      // A standalone server: it owns every slot.
+      freeReplyObject(reply);
+      map.fill(static_cast<int>(index));
+      install_map(map);
+      return true;
+    }
+    if (reply->type == REDIS_REPLY_ERROR &&
+        (str_of(reply).starts_with("NOAUTH") || str_of(reply).starts_with("WRONGPASS"))) {
+      // Connected, but the server wants a user and password we did not give.
+      ++stats.auth_errors;
+      note_error(
+          n, fmt::format("{} (the server needs AUTH: set username and a password)", str_of(reply)),
+          true);
+      freeReplyObject(reply);
+      mark_down(n, "AUTH needed");
+      return false;
+    }
+    bool ok = reply->type == REDIS_REPLY_ARRAY;
     for (std::size_t i = 0; ok && i < reply->elements; ++i) {
       const redisReply* e = reply->element[i];
       // [start, end, [host, port, id...], replicas...]
@@ -357,23 +384,36 @@ struct ClusterClient::Impl {
                             n.address.port);
       return false;
     }
+    install_map(map);
+    return true;
+  }
+
+  /// The new map; nodes it no longer names (and that are not seeds) are disconnected.
+  void install_map(const std::array<int, detail::kClusterSlots>& map) {
     slots = map;
     have_map = true;
     map_stale = false;
     ++stats.refreshes;
-    return true;
+    std::vector<bool> named(nodes.size(), false);
+    for (const int owner : slots) {
+      if (owner >= 0) named[static_cast<std::size_t>(owner)] = true;
+    }
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      if (!named[i] && !nodes[i].seed) nodes[i].conn.reset();
+    }
   }
 
   bool refresh() {
     // node_of may grow `nodes`: index, not iterators.
     for (std::size_t i = 0; i < nodes.size(); ++i) {  // NOLINT(modernize-loop-convert)
-      if (load_map_from(nodes[i])) return true;
+      if (load_map_from(i)) return true;
     }
     return false;
   }
 
-  /// Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..." into (slot, node).
-  std::optional<std::pair<int, int>> redirect_target(std::string_view text) {
+  /// Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..." into (slot, node); an empty host (Redis
+  /// 7+: "MOVED 3999 :6381") is the host of `from`, the node that sent it.
+  std::optional<std::pair<int, int>> redirect_target(std::string_view text, int from) {
     const std::size_t a = text.find(' ');
     const std::size_t b = a == std::string_view::npos ? a : text.find(' ', a + 1);
     if (b == std::string_view::npos) return std::nullopt;
@@ -383,7 +423,7 @@ struct ClusterClient::Impl {
     if (ec != std::errc{} || slot < 0 || slot >= detail::kClusterSlots) return std::nullopt;
     auto address = split_address(text.substr(b + 1));
     if (!address) return std::nullopt;
-    if (address->host.empty()) return std::nullopt;
+    if (address->host.empty()) address->host = nodes[static_cast<std::size_t>(from)].address.host;
     return std::pair{slot, node_of(*address)};
   }
 
@@ -472,15 +512,27 @@ struct ClusterClient::Impl {
       void* raw = nullptr;
       in_place = InPlace{};
       if (p.asking) {
-        if (redisGetReply(n.context, &raw) != REDIS_OK) break;
+        if (!n.conn->get_reply(&raw)) break;
         freeReplyObject(raw);  // +OK to ASKING
       }
       const ClusterCommand& command = commands[p.index];
       in_place = InPlace{command.reply_into, command.reply_prefix, false};
-      const int got = redisGetReply(n.context, &raw);
+      bool oversized = false;
+      const bool got = command.reply_into.empty()
+                           ? n.conn->get_reply(&raw)
+                           : n.conn->get_bounded_reply(
+                                 &raw, command.reply_prefix + command.reply_into.size(), oversized);
       const bool wrote_in_place = in_place.done;
       in_place = InPlace{};
-      if (got != REDIS_OK) break;
+      if (!got) break;
+      if (oversized) {
+        ++stats.oversized;
+        ClusterReply skipped;
+        skipped.kind = ClusterReplyKind::string;
+        skipped.oversized = true;
+        on_reply(p.index, skipped);
+        continue;
+      }
       auto* r = static_cast<redisReply*>(raw);
       ClusterReply reply;
       switch (r->type) {
@@ -507,7 +559,7 @@ struct ClusterClient::Impl {
       const bool moved = reply.kind == ClusterReplyKind::error && reply.text.starts_with("MOVED ");
       const bool ask = reply.kind == ClusterReplyKind::error && reply.text.starts_with("ASK ");
       if (moved || ask) {
-        const auto target = redirect_target(reply.text);
+        const auto target = redirect_target(reply.text, node);
         if (target && p.hops < config.max_redirects) {
           if (moved) {
             ++stats.moved;
@@ -528,7 +580,8 @@ struct ClusterClient::Impl {
     }
     if (answered < batch.size()) {
       ++stats.io_errors;
-      mark_down(n, n.context->errstr);
+      note_error(n, n.conn->error(), false);
+      mark_down(n, n.conn->error());
       for (std::size_t i = answered; i < batch.size(); ++i) fail(batch[i].index);
     }
   }
@@ -539,9 +592,11 @@ ClusterClient::ClusterClient(ClusterClientConfig config) {
   KVOFFLOAD_EXPECTS(config.connect_timeout_ms > 0 && config.reply_timeout_ms > 0,
                     "cluster client: connect_timeout_ms ({}) and reply_timeout_ms ({}) must be > 0",
                     config.connect_timeout_ms, config.reply_timeout_ms);
-  KVOFFLOAD_EXPECTS(config.max_redirects >= 0 && config.down_backoff_ms >= 0,
-                    "cluster client: max_redirects ({}) and down_backoff_ms ({}) must be >= 0",
-                    config.max_redirects, config.down_backoff_ms);
+  KVOFFLOAD_EXPECTS(
+      config.max_redirects >= 0 && config.down_backoff_ms >= 0 && config.max_backoff_ms >= 0,
+      "cluster client: max_redirects ({}), down_backoff_ms ({}) and max_backoff_ms "
+      "({}) must be >= 0",
+      config.max_redirects, config.down_backoff_ms, config.max_backoff_ms);
   impl_ = std::make_unique<Impl>(std::move(config));
 }
 
@@ -558,6 +613,10 @@ bool ClusterClient::refresh() {
 
 ClusterStats ClusterClient::stats() const noexcept {
   return impl_->stats;
+}
+
+std::string ClusterClient::last_error() const {
+  return impl_->last_error;
 }
 
 std::string ClusterClient::owner_of(int slot) const {

@@ -15,6 +15,7 @@
 #include "common/expects.hpp"
 #include "common/hmac.hpp"
 #include "common/logging.hpp"
+#include "tiers/shared/client_config.hpp"
 
 namespace kvoffload {
 namespace {
@@ -23,19 +24,19 @@ namespace {
 // (a value moved or damaged) but not against anyone who can write to the cluster.
 constexpr std::string_view kInsecureSecret = "kvoffload shared tier: insecure, no fleet secret";
 
-std::string read_secret_file(const std::string& path) {
+/// A secret's file (`field` names it in errors): a regular file, one trailing newline dropped.
+std::string read_secret_file(const std::string& path, std::string_view field = "secret_file") {
   struct stat st {};
-  KVOFFLOAD_EXPECTS(::stat(path.c_str(), &st) == 0, "shared tier: secret_file \"{}\": {}", path,
+  KVOFFLOAD_EXPECTS(::stat(path.c_str(), &st) == 0, "shared tier: {} \"{}\": {}", field, path,
                     std::strerror(errno));
-  KVOFFLOAD_EXPECTS(S_ISREG(st.st_mode), "shared tier: secret_file \"{}\" is not a regular file",
+  KVOFFLOAD_EXPECTS(S_ISREG(st.st_mode), "shared tier: {} \"{}\" is not a regular file", field,
                     path);
   if ((st.st_mode & 077) != 0) {
-    detail::logger().warn(
-        "shared tier: secret_file \"{}\" can be read by others (mode {:o}); chmod 600 it", path,
-        st.st_mode & 0777);
+    detail::logger().warn("shared tier: {} \"{}\" can be read by others (mode {:o}); chmod 600 it",
+                          field, path, st.st_mode & 0777);
   }
   std::ifstream in(path, std::ios::binary);
-  KVOFFLOAD_EXPECTS(in.good(), "shared tier: secret_file \"{}\" cannot be read", path);
+  KVOFFLOAD_EXPECTS(in.good(), "shared tier: {} \"{}\" cannot be read", field, path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   // One trailing newline (what `echo` and editors add) is not part of the secret.
   if (text.ends_with('\n')) text.pop_back();
@@ -74,6 +75,43 @@ std::string load_secret(const SharedTierConfig& c, bool& secure) {
 }
 
 }  // namespace
+
+namespace detail {
+
+ClusterClientConfig cluster_client_config(const SharedTierConfig& c) {
+  ClusterClientConfig cc;
+  cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
+  cc.connect_timeout_ms = c.connect_timeout_ms;
+  cc.reply_timeout_ms = c.reply_timeout_ms;
+  cc.username = c.username;
+  if (!c.password_file.empty()) {
+    cc.password = read_secret_file(c.password_file, "password_file");
+    KVOFFLOAD_EXPECTS(!cc.password.empty(), "shared tier: password_file \"{}\" is empty",
+                      c.password_file);
+  } else if (const char* env =
+                 c.password_env.empty() ? nullptr : std::getenv(c.password_env.c_str());
+             env != nullptr && *env != '\0') {
+    cc.password = env;
+  }
+  KVOFFLOAD_EXPECTS(c.username.empty() || !cc.password.empty(),
+                    "shared tier: username \"{}\" without a password: set password_file, or "
+                    "the environment variable password_env names (\"{}\")",
+                    c.username, c.password_env);
+  KVOFFLOAD_EXPECTS(c.tls || (c.tls_ca_file.empty() && c.tls_cert_file.empty() &&
+                              c.tls_key_file.empty() && c.tls_server_name.empty()),
+                    "shared tier: tls_ca_file, tls_cert_file, tls_key_file or tls_server_name "
+                    "is set but tls is not: set tls = true");
+  KVOFFLOAD_EXPECTS(c.ttl_seconds >= 0, "shared tier: ttl_seconds must be >= 0, got {}",
+                    c.ttl_seconds);
+  cc.tls.enabled = c.tls;
+  cc.tls.ca_file = c.tls_ca_file;
+  cc.tls.cert_file = c.tls_cert_file;
+  cc.tls.key_file = c.tls_key_file;
+  cc.tls.server_name = c.tls_server_name;
+  return cc;
+}
+
+}  // namespace detail
 
 // "v3": the value format of version 3 (MACs). Other versions live in other namespaces, so an
 // engine of either version sees the other's values as absent (a plain miss) rather than

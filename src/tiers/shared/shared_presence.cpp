@@ -11,6 +11,7 @@
 #include "common/expects.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
 #include "kvoffload/tiers/shared_keys.hpp"
+#include "tiers/shared/client_config.hpp"
 
 namespace kvoffload {
 
@@ -22,11 +23,7 @@ class ClusterPresence final : public PresenceCheck {
  public:
   ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor)
       : keys_(c, block_size_factor), tp_size_(c.tp_size) {
-    ClusterClientConfig cc;
-    cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
-    cc.connect_timeout_ms = c.connect_timeout_ms;
-    cc.reply_timeout_ms = c.reply_timeout_ms;
-    client_ = std::make_unique<ClusterClient>(cc);
+    client_ = std::make_unique<ClusterClient>(detail::cluster_client_config(c));
     thread_ = std::thread([this] { run(); });
   }
   ~ClusterPresence() override {
@@ -82,6 +79,7 @@ class ClusterPresence final : public PresenceCheck {
       }
       client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
         a.present[i] = r.kind == ClusterReplyKind::integer && r.integer == tp_size_;
+        if (r.kind != ClusterReplyKind::integer) ++a.errors;
       });
       std::lock_guard lock(mutex_);
       answers_.push_back(std::move(a));

@@ -11,6 +11,7 @@
 #include "common/hmac.hpp"
 #include "common/logging.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
+#include "tiers/shared/client_config.hpp"
 #include "tiers/tier_queue.hpp"
 
 namespace kvoffload {
@@ -71,18 +72,26 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
                     c.tp_size);
   KVOFFLOAD_EXPECTS(c.in_flight >= 1 && c.in_flight <= 1024,
                     "shared tier: in_flight must be 1 to 1024, got {}", c.in_flight);
-  ClusterClientConfig cc;
-  cc.seeds = parse_cluster_nodes(c.nodes, "shared tier: nodes");
-  cc.connect_timeout_ms = c.connect_timeout_ms;
-  cc.reply_timeout_ms = c.reply_timeout_ms;
-  keys_ = std::make_unique<SharedKeys>(c, block_size_factor);  // checks the factor, the secret
+  const ClusterClientConfig cc = detail::cluster_client_config(c);  // AUTH, TLS: named errors
+  keys_ = std::make_unique<SharedKeys>(c, block_size_factor);       // checks the factor, the secret
   mac_ = keys_->value_mac();
   client_config_ = cc;
-  client_ = std::make_unique<ClusterClient>(cc);
+  client_ = std::make_unique<ClusterClient>(cc);  // loads the TLS files: named errors
+  if (c.ttl_seconds > 0) ttl_ = std::to_string(c.ttl_seconds);
   const std::string text = fmt::format("kvoffload shared tier v3\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());
   thread_ = std::thread([this] { run(); });
+}
+
+void SharedTier::add_client_stats(SharedTierStats& delta) {
+  const ClusterStats now = client_->stats();
+  delta.connect_errors += now.connect_errors - client_seen_.connect_errors;
+  delta.tls_errors += now.tls_errors - client_seen_.tls_errors;
+  delta.auth_errors += now.auth_errors - client_seen_.auth_errors;
+  delta.io_errors += now.io_errors - client_seen_.io_errors;
+  delta.oversized += now.oversized - client_seen_.oversized;
+  client_seen_ = now;
 }
 
 SharedTier::~SharedTier() {
@@ -161,7 +170,9 @@ void SharedTier::run() {
         put<std::uint32_t>(h, 68, static_cast<std::uint32_t>(rank_));
         commands[i] = ClusterCommand{
             .key = keys[i],
-            .args = {"SET", keys[i]},
+            // SETEX key seconds value with a TTL: the value is the command's last argument.
+            .args = ttl_.empty() ? std::vector<std::string_view>{"SET", keys[i]}
+                                 : std::vector<std::string_view>{"SETEX", keys[i], ttl_},
             .value = {std::string_view(reinterpret_cast<const char*>(h), shared_value_header_bytes),
                       std::string_view(reinterpret_cast<const char*>(payload.data()),
                                        payload_bytes_)},
@@ -223,8 +234,11 @@ void SharedTier::run() {
       // The client may hold part of the batch or unread replies: the next batch starts over
       // with a new one (new connections, a fresh slot map) rather than read replies out of
       // step.
+      if (client_ != nullptr) add_client_stats(delta);
       client_.reset();
+      client_seen_ = {};
     }
+    if (client_ != nullptr) add_client_stats(delta);
     {
       std::lock_guard lock(stats_mutex_);
       stats_.reads += delta.reads;
@@ -235,6 +249,11 @@ void SharedTier::run() {
       stats_.write_errors += delta.write_errors;
       stats_.bytes_read += delta.bytes_read;
       stats_.bytes_written += delta.bytes_written;
+      stats_.connect_errors += delta.connect_errors;
+      stats_.tls_errors += delta.tls_errors;
+      stats_.auth_errors += delta.auth_errors;
+      stats_.io_errors += delta.io_errors;
+      stats_.oversized += delta.oversized;
     }
     // Stats first: a caller that sees the job finished sees its counters too.
     for (std::size_t i = 0; i < n; ++i) queue().done(tasks[i], ok[i]);
