@@ -64,6 +64,11 @@ int main(int argc, char** argv) {
       "shared vs host hit (needs a cluster: scripts/valkey-cluster start; not part of all)");
   shared->add_option("--nodes", shared_nodes, "HOST:PORT[,...] of the cluster")->required();
   shared->add_option("--size", shared_size, "bytes per measurement (default 512MiB, quick 32MiB)");
+  kvbench::SharedAccess shared_access;
+  shared->add_option("--tls-ca", shared_access.tls_ca_file,
+                     "TLS to the cluster (the tier and the baseline), verified with this CA");
+  shared->add_option("--user", shared_access.user, "the ACL user (AUTH)");
+  shared->add_option("--password-file", shared_access.password_file, "the user's password");
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
@@ -98,7 +103,9 @@ int main(int argc, char** argv) {
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
     if (disk->parsed() || every) doc["disk"] = kvbench::run_disk(opt, disk_dir, disk_size);
-    if (shared->parsed()) doc["shared"] = kvbench::run_shared(opt, shared_nodes, shared_size);
+    if (shared->parsed()) {
+      doc["shared"] = kvbench::run_shared(opt, shared_nodes, shared_size, shared_access);
+    }
     if (soak->parsed()) doc["soak"] = kvbench::run_soak(opt, soak_steps, soak_samples);
   } catch (const std::exception& e) {
     std::cerr << "kvoffload-bench: " << e.what() << "\n";

@@ -22,7 +22,15 @@ nlohmann::json run_source_order(const Options& opt);
 nlohmann::json run_pool(const Options& opt, const std::string& size);
 nlohmann::json run_e2e(const Options& opt);
 nlohmann::json run_disk(const Options& opt, const std::string& directory, const std::string& size);
-nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size);
+/// How the shared benchmark reaches its cluster: TLS (on when a CA file is given) and AUTH,
+/// for the tier and the baseline tool alike.
+struct SharedAccess {
+  std::string tls_ca_file;
+  std::string user;
+  std::string password_file;
+};
+nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size,
+                          const SharedAccess& access);
 nlohmann::json run_soak(const Options& opt, std::int64_t steps, std::int64_t samples);
 
 }  // namespace kvbench

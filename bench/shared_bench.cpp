@@ -4,6 +4,7 @@
 // lookup to a loaded block for a shared-tier hit against a host hit.
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -44,8 +45,17 @@ std::string benchmark_tool() {
 /// slots that fill a node. nullopt if it failed.
 std::optional<std::pair<double, double>> tool_rates(const std::string& tool,
                                                     const ClusterAddress& node, std::uint64_t bs,
-                                                    unsigned pipeline, std::int64_t n) {
-  const std::string cmd = tool + " -h " + node.host + " -p " + std::to_string(node.port) +
+                                                    unsigned pipeline, std::int64_t n,
+                                                    const SharedAccess& access) {
+  // Over TLS and with AUTH when the tier is. The tool takes the password only as -a: read
+  // from its file by the shell, it is in the tool's arguments for the run (loopback tests).
+  std::string secure;
+  if (!access.tls_ca_file.empty()) secure += " --tls --cacert '" + access.tls_ca_file + "'";
+  if (!access.password_file.empty()) {
+    secure += " -a \"$(cat '" + access.password_file + "')\"";
+    if (!access.user.empty()) secure += " --user '" + access.user + "'";
+  }
+  const std::string cmd = tool + secure + " -h " + node.host + " -p " + std::to_string(node.port) +
                           " -t set,get -r 1 -d " + std::to_string(bs) + " -c 1 -P " +
                           std::to_string(pipeline) + " -n " + std::to_string(n) +
                           " --csv 2>/dev/null";
@@ -104,11 +114,26 @@ double time_job(SharedTier& tier, JobId id, JobKind kind, std::int64_t n, std::i
   return s;
 }
 
-/// The node owning the slot of `key` (the baseline's one connection goes there).
-ClusterAddress owner(const std::string& nodes, const std::string& key) {
+/// The bench's own client settings (the cleaner's, the owner lookup's): TLS and AUTH as given.
+ClusterClientConfig client_config(const std::string& nodes, const SharedAccess& access) {
   ClusterClientConfig cc;
   cc.seeds = parse_cluster_nodes(nodes, "--nodes");
-  ClusterClient client(cc);
+  cc.reply_timeout_ms = 10000;
+  cc.tls.enabled = !access.tls_ca_file.empty();
+  cc.tls.ca_file = access.tls_ca_file;
+  cc.username = access.user;
+  if (!access.password_file.empty()) {
+    const auto password = capture("cat '" + access.password_file + "'");
+    if (!password) throw error("shared bench: cannot read " + access.password_file);
+    cc.password = *password;
+    while (!cc.password.empty() && cc.password.back() == '\n') cc.password.pop_back();
+  }
+  return cc;
+}
+
+/// The node owning the slot of `key` (the baseline's one connection goes there).
+ClusterAddress owner(const std::string& nodes, const std::string& key, const SharedAccess& access) {
+  ClusterClient client(client_config(nodes, access));
   if (!client.refresh()) throw error("shared bench: no node of " + nodes + " answered");
   const std::string o = client.owner_of(cluster_key_slot(key));
   return parse_cluster_nodes(o, "owner")[0];
@@ -116,7 +141,8 @@ ClusterAddress owner(const std::string& nodes, const std::string& key) {
 
 /// The fleet secret the bench's tiers use: a random one in an environment variable of its
 /// own, set before any tier starts a thread (the values are deleted after each cell anyway).
-SharedTierConfig bench_config(const std::string& nodes, const std::string& name) {
+SharedTierConfig bench_config(const std::string& nodes, const std::string& name,
+                              const SharedAccess& access) {
   static const bool set = [] {
     std::random_device rd;
     char secret[40];
@@ -128,10 +154,47 @@ SharedTierConfig bench_config(const std::string& nodes, const std::string& name)
   c.nodes = nodes;
   c.name = name;
   c.secret_env = "KVOFFLOAD_BENCH_SECRET";
+  c.tls = !access.tls_ca_file.empty();
+  c.tls_ca_file = access.tls_ca_file;
+  c.username = access.user;
+  c.password_file = access.password_file;
   return c;
 }
 
-nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uint64_t total) {
+/// The MAC's cost: HMAC-SHA-256 (what every value written or read is signed or checked with)
+/// over 4 MiB buffers, side by side with memcpy of the same bytes, in seconds per GiB.
+nlohmann::json mac_cost(const Options& opt, const std::string& nodes) {
+  const SharedKeys keys(bench_config(nodes, "kvoffload-bench-mac", SharedAccess{}), 1);
+  const std::size_t bytes = 4 << 20;
+  const int rounds = opt.quick ? 16 : 128;  // 64 MiB or 512 MiB per run
+  std::vector<std::byte> src(bytes, std::byte{0x5a}), dst(bytes);
+  std::vector<double> mac, copy;
+  const std::size_t runs = opt.runs > 0 ? opt.runs : 5;
+  const double gib = static_cast<double>(bytes) * rounds / static_cast<double>(1ULL << 30);
+  std::uint8_t sink = 0;
+  for (std::size_t r = 0; r < runs; ++r) {
+    auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) sink ^= static_cast<std::uint8_t>(keys.mac_of(src)[0]);
+    mac.push_back(seconds_since(start) / gib);
+    start = std::chrono::steady_clock::now();
+    for (int i = 0; i < rounds; ++i) {
+      std::memcpy(dst.data(), src.data(), bytes);
+      sink ^= static_cast<std::uint8_t>(dst[static_cast<std::size_t>(i) % bytes]);
+    }
+    copy.push_back(seconds_since(start) / gib);
+  }
+  const Summary m = summarize(mac), c = summarize(copy);
+  return {{"hmac_sha256_seconds_per_gib", to_json(m, "s")},
+          {"memcpy_seconds_per_gib", to_json(c, "s")},
+          {"ratio_mac_to_memcpy", m.median / c.median},
+          {"sink", sink},
+          {"note",
+           "one thread; each value written is signed once and each value read is checked "
+           "once, so a block costs this over its bytes on top of the copy"}};
+}
+
+nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uint64_t total,
+                          const SharedAccess& access) {
   const std::vector<std::uint64_t> sizes =
       opt.quick ? std::vector<std::uint64_t>{256 << 10, 4 << 20}
                 : std::vector<std::uint64_t>{256 << 10, 1 << 20, 4 << 20, 8 << 20};
@@ -141,11 +204,8 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
   const std::string tool = benchmark_tool();
   // The baseline runs on the master owning the tool's key.
   const std::string tool_key = "key:000000000000";
-  const ClusterAddress base_node = owner(nodes, tool_key);
-  ClusterClientConfig cc;
-  cc.seeds = parse_cluster_nodes(nodes, "--nodes");
-  cc.reply_timeout_ms = 10000;
-  ClusterClient cleaner(cc);
+  const ClusterAddress base_node = owner(nodes, tool_key, access);
+  ClusterClient cleaner(client_config(nodes, access));
   nlohmann::json rows = nlohmann::json::array();
   Progress progress("shared throughput", sizes.size() * depths.size() * runs);
   std::uint64_t salt = std::random_device{}();
@@ -157,7 +217,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
       std::vector<double> kw, kr, hw, hr, bw, br;
       ++salt;  // the cell's keys: each run rewrites them; deleted after the cell
       for (std::size_t r = 0; r < runs; ++r) {
-        SharedTierConfig c = bench_config(nodes, "kvoffload-bench");
+        SharedTierConfig c = bench_config(nodes, "kvoffload-bench", access);
         c.in_flight = static_cast<int>(inflight);
         c.reply_timeout_ms = 10000;
         {
@@ -169,7 +229,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
           hr.push_back(bytes / time_job(tier, 4, JobKind::promote, n, pool_blocks, salt, true));
         }
         if (!tool.empty()) {
-          if (const auto rates = tool_rates(tool, base_node, bs, inflight, n)) {
+          if (const auto rates = tool_rates(tool, base_node, bs, inflight, n, access)) {
             bw.push_back(rates->first * static_cast<double>(bs));
             br.push_back(rates->second * static_cast<double>(bs));
           }
@@ -177,7 +237,7 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
         progress.step(format_bytes(bs) + " x" + std::to_string(inflight));
       }
       // Leave the cluster as it was (untimed): the cell's values, then the baseline's.
-      const SharedKeys keys(bench_config(nodes, "kvoffload-bench"), 1);
+      const SharedKeys keys(bench_config(nodes, "kvoffload-bench", access), 1);
       std::vector<std::string> names;
       for (std::int64_t i = 0; i < n; ++i) names.push_back(keys.name(bench_key(i, salt), 0, 0));
       names.push_back(tool_key);
@@ -211,8 +271,9 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
   return {{"baseline", tool.empty() ? "none found" : tool},
           {"baseline_node", base_node.host + ":" + std::to_string(base_node.port)},
           {"note",
-           "payload bytes per second; kvoffload also moves an 80-byte header per value and its "
-           "XXH3, one thread, one connection per node, in_flight commands per pipelined batch. "
+           "payload bytes per second; kvoffload also moves a 112-byte header per value and "
+           "signs or checks its HMAC-SHA-256, one thread, one connection per node, in_flight "
+           "commands per pipelined batch. "
            "The baseline moves same-size values over one connection to one master with the "
            "same pipeline depth (-t set,get -d <block> -r 1: SET rewrites one key, GET reads "
            "it), not in cluster mode. put/get_ratio compare kvoffload moving one key from one "
@@ -221,14 +282,14 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
           {"results", rows}};
 }
 
-nlohmann::json latency(const Options& opt, const std::string& nodes) {
+nlohmann::json latency(const Options& opt, const std::string& nodes, const SharedAccess& access) {
   const std::uint64_t page = 1 << 20;
   const std::string name = "kvoffload-bench-latency-" + std::to_string(std::random_device{}());
   std::vector<BlockHash> prefix;
   for (std::int64_t i = 0; i < TierRig::kBlocks; ++i)
     prefix.push_back(bench_key(i + 1000, 99).hash);
   const auto make = [&] {  // each another engine: empty host cache, the same namespace
-    SharedTierConfig shared = bench_config(nodes, name);
+    SharedTierConfig shared = bench_config(nodes, name, access);
     shared.in_flight = 16;
     TierConfig tc;
     tc.medium = Medium::shared;
@@ -241,13 +302,17 @@ nlohmann::json latency(const Options& opt, const std::string& nodes) {
 
 }  // namespace
 
-nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size) {
+nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size,
+                          const SharedAccess& access) {
   const std::uint64_t total = parse_bytes(size, "--size");
   nlohmann::json out;
   out["nodes"] = nodes;
+  out["tls"] = !access.tls_ca_file.empty();
+  out["auth"] = !access.user.empty() || !access.password_file.empty();
   out["bytes_per_measurement"] = total;
-  out["throughput"] = throughput(opt, nodes, total);
-  out["lookup_to_loaded"] = latency(opt, nodes);
+  out["mac_cost"] = mac_cost(opt, nodes);
+  out["throughput"] = throughput(opt, nodes, total, access);
+  out["lookup_to_loaded"] = latency(opt, nodes, access);
   return out;
 }
 

@@ -139,6 +139,7 @@ typedef struct kvoffload_shared_tier_config {
   const char* tls_key_file;
   const char* tls_server_name;
   int ttl_seconds; /* values expire after this many seconds (0: never) */
+  int only_seeds;  /* 1: connect to the listed nodes only (redirects elsewhere fail) */
 } kvoffload_shared_tier_config_t;
 /* kvoffload::SharedTierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_SHARED_TIER_CONFIG_INIT                                     \
@@ -162,7 +163,8 @@ typedef struct kvoffload_shared_tier_config {
         NULL,                               /* tls_cert_file: none */         \
         NULL,                               /* tls_key_file: none */          \
         NULL,                               /* tls_server_name: the host */   \
-        0                                   /* ttl_seconds: none */           \
+        0,                                  /* ttl_seconds: none */           \
+        0                                   /* only_seeds: no */              \
   }
 
 /* A disk tier's store, as a worker runs it: its own rows, in files of its own rank

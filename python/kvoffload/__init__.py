@@ -118,6 +118,7 @@ class SharedTierConfig:
     tls_key_file: str = ""
     tls_server_name: str = ""
     ttl_seconds: int = 0  # values expire after this many seconds (0: never)
+    only_seeds: bool = False  # connect to the listed nodes only (redirects elsewhere fail)
 
 
 @dataclass

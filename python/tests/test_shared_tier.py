@@ -287,3 +287,33 @@ def test_new_weights_never_find_old_blocks_also_after_a_sigkill(cluster, secret,
     assert load_prompt(s, w, gpu, "r3", h) is None
     s.reset_cache()  # a random epoch: nothing anybody stored
     assert load_prompt(s, w, gpu, "r4", h) is None
+
+
+def test_tls_and_auth_settings_are_checked_by_field(tmp_path, monkeypatch):
+    """TLS and AUTH from Python: files that cannot be loaded and settings that do not go
+    together are refused at start, naming the field (the round trips over TLS with AUTH run
+    in C++ and in the two-process test against scripts/valkey-cluster --tls --auth)."""
+    monkeypatch.setenv("KVOFFLOAD_SHARED_SECRET", "s" * 32)
+    monkeypatch.delenv("KVOFFLOAD_SHARED_PASSWORD", raising=False)
+    gpu = np.zeros((4, PAGE), dtype=np.uint8)
+
+    def worker(**shared):
+        return kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]], host_blocks=2,
+                                         tiers=[kv.SharedTierConfig("127.0.0.1:1", "m",
+                                                                    **shared)]))
+    with pytest.raises(kv.InvalidArgument, match='tls_ca_file ".*missing.crt"'):
+        worker(tls=True, tls_ca_file=str(tmp_path / "missing.crt"))
+    with pytest.raises(kv.InvalidArgument, match="set tls = true"):
+        worker(tls_ca_file=str(tmp_path / "ca.crt"))
+    with pytest.raises(kv.InvalidArgument, match='username "u" without a password'):
+        worker(username="u")
+    with pytest.raises(kv.InvalidArgument, match="password_file"):
+        worker(username="u", password_file=str(tmp_path / "missing"))
+    with pytest.raises(kv.InvalidArgument, match=r"tiers\[0\]\.ttl_seconds: expected an int"):
+        worker(ttl_seconds="1h")
+    password = tmp_path / "password"
+    password.write_text("hunter2-hunter2\n")
+    password.chmod(0o600)
+    stats = worker(username="u", password_file=str(password), ttl_seconds=60,
+                   only_seeds=True).shared_tier_stats(0)
+    assert stats["auth_errors"] == 0 and stats["tls_errors"] == 0

@@ -112,6 +112,7 @@ TEST_CASE(
   CHECK(shc.tls_server_name.empty());
   CHECK((sh.tls != 0) == shc.tls);
   CHECK(sh.ttl_seconds == shc.ttl_seconds);
+  CHECK((sh.only_seeds != 0) == shc.only_seeds);
   const kvoffload_scheduler_config_t sc = KVOFFLOAD_SCHEDULER_CONFIG_INIT;
   CHECK(sc.tiers == nullptr);
   CHECK(sc.num_tiers == SchedulerConfig{}.tiers.size());

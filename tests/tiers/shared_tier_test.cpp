@@ -337,3 +337,23 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   CHECK_FALSE(run(forger, job(5, JobKind::promote, {keys[0]}, {13})).ok);
   CHECK(forger.shared_stats().reads == 0);
 }
+
+TEST_CASE("Shared tier: only_seeds keeps every connection on the listed nodes", "[cluster]") {
+  // Only the cluster's first master is listed: blocks whose slots the others own fail (the
+  // map names them, but they are not to be reached), the first master's are written.
+  Pool pool(16);
+  SharedTierConfig c = config("only-seeds-" + std::to_string(std::random_device{}()));
+  c.only_seeds = true;
+  SharedTier tier(c, 1, "layout", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
+  std::vector<Key> keys;
+  std::vector<HostBlockId> hosts;
+  for (int i = 0; i < 12; ++i) {
+    keys.push_back(key(500 + i));
+    hosts.push_back(i);
+  }
+  CHECK_FALSE(run(tier, job(1, JobKind::write, keys, hosts)).ok);
+  const SharedTierStats s = tier.shared_stats();
+  CHECK(s.writes > 0);
+  CHECK(s.writes < 12);
+  CHECK(s.connect_errors >= 1);
+}

@@ -73,7 +73,8 @@
   X(tls_cert_file)                             \
   X(tls_key_file)                              \
   X(tls_server_name)                           \
-  X(ttl_seconds)
+  X(ttl_seconds)                               \
+  X(only_seeds)
 
 // WorkerConfig's scalars as the Python binding maps them (the C struct takes the factor and the
 // pool's size from its scheduler config and names its backend by number: it maps its own).

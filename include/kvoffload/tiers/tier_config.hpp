@@ -69,6 +69,10 @@ struct SharedTierConfig {
   /// Values expire this many seconds after they are written (0: never; the cluster's own
   /// eviction policy still applies).
   int ttl_seconds = 0;
+  /// Connect to the nodes listed in `nodes` only: a node the cluster names (its slot map, a
+  /// MOVED or ASK) that is not listed is unreachable. For deployments that pin their nodes, so
+  /// that a forged redirect cannot send blocks elsewhere.
+  bool only_seeds = false;
 };
 
 /// What a worker runs for one tier: a disk tier or a shared tier.

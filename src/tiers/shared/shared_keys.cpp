@@ -103,6 +103,7 @@ ClusterClientConfig cluster_client_config(const SharedTierConfig& c) {
                     "is set but tls is not: set tls = true");
   KVOFFLOAD_EXPECTS(c.ttl_seconds >= 0, "shared tier: ttl_seconds must be >= 0, got {}",
                     c.ttl_seconds);
+  cc.only_seeds = c.only_seeds;
   cc.tls.enabled = c.tls;
   cc.tls.ca_file = c.tls_ca_file;
   cc.tls.cert_file = c.tls_cert_file;
@@ -154,6 +155,11 @@ std::string SharedKeys::name(const Key& key, int rank, std::uint64_t epoch) cons
 
 std::unique_ptr<detail::Hmac> SharedKeys::value_mac() const {
   return std::make_unique<detail::Hmac>(mac_key_);
+}
+
+std::array<std::byte, 32> SharedKeys::mac_of(std::span<const std::byte> bytes) const {
+  if (probe_ == nullptr) probe_ = value_mac();
+  return probe_->of(bytes);
 }
 
 }  // namespace kvoffload
