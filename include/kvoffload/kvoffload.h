@@ -416,12 +416,13 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_completed(
 /* Unknown or already finished requests are ignored. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_scheduler_t scheduler,
                                                                    const char* request_id);
-/* Drops the host cache and every tier's index; the tiers' blocks become unreachable at once
- * (tier jobs and existence checks move to a new, random epoch). */
+/* Drops the host cache. Refused (KVOFFLOAD_INVALID_ARGUMENT) for a scheduler with tiers: their
+ * blocks outlive it, so use kvoffload_scheduler_reset_weights. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t scheduler);
-/* kvoffload_scheduler_reset_cache for new weights: blocks stored from now on are keyed by
- * `weights` (not NULL), found by every engine that gives the same identity and restored
- * from disk by a restart that does. */
+/* kvoffload_scheduler_reset_cache for new weights, also with tiers: every tier's old blocks are
+ * unreachable from this call on; blocks stored from now on are keyed by `weights` (neither
+ * NULL nor empty), found by every engine that gives the same identity and restored from disk
+ * by a restart that does. */
 KVOFFLOAD_C_API kvoffload_status_t
 kvoffload_scheduler_reset_weights(kvoffload_scheduler_t scheduler, const char* weights);
 /* Events since the last call, oldest first; the array is valid until the next call. */

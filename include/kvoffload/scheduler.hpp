@@ -195,15 +195,15 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// so the engine may call it for every request it ends.
   void on_finished(std::string_view request_id);
 
-  /// SEMANTICS 8: drops the host cache and every tier's index; in-flight jobs go to the next
-  /// flush set and their reports will be ignored. The tiers' blocks become unreachable in the
-  /// same call: tier jobs and existence checks from now on use a new epoch, a random one
-  /// (blocks stored under it are not restored after a restart: the next process cannot name
-  /// it).
+  /// SEMANTICS 8: drops the host cache; in-flight jobs go to the next flush set and their
+  /// reports will be ignored. Throws invalid_argument if the scheduler has tiers: their
+  /// blocks outlive the call, so it needs reset_cache(weights).
   void reset_cache();
-  /// reset_cache() for new weights: the new epoch is weights_epoch(weights), so blocks stored
-  /// from now on are found by every engine (and, after a restart, every disk tier) that gives
-  /// the same identity, and never by one that gives another.
+  /// reset_cache() for new weights, with or without tiers: every tier's index is dropped too,
+  /// and tier jobs and existence checks from now on use the epoch weights_epoch(weights), so
+  /// the tiers' old blocks are unreachable from this call on (a restart under `weights`, or
+  /// another engine that gives it, finds only blocks stored under it). Throws
+  /// invalid_argument for an empty `weights`.
   void reset_cache(std::string_view weights);
   /// The epoch tier jobs carry now (TierJob::epoch).
   [[nodiscard]] std::uint64_t epoch() const noexcept;

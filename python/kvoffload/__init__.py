@@ -258,10 +258,9 @@ class Scheduler:
         self._s.on_finished(request_id)
 
     def reset_cache(self, weights: Optional[str] = None) -> None:
-        """Drops the host cache and every tier's index; the tiers' blocks become unreachable
-        in the same call. ``weights``: the new weights' identity (blocks stored from now on
-        are found by engines, and disk restarts, that give the same); None: a new, random
-        epoch (nothing stored under it is restored after a restart)."""
+        """Drops the host cache. ``weights``: the new weights' identity, needed with tiers:
+        every tier's old blocks become unreachable in the same call, and blocks stored from
+        now on are found by engines (and disk restarts) that give the same identity."""
         if weights is None:
             self._s.reset_cache()
         else:

@@ -285,8 +285,11 @@ def test_new_weights_never_find_old_blocks_also_after_a_sigkill(cluster, secret,
     assert got is not None and np.array_equal(got, kv_of("w2"))
     s.reset_cache("w3")
     assert load_prompt(s, w, gpu, "r3", h) is None
-    s.reset_cache()  # a random epoch: nothing anybody stored
-    assert load_prompt(s, w, gpu, "r4", h) is None
+    # Without an identity, or with the empty one, old blocks would stay reachable: refused.
+    with pytest.raises(kv.InvalidArgument, match=r"reset_cache\(weights\)"):
+        s.reset_cache()
+    with pytest.raises(kv.InvalidArgument, match="weights is empty"):
+        s.reset_cache("")
 
 
 def test_tls_and_auth_settings_are_checked_by_field(tmp_path, monkeypatch):

@@ -5,7 +5,6 @@
 #include "kvoffload/scheduler.hpp"
 
 #include <algorithm>
-#include <random>
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
@@ -473,18 +472,21 @@ void Scheduler::on_finished(std::string_view request_id) {
 
 void Scheduler::reset_cache() {
   KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
-  // A random epoch: another process's unnamed epoch is never this one, so neither its blocks
-  // nor ours are found across the two (the weights behind them may differ).
-  std::random_device random;
-  std::uint64_t next = impl_->epoch;
-  while (next == impl_->epoch || next == 0) {
-    next = (static_cast<std::uint64_t>(random()) << 32) ^ random();
-  }
-  impl_->reset(next);
+  // With tiers, dropping the index is not enough: their blocks outlive this process (a
+  // restart scans the disk; other engines read the cluster), so only a new weights identity
+  // keeps every tier from serving the old KV, also after a crash.
+  KVOFFLOAD_EXPECTS(impl_->tiers == nullptr,
+                    "reset_cache: this scheduler has tiers: give the new weights' identity, "
+                    "reset_cache(weights) (C: kvoffload_scheduler_reset_weights), so that no tier "
+                    "serves KV of the old weights, also after a crash or in another engine");
+  impl_->reset(impl_->epoch);
 }
 
 void Scheduler::reset_cache(std::string_view weights) {
   KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
+  KVOFFLOAD_EXPECTS(!weights.empty(),
+                    "reset_cache: weights is empty: give the new weights' identity (a checkpoint "
+                    "digest, a training step); the empty one is the config's default");
   impl_->config.weights = std::string(weights);
   impl_->reset(weights_epoch(weights));
 }

@@ -74,6 +74,11 @@ void disk_tier(void) {
              "tier 1 is not configured");
   /* New weights: from this call on nothing stored under the old ones is found. */
   FAILS_WITH(kvoffload_scheduler_reset_weights(s, NULL), KVOFFLOAD_INVALID_ARGUMENT, "weights");
+  FAILS_WITH(kvoffload_scheduler_reset_weights(s, ""), KVOFFLOAD_INVALID_ARGUMENT,
+             "weights is empty");
+  /* Without an identity the tiers' blocks would outlive the reset: refused with tiers. */
+  FAILS_WITH(kvoffload_scheduler_reset_cache(s), KVOFFLOAD_INVALID_ARGUMENT,
+             "kvoffload_scheduler_reset_weights");
   OK(kvoffload_scheduler_reset_weights(s, "c-api-test weights 2"));
   OK(kvoffload_scheduler_update_request(s, "c", TOKENS, hashes, 4, 0));
   OK(kvoffload_scheduler_lookup(s, "c", 0, &hit));

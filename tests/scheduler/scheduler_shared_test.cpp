@@ -241,7 +241,7 @@ TEST_CASE("reset_cache drops the answers in flight; requests ask again", "[sched
   Shared t;
   const auto a = chain_hashes("a", 2);
   CHECK_FALSE(t.h->lookup("r", a, 33, 0).has_value());
-  t.h->s.reset_cache();
+  t.h->s.reset_cache("new weights");
   t.presence->answer(0, keys_of(a));  // about the old cache: ignored
   CHECK_FALSE(t.h->s.lookup("r", 0).has_value());
   REQUIRE(t.presence->asked.size() == 2);
@@ -355,15 +355,11 @@ TEST_CASE("Checks and tier jobs carry the weights' epoch; reset_cache moves ever
   presence->answer(1, {});
   CHECK(h.s.lookup("q", 0) == 0);
 
-  // Without an identity: a random epoch, neither the old one, nor 0, nor another
-  // scheduler's.
-  h.s.reset_cache();
-  const std::uint64_t random1 = h.s.epoch();
-  CHECK(random1 != w2);
-  CHECK(random1 != 0);
-  Harness other(c, shared_second(std::make_shared<FakePresence>()));
-  other.s.reset_cache();
-  CHECK(other.s.epoch() != random1);
+  // Without an identity, or with the empty one (the config's default, epoch 0: what every
+  // identity-less engine shares), a reset would leave old blocks reachable: refused.
+  CHECK_THROWS_WITH(h.s.reset_cache(), Catch::Matchers::ContainsSubstring("reset_cache(weights)"));
+  CHECK_THROWS_WITH(h.s.reset_cache(""), Catch::Matchers::ContainsSubstring("weights is empty"));
+  CHECK(h.s.epoch() == w2);
 }
 
 TEST_CASE("Tier admission counts a request once, however often it is asked again",

@@ -318,7 +318,11 @@ TEST_CASE("reset_cache drops the tiers; restore_tier rebuilds one after a restar
   const auto a = chain_hashes("a", 2);
   t.store("a", a);
   const auto jobs = t.tier_jobs();
-  t.h.s.reset_cache();
+  // With tiers a reset needs the new weights' identity (the old blocks outlive the call).
+  CHECK_THROWS_WITH(t.h.s.reset_cache(), Catch::Matchers::ContainsSubstring(
+                                             "this scheduler has tiers: give the new weights"));
+  CHECK(t.in_tier(a[0]) != LookupResult::miss);  // the refused call changed nothing
+  t.h.s.reset_cache("new weights");
   CHECK(t.in_tier(a[0]) == LookupResult::miss);
   // The write was emitted and may still read its host blocks: the next step flushes it.
   CHECK(t.h.s.build_step({}).flush == std::vector<JobId>{jobs.at(0).id});

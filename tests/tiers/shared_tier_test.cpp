@@ -336,6 +336,19 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   // The forgers' own tiers refuse the fleet's values too: no secret, no reads.
   CHECK_FALSE(run(forger, job(5, JobKind::promote, {keys[0]}, {13})).ok);
   CHECK(forger.shared_stats().reads == 0);
+
+  // Key 0's valid value (old weights) copied under key 0's name for new weights: only the
+  // MAC over the name can tell, and it does.
+  const std::uint64_t new_weights = weights_epoch("new weights");
+  set(names.name(keys[0], 0, new_weights), get(names.name(keys[0], 0, 0)));
+  TierJob promote = job(6, JobKind::promote, {keys[0]}, {14});
+  promote.epoch = new_weights;
+  CHECK_FALSE(run(tier, promote).ok);
+  CHECK(tier.shared_stats().bad_values == 5);
+  // A value carries no block hash: whoever can read values learns no prompt hash either.
+  const std::string value = get(names.name(keys[0], 0, 0));
+  const std::string hash(reinterpret_cast<const char*>(keys[0].hash.data()), keys[0].hash.size());
+  CHECK(value.find(hash) == std::string::npos);
 }
 
 TEST_CASE("Shared tier: only_seeds keeps every connection on the listed nodes", "[cluster]") {

@@ -380,7 +380,11 @@ class Replayer {
       const std::string req = get_string(j, "req");
       return guarded(line_no, [&] { s.on_finished(req); });
     }
-    if (op == "reset_cache") return guarded(line_no, [&] { s.reset_cache(); });
+    if (op == "reset_cache") {
+      if (!j.contains("weights")) return guarded(line_no, [&] { s.reset_cache(); });
+      const std::string weights = get_string(j, "weights");
+      return guarded(line_no, [&] { s.reset_cache(weights); });
+    }
     if (op == "stats") {
       return guarded(line_no, [&] {
         const CacheStats c = s.cache_stats();

@@ -190,7 +190,8 @@ void SyntheticEngine::Impl::step() {
   if (reset) {
     events_before = take_events();
     if (config.check_invariants) after_build(StepResult{}, events_before);
-    scheduler->reset_cache();
+    // New weights each time (what a reset means with tiers; harmless without).
+    scheduler->reset_cache("synthetic weights " + std::to_string(report.resets + 1));
     stored_ok.clear();
     disk_ok.clear();
     jobs_of.clear();  // every job is stale now

@@ -347,12 +347,16 @@ struct ClusterClient::Impl {
       return true;
     }
     if (reply->type == REDIS_REPLY_ERROR &&
-        (str_of(reply).starts_with("NOAUTH") || str_of(reply).starts_with("WRONGPASS"))) {
-      // Connected, but the server wants a user and password we did not give.
+        (str_of(reply).starts_with("NOAUTH") || str_of(reply).starts_with("WRONGPASS") ||
+         str_of(reply).starts_with("NOPERM"))) {
+      // Connected, but the server wants a user and password we did not give, or the user
+      // may not read the slot map.
       ++stats.auth_errors;
-      note_error(
-          n, fmt::format("{} (the server needs AUTH: set username and a password)", str_of(reply)),
-          true);
+      note_error(n,
+                 fmt::format("{} (the server needs AUTH with a user allowed cluster|slots, "
+                             "asking, get, set, setex and exists)",
+                             str_of(reply)),
+                 true);
       freeReplyObject(reply);
       mark_down(n, "AUTH needed");
       return false;
@@ -404,8 +408,15 @@ struct ClusterClient::Impl {
   }
 
   bool refresh() {
-    // node_of may grow `nodes`: index, not iterators.
-    for (std::size_t i = 0; i < nodes.size(); ++i) {  // NOLINT(modernize-loop-convert)
+    // The seeds and the nodes the current map names: one it dropped (a node that left) is not
+    // asked again. node_of may grow `nodes`: index, not iterators.
+    std::vector<bool> named(nodes.size(), !have_map);
+    for (const int owner : slots) {
+      if (owner >= 0) named[static_cast<std::size_t>(owner)] = true;
+    }
+    const std::size_t known = nodes.size();
+    for (std::size_t i = 0; i < known; ++i) {
+      if (!nodes[i].seed && !named[i]) continue;
       if (load_map_from(i)) return true;
     }
     return false;

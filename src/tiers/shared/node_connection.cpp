@@ -223,6 +223,16 @@ std::unique_ptr<NodeConnection> NodeConnection::open(const ClusterAddress& addre
     }
     if (rc != 1) {
       const long verify = SSL_get_verify_result(c->ssl_);
+      const int e = SSL_get_error(c->ssl_, rc);
+      if (verify == X509_V_OK &&
+          (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_SYSCALL)) {
+        // No answer in time, or the connection dropped: an outage (a stopped node still
+        // accepts TCP), not a TLS refusal.
+        failure = ConnectFailure::network;
+        why = "TLS handshake got no answer: " +
+              ssl_error_text(e == SSL_ERROR_SYSCALL ? "the connection closed" : "timed out");
+        return nullptr;
+      }
       why = verify != X509_V_OK
                 ? fmt::format("TLS: the server's certificate is refused: {}",
                               X509_verify_cert_error_string(verify))

@@ -18,11 +18,13 @@ namespace kvoffload {
 namespace {
 
 // The value header, little-endian (what every supported host is):
-//   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 key hash bytes [32] |
-//   48 key hash size u32 | 52 group u32 | 56 payload length u64 |
+//   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 zero [36] (no block hash: a value
+//   must not reveal the prompt hash its key's name hides) | 52 group u32 | 56 payload length u64 |
 //   64 valid_from u32 (SEMANTICS 6.8: first written sub-block) | 68 rank u32 | 72 zero u64 |
 //   80 MAC [32]: HMAC-SHA-256 under the fleet's value key (SharedKeys) of the key's name
-//      (u32 length, bytes), header bytes 0..80 and the payload.
+//      (u32 length, bytes), header bytes 0..80 and the payload. The name is a keyed PRF of the
+//      namespace, epoch, group and block hash, so the MAC binds the value to its key: a value
+//      copied under another key, rank or epoch is refused.
 // Only whole blocks go below host memory (valid_from 0); a reader refuses any other value.
 // Version 2 had an unkeyed checksum (anyone could recompute it) and version 1 no valid_from:
 // both live in other namespaces.
@@ -162,8 +164,7 @@ void SharedTier::run() {
         put<std::uint32_t>(h, 0, kMagic);
         put<std::uint32_t>(h, 4, kVersion);
         put<std::uint64_t>(h, 8, digest_);
-        std::memcpy(h + 16, k.hash.data(), k.hash.size());
-        put<std::uint32_t>(h, 48, static_cast<std::uint32_t>(k.hash.size()));
+        std::memset(h + 16, 0, 36);  // no block hash in the value (its name binds the key)
         put<std::uint32_t>(h, 52, k.group);
         put<std::uint64_t>(h, 56, payload_bytes_);
         put<std::uint32_t>(h, 64, 0);  // valid_from: the scheduler writes whole blocks only
@@ -210,8 +211,8 @@ void SharedTier::run() {
         const bool valid =
             r.in_place && r.text.size() == shared_value_header_bytes &&
             get<std::uint32_t>(v, 0) == kMagic && get<std::uint32_t>(v, 4) == kVersion &&
-            get<std::uint64_t>(v, 8) == digest_ && get<std::uint32_t>(v, 48) == k.hash.size() &&
-            std::memcmp(v + 16, k.hash.data(), k.hash.size()) == 0 &&
+            get<std::uint64_t>(v, 8) == digest_ &&
+            std::all_of(v + 16, v + 52, [](char c) { return c == 0; }) &&
             get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
             get<std::uint32_t>(v, 64) == 0 &&
             get<std::uint32_t>(v, 68) == static_cast<std::uint32_t>(rank_) &&
