@@ -24,6 +24,7 @@
 #include "sim/synthetic_engine.hpp"
 #include "support/shared_secret.hpp"
 #include "support/temp_dir.hpp"
+#include "support/tier_pool.hpp"
 
 using namespace kvoffload;
 using kvtest::TempDir;
@@ -32,33 +33,13 @@ namespace {
 
 constexpr std::uint64_t kBlockBytes = 12288;
 
-/// A host pool in ordinary memory, `blocks` blocks of kBlockBytes.
-struct Pool {
-  explicit Pool(std::int64_t blocks) : bytes(static_cast<std::size_t>(blocks) * kBlockBytes) {}
-  std::span<std::byte> block(HostBlockId id) {
-    if (id < 0 || static_cast<std::size_t>(id + 1) * kBlockBytes > bytes.size()) {
-      throw invalid_argument("test pool: host block " + std::to_string(id) + " is out of range");
-    }
-    return {bytes.data() + static_cast<std::size_t>(id) * kBlockBytes, kBlockBytes};
-  }
-  void fill(HostBlockId id, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    for (std::byte& b : block(id)) b = static_cast<std::byte>(rng());
-  }
-  bool holds(HostBlockId id, std::uint64_t seed) {
-    std::mt19937_64 rng(seed);
-    for (const std::byte b : block(id)) {
-      if (b != static_cast<std::byte>(rng())) return false;
-    }
-    return true;
-  }
-  std::vector<std::byte> bytes;
+/// The tests' host pool: blocks of kBlockBytes.
+struct Pool : kvtest::TierPool {
+  explicit Pool(std::int64_t blocks) : TierPool(blocks, kBlockBytes) {}
 };
 
 Key key_of(int i) {
-  std::uint8_t b[16] = {};
-  for (int k = 0; k < 16; ++k) b[k] = static_cast<std::uint8_t>(i * 37 + k * 11 + 3);
-  return Key{BlockHash::from_bytes(b), static_cast<std::uint32_t>(i % 2)};
+  return kvtest::tier_key(i);
 }
 
 DiskTierConfig config_in(const TempDir& dir, std::uint64_t slots = 64, int threads = 4,
@@ -73,17 +54,7 @@ DiskTierConfig config_in(const TempDir& dir, std::uint64_t slots = 64, int threa
   return c;
 }
 
-TierJob job_of(JobId id, JobKind kind, int first, int n, HostBlockId host0, std::int64_t slot0) {
-  TierJob j;
-  j.id = id;
-  j.kind = kind;
-  for (int i = 0; i < n; ++i) {
-    j.keys.push_back(key_of(first + i));
-    j.host_block_ids.push_back(host0 + i);
-    j.slots.push_back(slot0 + i);
-  }
-  return j;
-}
+using kvtest::job_of;
 
 std::vector<FinishedTierJob> finish(DiskTier& tier, std::span<const JobId> ids) {
   tier.wait(ids);

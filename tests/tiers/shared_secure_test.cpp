@@ -21,6 +21,7 @@
 #include "kvoffload/tiers/shared_presence.hpp"
 #include "kvoffload/tiers/shared_tier.hpp"
 #include "support/cluster.hpp"
+#include "support/shared_jobs.hpp"
 #include "support/shared_secret.hpp"
 
 using namespace kvoffload;
@@ -90,24 +91,8 @@ Key key(std::uint64_t seed) {
   return Key{BlockHash::from_bytes(b), 0};
 }
 
-TierJob job(JobId id, JobKind kind, const std::vector<Key>& keys,
-            const std::vector<HostBlockId>& hosts) {
-  TierJob j;
-  j.id = id;
-  j.kind = kind;
-  j.keys = keys;
-  j.host_block_ids = hosts;
-  j.slots.assign(keys.size(), -1);
-  return j;
-}
-
-FinishedTierJob run(SharedTier& t, const TierJob& j) {
-  t.submit(j);
-  t.wait(std::span(&j.id, 1));
-  const auto done = t.get_finished();
-  REQUIRE(done.size() == 1);
-  return done[0];
-}
+using kvoffload::test::job;
+using kvoffload::test::run;
 
 /// A file of `text`, mode 0600, removed with the object.
 struct TextFile {

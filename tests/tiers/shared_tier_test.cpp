@@ -17,6 +17,7 @@
 #include "kvoffload/tiers/shared_presence.hpp"
 #include "kvoffload/tiers/shared_tier.hpp"
 #include "support/cluster.hpp"
+#include "support/shared_jobs.hpp"
 #include "support/shared_secret.hpp"
 
 using namespace kvoffload;
@@ -63,26 +64,8 @@ Key key(std::uint64_t seed, std::uint32_t group = 0) {
   return Key{BlockHash::from_bytes(b), group};
 }
 
-TierJob job(JobId id, JobKind kind, const std::vector<Key>& keys,
-            const std::vector<HostBlockId>& hosts) {
-  TierJob j;
-  j.id = id;
-  j.kind = kind;
-  j.keys = keys;
-  j.host_block_ids = hosts;
-  j.slots.assign(keys.size(), -1);
-  return j;
-}
-
-FinishedTierJob run(SharedTier& t, const TierJob& j) {
-  t.submit(j);
-  const JobId id = j.id;
-  t.wait(std::span(&id, 1));
-  const auto done = t.get_finished();
-  REQUIRE(done.size() == 1);
-  REQUIRE(done[0].job == j.id);
-  return done[0];
-}
+using kvoffload::test::job;
+using kvoffload::test::run;
 
 }  // namespace
 
