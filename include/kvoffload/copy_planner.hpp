@@ -33,6 +33,11 @@ struct HostRegion {
   std::int64_t block_stride_bytes = 0;
   std::int64_t row_offset = 0;
   std::int64_t row_bytes = 0;
+  /// Host blocks per device registration (PinnedHostPool::blocks_per_registration): a copy
+  /// never spans two, since CUDA refuses a cudaMemcpy*Async whose host range crosses from one
+  /// cudaHostRegister range into the next (cudaErrorInvalidValue, seen on an H200), however
+  /// adjacent they are. 0: the region is one registration (or none).
+  std::int64_t blocks_per_registration = 0;
 };
 
 /// Turns a job into copy descriptors for one worker: for each group it skips
@@ -40,7 +45,8 @@ struct HostRegion {
 /// the next host sub-block, and copies every tensor of the group. A job that breaks the
 /// SEMANTICS 6 invariants (the pre-fix sliding-window counting among them) or points outside
 /// the layout or the host region is refused with invalid_argument naming the job and group:
-/// never a wrong copy. Contiguous pieces (on both sides) are merged. Thread-safe (const).
+/// never a wrong copy. Contiguous pieces (on both sides) are merged, except across the seam of
+/// two host registrations (HostRegion::blocks_per_registration). Thread-safe (const).
 class KVOFFLOAD_EXPORT CopyPlanner {
  public:
   /// Throws invalid_argument if a group's host block does not fit in host.row_bytes.

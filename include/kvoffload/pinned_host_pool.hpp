@@ -86,6 +86,11 @@ class KVOFFLOAD_EXPORT PinnedHostPool {
     return static_cast<std::size_t>(num_blocks_) * block_bytes_;
   }
   [[nodiscard]] const PoolReport& report() const noexcept { return report_; }
+  /// Whole blocks per device registration (the last one may hold fewer); 0 when the pool is
+  /// not registered. A device copy must not span two registrations (HostRegion).
+  [[nodiscard]] std::int64_t blocks_per_registration() const noexcept {
+    return blocks_per_registration_;
+  }
 
  private:
   void map_region(const PoolConfig& config);
@@ -100,6 +105,7 @@ class KVOFFLOAD_EXPORT PinnedHostPool {
   std::size_t row_bytes_ = 0;
   std::int64_t num_rows_ = 1;
   std::int64_t num_blocks_ = 0;
+  std::int64_t blocks_per_registration_ = 0;
   std::vector<std::pair<std::byte*, std::size_t>> registered_;
   std::shared_ptr<DeviceRuntime> runtime_;  // who registered registered_
   int device_ = -1;                         // in this device's context

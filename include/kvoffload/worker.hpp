@@ -44,6 +44,10 @@ struct WorkerConfig {
   /// CUDA backend: where its CUDA calls go. Null: the CUDA runtime; a SimDevice runs the
   /// backend on the CPU (the pool is then registered with the simulated device).
   std::shared_ptr<DeviceRuntime> runtime;
+  /// CUDA backend: the pool is registered with the device in pieces of at most this many
+  /// bytes, whole blocks each (PoolConfig::register_chunk_bytes; one huge registration fails
+  /// on some machines). No copy spans two pieces.
+  std::uint64_t host_register_chunk_bytes = std::uint64_t{1} << 30;
   /// The tiers' stores, in the order of SchedulerConfig::tiers (a tier job names its tier by
   /// index): disk tiers are opened and scanned here, shared tiers connect on first use.
   std::vector<TierStore> tiers;

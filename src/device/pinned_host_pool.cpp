@@ -236,6 +236,7 @@ void PinnedHostPool::register_region(const PoolConfig& config) {
   }
   report_.pinned = true;
   report_.registrations = registered_.size();
+  blocks_per_registration_ = static_cast<std::int64_t>(blocks_per_chunk);
   report_.register_seconds = seconds_since(start);
 }
 

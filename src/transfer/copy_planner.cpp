@@ -10,6 +10,9 @@ namespace kvoffload {
 CopyPlanner::CopyPlanner(const KvLayout& layout, const HostRegion& host)
     : layout_(layout), host_(host) {
   KVOFFLOAD_EXPECTS(host.base != 0 && host.num_blocks >= 1, "planner: the host region is empty");
+  KVOFFLOAD_EXPECTS(host.blocks_per_registration >= 0,
+                    "planner: blocks_per_registration is {} (must be >= 0)",
+                    host.blocks_per_registration);
   KVOFFLOAD_EXPECTS(
       host.row_offset >= 0 && host.row_offset + host.row_bytes <= host.block_stride_bytes,
       "planner: host row [{}, {}) does not fit in a host block of {} bytes", host.row_offset,
@@ -55,6 +58,10 @@ void CopyPlanner::plan(const TransferJob& job, JobKind kind, CopyPlan& out) cons
   const std::int64_t f = layout_.block_size_factor();
   std::size_t first_id = 0;   // the group's first entry in gpu.block_ids
   std::size_t first_key = 0;  // ... and in host_block_ids
+  // The registration holding the host side of descriptors.back()'s last piece: a piece from
+  // another registration starts a new descriptor even when the addresses are adjacent.
+  const std::int64_t per_registration = host_.blocks_per_registration;
+  std::int64_t last_registration = -1;
   for (std::size_t g = 0; g < layout_.num_groups(); ++g) {
     const std::int64_t size = job.gpu.group_sizes[g];
     const std::int64_t skip = job.gpu.block_indices[g] % f;
@@ -79,13 +86,15 @@ void CopyPlanner::plan(const TransferJob& job, JobKind kind, CopyPlan& out) cons
             static_cast<std::uintptr_t>(host_.row_offset + layout_.host_offset(g, k, pos % f));
         const std::uintptr_t src = kind == JobKind::store ? gpu : host;
         const std::uintptr_t dst = kind == JobKind::store ? host : gpu;
-        if (!out.descriptors.empty()) {
+        const std::int64_t registration = per_registration > 0 ? host_id / per_registration : 0;
+        if (!out.descriptors.empty() && registration == last_registration) {
           CopyDescriptor& last = out.descriptors.back();
           if (last.src + last.bytes == src && last.dst + last.bytes == dst) {
             last.bytes += page;
             continue;
           }
         }
+        last_registration = registration;
         out.descriptors.push_back({src, dst, page});
       }
       out.total_bytes += page * static_cast<std::uint64_t>(size);

@@ -84,6 +84,7 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   // simulated device), in the worker's device's context (no context on device 0).
   if (c.backend == BackendKind::cuda || c.runtime != nullptr) {
     pc.pinning = Pinning::require;
+    pc.register_chunk_bytes = c.host_register_chunk_bytes;
     pc.device = c.cuda_device;
     pc.runtime = c.runtime;
   } else {
@@ -98,9 +99,10 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
                       "worker: compute_stream is set but the backend is not the CUDA backend");
     cuda->set_compute_stream(c.compute_stream);
   }
-  const HostRegion region{reinterpret_cast<std::uintptr_t>(pool_->data()), pool_->num_blocks(),
-                          static_cast<std::int64_t>(pool_->block_bytes()), 0,
-                          static_cast<std::int64_t>(pool_->block_bytes())};
+  const HostRegion region{
+      reinterpret_cast<std::uintptr_t>(pool_->data()), pool_->num_blocks(),
+      static_cast<std::int64_t>(pool_->block_bytes()), 0,
+      static_cast<std::int64_t>(pool_->block_bytes()), pool_->blocks_per_registration()};
   TransferEngineConfig ec;
   ec.defer_stores = c.defer_stores;
   engine_ = std::make_unique<TransferEngine>(*layout_, region, std::move(backend), ec);

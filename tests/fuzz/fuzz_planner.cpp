@@ -44,8 +44,12 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     const std::int64_t block_bytes = layout.pool_block_bytes(64) + in.range(-8, 8);
     std::vector<std::uint8_t> host(
         static_cast<std::size_t>(host_blocks * std::max<std::int64_t>(block_bytes, 1)));
-    const HostRegion region{reinterpret_cast<std::uintptr_t>(host.data()), host_blocks, block_bytes,
-                            in.range(0, 8), block_bytes - in.range(0, 16)};
+    const HostRegion region{reinterpret_cast<std::uintptr_t>(host.data()),
+                            host_blocks,
+                            block_bytes,
+                            in.range(0, 8),
+                            block_bytes - in.range(0, 16),
+                            in.range(-1, 4)};
     const CopyPlanner planner(layout, region);
     TransferJob job;
     job.id = in.range(0, 100);
@@ -65,9 +69,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     if (in.flag()) job.gpu.group_sizes.push_back(0);  // one group too many
     CopyPlan plan;
-    planner.plan(job, in.flag() ? JobKind::load : JobKind::store, plan);
+    const JobKind kind = in.flag() ? JobKind::load : JobKind::store;
+    planner.plan(job, kind, plan);
     std::uint64_t total = 0;
     for (const CopyDescriptor& d : plan.descriptors) {
+      // The host side never spans two registrations (CUDA refuses such a copy call).
+      if (region.blocks_per_registration > 0) {
+        const std::uintptr_t h = (kind == JobKind::store ? d.dst : d.src) - region.base;
+        const auto span = static_cast<std::uintptr_t>(region.blocks_per_registration * block_bytes);
+        if (d.bytes > 0 && h / span != (h + d.bytes - 1) / span) std::abort();
+      }
       std::memmove(reinterpret_cast<void*>(d.dst), reinterpret_cast<const void*>(d.src), d.bytes);
       total += d.bytes;
     }

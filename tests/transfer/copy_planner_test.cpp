@@ -187,6 +187,29 @@ TEST_CASE("Planner: coalescing merges exactly the contiguous runs", "[planner]")
     CHECK(plan.descriptors.size() == 4);
     CHECK(plan.total_bytes == 4 * 64);  // the padding is not copied
   }
+  SECTION("a run never crosses the seam between two host registrations") {
+    // Factor 1, one tensor: consecutive GPU ids into consecutive host blocks are one run in
+    // memory. With 3 blocks per registration, host blocks 1..7 lie in registrations 0, 1, 2.
+    KvFixture fx({{32, 256, 256}}, {{{0, 256}}}, 1, 12);  // 256: pages fill host blocks
+    const auto job = make_job(11, {{0, {4, 5, 6, 7, 8, 9, 10}, {1, 2, 3, 4, 5, 6, 7}}});
+    check_store(fx, job);
+    CopyPlan plan;
+    CopyPlanner(*fx.layout, fx.host).plan(job, JobKind::store, plan);
+    CHECK(plan.descriptors.size() == 1);  // one registration: one run
+    fx.host.blocks_per_registration = 3;
+    CopyPlanner(*fx.layout, fx.host).plan(job, JobKind::load, plan);
+    REQUIRE(plan.descriptors.size() == 3);  // [1, 2], [3, 4, 5], [6, 7]
+    CHECK(plan.descriptors[0].bytes == 3 * 256);
+    CHECK(plan.descriptors[0].src == fx.host.base + 3 * 256);
+    CHECK(plan.descriptors[1].bytes == 2 * 256);
+    CHECK(plan.descriptors[2].bytes == 2 * 256);
+    CHECK(plan.total_bytes == 7 * 256);
+    for (const CopyDescriptor& d : plan.descriptors) {
+      const auto first = static_cast<std::int64_t>((d.src - fx.host.base) / 256);
+      const auto last = static_cast<std::int64_t>((d.src + d.bytes - 1 - fx.host.base) / 256);
+      CHECK(first / 3 == last / 3);
+    }
+  }
 }
 
 TEST_CASE("Planner refuses jobs that break the invariants, naming job and group", "[planner]") {

@@ -298,8 +298,8 @@ int SimDevice::memcpy_async(void* dst, const void* src, std::size_t bytes,
   if (const int e = s_->injected("memcpy_async")) return e;
   State::Stream* st = s_->find_stream(stream, "memcpy_async");
   if (st == nullptr) return dev::invalid_resource_handle;
-  if (s_->locate(reinterpret_cast<std::uintptr_t>(dst), bytes) == State::Where::straddles ||
-      s_->locate(reinterpret_cast<std::uintptr_t>(src), bytes) == State::Where::straddles) {
+  if (s_->copy_straddles(reinterpret_cast<std::uintptr_t>(dst), bytes) ||
+      s_->copy_straddles(reinterpret_cast<std::uintptr_t>(src), bytes)) {
     return dev::invalid_value;  // the driver checks ranges against allocations at the call
   }
   if (bytes == 0) return dev::ok;
@@ -328,8 +328,8 @@ int SimDevice::memcpy_batch_async(const CopyDescriptor* copies, std::size_t coun
   op.name = "memcpy_batch_async";
   std::vector<CopyDescriptor> list(copies, copies + count);
   for (std::size_t i = 0; i < count; ++i) {
-    if (s_->locate(list[i].dst, list[i].bytes) == State::Where::straddles ||
-        s_->locate(list[i].src, list[i].bytes) == State::Where::straddles) {
+    if (s_->copy_straddles(list[i].dst, list[i].bytes) ||
+        s_->copy_straddles(list[i].src, list[i].bytes)) {
       *fail_index = i;
       return dev::invalid_value;
     }

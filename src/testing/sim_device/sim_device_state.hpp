@@ -188,7 +188,13 @@ struct SimDevice::State {
   /// The allocation containing [p, p + n): ok, none (pageable host memory), or a range that
   /// straddles an allocation's end (invalid).
   enum class Where : std::uint8_t { inside, outside, straddles };
-  Where locate(std::uintptr_t p, std::size_t n, AllocKind* kind = nullptr) const {
+  /// Where [p, p + n) lies. Adjacent registrations (a host pool registered in chunks) join
+  /// into one range for what a kernel or host_mapped sees (the memory is contiguous and all of
+  /// it pinned and mapped), but not for a copy call: CUDA refuses a cudaMemcpy*Async whose
+  /// host range crosses from one cudaHostRegister range into the next (seen on an H200).
+  enum class Join { registrations, none };
+  Where locate(std::uintptr_t p, std::size_t n, AllocKind* kind = nullptr,
+               Join joining = Join::registrations) const {
     auto it = allocs.upper_bound(p);
     if (it != allocs.begin()) {
       auto prev = std::prev(it);
@@ -196,9 +202,8 @@ struct SimDevice::State {
         if (!prev->second.live) return Where::straddles;  // freed: not a valid range
         if (kind != nullptr) *kind = prev->second.kind;
         std::uintptr_t end = prev->first + prev->second.bytes;
-        // Adjacent registrations (a host pool registered in chunks) are one range, as on a
-        // GPU: the memory is contiguous and all of it pinned and mapped.
-        while (p + n > end && prev->second.kind == AllocKind::registered) {
+        while (joining == Join::registrations && p + n > end &&
+               prev->second.kind == AllocKind::registered) {
           const auto next = std::next(prev);
           if (next == allocs.end() || next->first != end || !next->second.live ||
               next->second.kind != AllocKind::registered) {
@@ -212,6 +217,11 @@ struct SimDevice::State {
     }
     if (it != allocs.end() && it->first < p + n) return Where::straddles;
     return Where::outside;
+  }
+  /// A copy call's range that CUDA refuses at the call: part inside an allocation and part
+  /// outside, or across two registrations.
+  bool copy_straddles(std::uintptr_t p, std::size_t n) const {
+    return locate(p, n, nullptr, Join::none) == Where::straddles;
   }
   /// What a kernel may touch: device memory, and pinned host memory when mapped.
   bool device_accessible(std::uintptr_t p, std::size_t n) const {
