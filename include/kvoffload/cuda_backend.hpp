@@ -29,12 +29,15 @@ struct CudaBackendConfig {
   /// job that does not fit gets a pinned allocation of its own).
   std::uint64_t ring_bytes = std::uint64_t{4} << 20;
   // automatic mode: pieces averaging under the direction's threshold go to the kernel (or, for
-  // stores of at least staged_min_pieces pieces, staged); larger ones to batch. Kernel loads
-  // read over PCIe and are slower than kernel stores, so the thresholds differ; `calibrate`
-  // measures both on the current device.
+  // stores of at least staged_min_pieces pieces when that is not 0, staged); larger ones to
+  // batch. Kernel loads read over PCIe and are slower than kernel stores, so the thresholds
+  // differ; `calibrate` measures both on the current device.
   std::uint64_t store_small_piece_bytes = std::uint64_t{64} << 10;
   std::uint64_t load_small_piece_bytes = std::uint64_t{32} << 10;
-  std::uint64_t staged_min_pieces = 256;
+  /// 0 (default): automatic never picks staged. On an H200 (docs/bench/gpu-h200.md) staged
+  /// stores ran at 5-6 GB/s against 48 GB/s for the kernel at every piece size: the host side
+  /// of a staged store is one CPU thread copying out of the staging buffer.
+  std::uint64_t staged_min_pieces = 0;
   /// The engine's compute stream (a cudaStream_t's value; 0 is the legacy default stream,
   /// which is PyTorch's default stream). Unset: nothing is waited for. Set: every store, and
   /// every load unless loads_wait_for_compute is false, first waits for the work queued on it

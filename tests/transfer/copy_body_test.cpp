@@ -114,6 +114,9 @@ TEST_CASE("The automatic copy mode follows piece size, count and direction", "[c
   CHECK(choose_copy_mode(plan(JobKind::store, 200, 8 << 10), c, true, true) == CopyMode::kernel);
   // Without mapped host memory, no kernel modes.
   CHECK(choose_copy_mode(plan(JobKind::load, 8, 8 << 10), c, true, false) == CopyMode::batch);
+  // By default automatic never stages (slower than the kernel on an H200 at every size).
+  CHECK(choose_copy_mode(plan(JobKind::store, 1000, 8 << 10), CudaBackendConfig{}, true, true) ==
+        CopyMode::kernel);
   c.mode = CopyMode::staged;
   CHECK(choose_copy_mode(plan(JobKind::load, 8, 8 << 10), c, true, true) == CopyMode::kernel);
   CHECK(parse_copy_mode("staged", "mode") == CopyMode::staged);

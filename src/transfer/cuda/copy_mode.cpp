@@ -16,8 +16,8 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
                                                             : config.load_small_piece_bytes;
     if (n == 0 || average >= small) {
       want = large;
-    } else if (plan.kind == JobKind::store && n >= config.staged_min_pieces &&
-               plan.total_bytes <= config.staging_bytes) {
+    } else if (plan.kind == JobKind::store && config.staged_min_pieces > 0 &&
+               n >= config.staged_min_pieces && plan.total_bytes <= config.staging_bytes) {
       want = CopyMode::staged;
     } else {
       want = CopyMode::kernel;
