@@ -13,6 +13,19 @@
     host_blocks       the number of host blocks instead
     eviction_policy   "lru" (default) or "arc"
     store_threshold   store a block only after this many lookups (default 0: always)
+    tiers             tiers below host memory, nearest first: a list of objects, each with
+                      "medium": "shared" (a Valkey/Redis cluster shared by a fleet; see
+                      SHARED_TIER_KEYS). Disk tiers are not in the connector yet.
+
+A shared tier, e.g. {"medium": "shared", "nodes": "10.0.0.5:6379", "tls": true,
+"tls_ca_file": "/etc/kv/ca.crt", "username": "kvoffload", "password_file": "/etc/kv/password",
+"secret_file": "/etc/kv/fleet-secret"}. Secrets come from files or environment variables
+(secret_env, default KVOFFLOAD_SHARED_SECRET; password_env, default KVOFFLOAD_SHARED_PASSWORD),
+never from the config itself: a "password" or "secret" key is refused. Its namespace and the
+weights' identity (which every tier keys blocks by) come from vLLM's config: model, revision,
+dtype and tensor-parallel size (``model_identity``); "name" overrides the namespace only, for
+a model served from different paths on different machines. ``reset_prefix_cache`` moves every
+tier to a new epoch: blocks stored before it are never found again.
 
 The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role onto
 ``kv.Worker`` (the CUDA backend when the KV caches are CUDA tensors, with the engine's current
@@ -46,11 +59,73 @@ def parse_bytes(value: Any, field: str = "host_bytes") -> int:
     return n
 
 
+# A shared tier's keys in the extra config: the SharedTierConfig's fields (tp_rank and tp_size
+# come from vLLM) and the scheduler's index of the tier (TierConfig).
+SHARED_TIER_KEYS = (
+    "nodes", "name", "connect_timeout_ms", "reply_timeout_ms", "in_flight", "secret_file",
+    "secret_env", "insecure", "username", "password_file", "password_env", "tls", "tls_ca_file",
+    "tls_cert_file", "tls_key_file", "tls_server_name", "ttl_seconds", "only_seeds")
+TIER_INDEX_KEYS = ("blocks", "policy", "store_threshold", "write_queue_blocks", "write_back",
+                   "write_back_free_blocks")
+
+
+def model_identity(model: str, revision: Optional[str], dtype: Any, tp_size: int) -> str:
+    """The weights' identity from vLLM's config: blocks of another model, revision, dtype or
+    tensor-parallel split are never found (SchedulerConfig.weights, the shared namespace)."""
+    return f"vllm:{model}@{revision or 'default'}:{str(dtype).replace('torch.', '')}:tp{tp_size}"
+
+
+def tier_configs(tiers: Any, identity: str, tp_size: int,
+                 host_blocks: int) -> List[kv.TierConfig]:
+    """The extra config's "tiers" as kv.TierConfig objects, nearest first."""
+    if not isinstance(tiers, (list, tuple)):
+        raise kv.InvalidArgument(f"tiers: expected a list of tier objects, got {tiers!r}")
+    out = []
+    for t, spec in enumerate(tiers):
+        where = f"tiers[{t}]"
+        if not isinstance(spec, dict):
+            raise kv.InvalidArgument(f"{where}: expected an object, got {spec!r}")
+        medium = spec.get("medium")
+        if medium == "disk":
+            raise kv.InvalidArgument(f"{where}: the disk tier is not in the vLLM connector yet "
+                                     "(the library has it: kvoffload.DiskTierConfig)")
+        if medium != "shared":
+            raise kv.InvalidArgument(f"{where}.medium: {medium!r} (the connector has \"shared\")")
+        for secret in ("password", "secret"):
+            if secret in spec:
+                raise kv.InvalidArgument(
+                    f"{where}.{secret}: secrets never go in the config (it is logged); use "
+                    f"{secret}_file or {secret}_env")
+        unknown = sorted(set(spec) - set(SHARED_TIER_KEYS) - set(TIER_INDEX_KEYS) - {"medium"})
+        if unknown:
+            raise kv.InvalidArgument(f"{where}: unknown key(s) {unknown}; a shared tier takes "
+                                     f"{list(SHARED_TIER_KEYS + TIER_INDEX_KEYS)}")
+        if not spec.get("nodes"):
+            raise kv.InvalidArgument(f"{where}.nodes: the cluster's \"host:port[,host:port]\"")
+        store = kv.SharedTierConfig(nodes=str(spec["nodes"]),
+                                    name=str(spec.get("name") or identity), tp_size=tp_size)
+        for key in SHARED_TIER_KEYS[2:]:
+            if key in spec:
+                default = getattr(store, key)
+                try:
+                    value = type(default)(spec[key])
+                except (TypeError, ValueError) as e:
+                    raise kv.InvalidArgument(f"{where}.{key}: {spec[key]!r} ({e})") from None
+                setattr(store, key, value)
+        index = {k: spec[k] for k in TIER_INDEX_KEYS if k in spec}
+        # The keys the scheduler remembers as present in the cluster (its presence cache).
+        index.setdefault("blocks", max(1024, 4 * host_blocks))
+        out.append(kv.TierConfig(medium="shared", store=store, **index))
+    return out
+
+
 def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: int,
                      bytes_per_gpu_block: int, extra: Dict[str, Any],
-                     num_workers: int = 1, enable_events: bool = True) -> kv.SchedulerConfig:
+                     num_workers: int = 1, enable_events: bool = True,
+                     identity: str = "", tp_size: int = 1) -> kv.SchedulerConfig:
     """The kv.SchedulerConfig for vLLM's KV-cache groups ((kind, gpu block size, sliding
-    window in tokens) each) and the connector's extra config."""
+    window in tokens) each) and the connector's extra config; ``identity`` is the weights'
+    (model_identity), ``tp_size`` the tensor-parallel size."""
     if not groups:
         raise kv.InvalidArgument("vLLM config: no KV-cache groups")
     gpu_block = groups[0][1]
@@ -80,7 +155,9 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         groups=[kv.GroupConfig(kind, size, window) for kind, size, window in groups],
         host_blocks=host_blocks, block_size_factor=factor, hash_block_size=hash_block_size,
         num_workers=num_workers, policy=policy,
-        store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events)
+        store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events,
+        tiers=tier_configs(extra.get("tiers", []), identity, tp_size, host_blocks),
+        weights=identity)
 
 
 def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
@@ -101,6 +178,15 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
         return ("mamba", spec.block_size, 0)
     raise kv.InvalidArgument(f"KV-cache group {g}: {name} is not supported "
                              "(full attention, sliding window, mamba)")
+
+
+def _tp_rank() -> int:
+    """This worker's tensor-parallel rank (the rows of each block it writes to the tiers)."""
+    try:
+        from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
+        return int(get_tensor_model_parallel_rank())
+    except (ImportError, AssertionError, AttributeError):
+        return 0  # no model-parallel group: one worker
 
 
 def __getattr__(name: str):
@@ -128,10 +214,12 @@ def _define_classes() -> None:
     class KvoffloadConnectorMetadata(KVConnectorMetadata):
         """One step's jobs, scheduler -> workers (kv.Job objects pickle)."""
 
-        def __init__(self, load_jobs: List[Any], store_jobs: List[Any], flush: List[int]):
+        def __init__(self, load_jobs: List[Any], store_jobs: List[Any], flush: List[int],
+                     tier_jobs: Optional[List[Any]] = None):
             self.load_jobs = load_jobs
             self.store_jobs = store_jobs
             self.flush = flush
+            self.tier_jobs = tier_jobs or []  # promotions and tier writes (kv.TierJob)
 
     class KvoffloadWorkerMetadata(KVConnectorWorkerMetadata):
         """Workers -> scheduler: finished job ids with a count and whether all succeeded."""
@@ -155,12 +243,18 @@ def _define_classes() -> None:
             num_blocks = kv_cache_config.num_blocks
             total = sum(t.size for t in kv_cache_config.kv_cache_tensors)
             world = vllm_config.parallel_config.world_size
+            tp_size = vllm_config.parallel_config.tensor_parallel_size
             per_block = total // num_blocks * world if num_blocks > 0 else 0
             events = vllm_config.kv_events_config
             self._events = bool(events is not None and events.enable_kv_cache_events)
+            mc = vllm_config.model_config
+            self._identity = model_identity(mc.model, getattr(mc, "revision", None), mc.dtype,
+                                            tp_size)
             self._config = scheduler_config(groups, vllm_config.cache_config.block_size,
                                             per_block, extra, num_workers=world,
-                                            enable_events=self._events)
+                                            enable_events=self._events,
+                                            identity=self._identity, tp_size=tp_size)
+            self._resets = 0
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             if role == KVConnectorRole.SCHEDULER:
@@ -232,7 +326,8 @@ def _define_classes() -> None:
                     [list(ids) for ids in new_ids] if new_ids is not None else [[]] * groups,
                     rid in resumed))
             step = self._sched.build_step(entries, list(scheduler_output.preempted_req_ids or ()))
-            return KvoffloadConnectorMetadata(step.load_jobs, step.store_jobs, step.flush)
+            return KvoffloadConnectorMetadata(step.load_jobs, step.store_jobs, step.flush,
+                                              step.tier_jobs)
 
         def update_connector_output(self, connector_output):
             meta = connector_output.kv_connector_worker_meta
@@ -265,6 +360,8 @@ def _define_classes() -> None:
 
             out = []
             for e in self._sched.take_events():
+                if e.medium != "host":
+                    continue  # tier residency: vLLM's media for it come with issue 29
                 hashes = [h for h, _ in e.keys]
                 if e.removed:
                     out.append(BlockRemoved(block_hashes=hashes, medium="CPU"))
@@ -276,7 +373,13 @@ def _define_classes() -> None:
 
         def reset_cache(self):
             if self._sched is not None:
-                self._sched.reset_cache()
+                if self._config.tiers:
+                    # A new epoch in every tier: what was stored before is never found again
+                    # (here or, for the shared tier, by engines that reset with us).
+                    self._resets += 1
+                    self._sched.reset_cache(f"{self._identity}#reset{self._resets}")
+                else:
+                    self._sched.reset_cache()
             return True
 
         # ---- worker role ---------------------------------------------------------------
@@ -325,7 +428,7 @@ def _define_classes() -> None:
                 tensors=tensors, groups=groups,
                 backend="cuda" if cuda else "host", threads=0 if cuda else 2,
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
-                compute_stream=self._stream)))
+                compute_stream=self._stream, tp_rank=_tp_rank())))
 
         def _follow_stream(self):
             """Before a step's jobs are submitted: the engine's current stream becomes the
@@ -356,6 +459,10 @@ def _define_classes() -> None:
                 self._load_requests[job.id] = job.request_id
                 self._load_jobs_by_id[job.id] = job
                 self._worker.submit(job)
+            # Promotions into host blocks and writes out of them: on the tiers' own threads,
+            # reported through get_finished like the copies.
+            for job in meta.tier_jobs:
+                self._worker.submit_tier(job)
 
         def wait_for_layer_load(self, layer_name):
             pass  # loads are asynchronous: vLLM holds the request until get_finished says so

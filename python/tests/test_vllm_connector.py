@@ -202,8 +202,9 @@ def _worker_connector(monkeypatch, cuda, current_stream):
                          kv_cache_groups=[ns(kv_cache_spec=FullAttentionSpec(),
                                              layer_names=["layer0"])])
     vllm_config = ns(kv_transfer_config=ns(kv_connector_extra_config={"host_blocks": 4}),
-                     parallel_config=ns(world_size=1), kv_events_config=None,
-                     cache_config=ns(block_size=16))
+                     parallel_config=ns(world_size=1, tensor_parallel_size=1),
+                     kv_events_config=None, cache_config=ns(block_size=16),
+                     model_config=ns(model="m", revision=None, dtype="float32"))
     c = kvv.KvoffloadConnector(vllm_config, role.WORKER, kv_cache_config)
     cache = np.zeros((8, 256), dtype=np.uint8)
     c.register_kv_caches({"layer0": TorchLike(cache, cuda=cuda, device_index=1)})
@@ -270,3 +271,56 @@ def test_connector_on_cpu_tensors_asks_for_no_stream(connector_classes, monkeypa
     c.wait_for_save()
     assert c._worker.calls == [("create", "host", None), ("start_step",), ("load", 1),
                                ("store", 2)]
+
+
+def test_shared_tier_from_extra_config():
+    identity = kvv.model_identity("org/model", None, "torch.bfloat16", 2)
+    assert identity == "vllm:org/model@default:bfloat16:tp2"
+    assert kvv.model_identity("org/model", "abc123", "float16", 1) != identity
+    groups = [("full_attention", 16, 0)]
+    extra = {"host_blocks": 64, "tiers": [{
+        "medium": "shared", "nodes": "127.0.0.1:7000,127.0.0.1:7001", "tls": True,
+        "tls_ca_file": "/etc/kv/ca.crt", "tls_server_name": "valkey", "username": "kvoffload",
+        "password_file": "/etc/kv/password", "secret_file": "/etc/kv/secret", "ttl_seconds": 600,
+        "write_back": True}]}
+    c = kvv.scheduler_config(groups, 16, 4096, extra, identity=identity, tp_size=2)
+    assert c.weights == identity
+    (t,) = c.tiers
+    assert (t.medium, t.write_back, t.blocks) == ("shared", True, 1024)
+    s = t.store
+    assert (s.nodes, s.name, s.tp_size, s.tls, s.tls_ca_file, s.tls_server_name) == (
+        "127.0.0.1:7000,127.0.0.1:7001", identity, 2, True, "/etc/kv/ca.crt", "valkey")
+    assert (s.username, s.password_file, s.secret_file, s.ttl_seconds) == (
+        "kvoffload", "/etc/kv/password", "/etc/kv/secret", 600)
+    assert (s.secret_env, s.password_env, s.insecure) == (
+        "KVOFFLOAD_SHARED_SECRET", "KVOFFLOAD_SHARED_PASSWORD", False)
+    # A namespace given by hand (the same model under different paths), and the index size.
+    extra["tiers"][0].update(name="llama-3-8b", blocks=5000, secret_env="FLEET_KEY")
+    (t,) = kvv.scheduler_config(groups, 16, 4096, extra, identity=identity).tiers
+    assert (t.store.name, t.blocks, t.store.secret_env) == ("llama-3-8b", 5000, "FLEET_KEY")
+
+
+@pytest.mark.parametrize("tier, message", [
+    ({"medium": "shared", "nodes": "h:1", "password": "hunter2"},
+     r"tiers\[0\]\.password: secrets never go in the config"),
+    ({"medium": "shared", "nodes": "h:1", "secret": "s"}, r"tiers\[0\]\.secret: .*secret_file"),
+    ({"medium": "shared", "nodes": "h:1", "tls_ca": "x"}, r"tiers\[0\]: unknown key\(s\) \['tls_ca'\]"),
+    ({"medium": "shared"}, r"tiers\[0\]\.nodes"),
+    ({"medium": "shared", "nodes": "h:1", "ttl_seconds": "soon"}, r"tiers\[0\]\.ttl_seconds"),
+    ({"medium": "disk", "path": "/x"}, r"tiers\[0\]: the disk tier is not in the vLLM connector"),
+    ({"medium": "tape"}, r"tiers\[0\]\.medium: 'tape'"),
+    ("shared", r"tiers\[0\]: expected an object"),
+])
+def test_bad_tier_configs_name_the_field(tier, message):
+    with pytest.raises(kv.InvalidArgument, match=message):
+        kvv.scheduler_config([("full_attention", 16, 0)], 16, 4096,
+                             {"host_blocks": 8, "tiers": [tier]}, identity="vllm:m")
+
+
+def test_a_shared_tier_without_a_secret_is_refused(monkeypatch):
+    monkeypatch.delenv("KVOFFLOAD_SHARED_SECRET", raising=False)
+    c = kvv.scheduler_config([("full_attention", 16, 0)], 16, 4096, {
+        "host_blocks": 8, "tiers": [{"medium": "shared", "nodes": "127.0.0.1:1"}]},
+        identity="vllm:m")
+    with pytest.raises(kv.InvalidArgument, match="secret"):
+        kv.Scheduler(c)

