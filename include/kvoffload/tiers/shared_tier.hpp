@@ -29,6 +29,9 @@
 #include "kvoffload/types.hpp"
 
 namespace kvoffload {
+namespace detail {
+class HelperThread;
+}
 
 /// The bytes before the payload in a value.
 inline constexpr std::size_t shared_value_header_bytes = 112;
@@ -83,8 +86,10 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   /// Adds what client_'s connection counters gained since the last call to `delta`.
   void add_client_stats(SharedTierStats& delta);
 
-  std::unique_ptr<SharedKeys> keys_;   // the I/O thread's only (after construction)
-  std::unique_ptr<detail::Hmac> mac_;  // the I/O thread's only
+  std::unique_ptr<SharedKeys> keys_;               // the I/O thread's only (after construction)
+  std::unique_ptr<detail::Hmac> mac_;              // the I/O thread's only
+  std::unique_ptr<detail::Hmac> check_mac_;        // the helper thread's only
+  std::unique_ptr<detail::HelperThread> checker_;  // checks read values' MACs
   std::uint64_t digest_ = 0;
   int rank_ = 0;
   int in_flight_ = 8;
