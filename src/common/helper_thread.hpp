@@ -26,7 +26,8 @@ class HelperThread {
   HelperThread(const HelperThread&) = delete;
   HelperThread& operator=(const HelperThread&) = delete;
 
-  /// Runs `work` on the helper thread after what was posted before it. `work` must not throw.
+  /// Runs `work` on the helper thread after what was posted before it. `work` reports its own
+  /// failures: an exception escaping it is dropped (it must not end the process).
   void post(std::function<void()> work) {
     {
       std::lock_guard lock(m_);
@@ -51,7 +52,10 @@ class HelperThread {
       queue_.pop_front();
       running_ = true;
       lock.unlock();
-      work();
+      try {
+        work();
+      } catch (...) {  // NOLINT(bugprone-empty-catch): see post()
+      }
       lock.lock();
       running_ = false;
       if (queue_.empty()) cv_.notify_all();

@@ -1,5 +1,6 @@
 #include <atomic>
 #include <chrono>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -42,4 +43,14 @@ TEST_CASE("A helper thread runs what was posted before it is destroyed", "[helpe
     }
   }
   CHECK(ran == 20);
+}
+
+TEST_CASE("Work that throws on a helper thread ends neither it nor the process",
+          "[helper_thread]") {
+  HelperThread helper;
+  int after = 0;
+  helper.post([] { throw std::runtime_error("out of memory"); });
+  helper.post([&after] { after = 1; });
+  helper.wait();
+  CHECK(after == 1);
 }
