@@ -491,6 +491,12 @@ class Worker:
         so the old cache's blocks do not come back after a restart."""
         self._w.clear_tiers()
 
+    def stats(self) -> dict:
+        """This worker's copies: jobs, failed jobs, bytes and summed job seconds per direction
+        (store_jobs, load_jobs, failed_jobs, bytes_stored, bytes_loaded, store_seconds,
+        load_seconds), since it started."""
+        return self._w.stats()
+
     def shared_tier_stats(self, tier: int) -> dict:
         """Shared tier ``tier``'s counters (``tier`` indexes the scheduler's tiers): reads,
         read_misses, bad_values, read_errors, writes, write_errors, bytes_read,

@@ -50,7 +50,69 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvoffload as kv
 
-_CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorkerMetadata")
+_CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorkerMetadata",
+            "KvoffloadConnectorStats", "KvoffloadPromMetrics")
+
+# vLLM's connector stats (its log line, and /metrics as counters named vllm:kvoffload_<name>):
+# the scheduler's counters, the workers' copies ("copy_"), and each tier's (label "tier").
+METRICS = {
+    "lookups": "Requests looked up in the offloaded cache.",
+    "hits": "Keys (host blocks of a request's prompt) found in host memory.",
+    "misses": "Keys looked up and not found in host memory.",
+    "hit_tokens": "Tokens served from the offloaded cache instead of being computed.",
+    "deferrals": "Lookups answered 'retry later' (a store or promotion of their blocks in flight).",
+    "load_jobs": "Load jobs (host to GPU) issued.",
+    "store_jobs": "Store jobs (GPU to host) issued.",
+    "blocks_loaded": "Host blocks loaded into GPU memory.",
+    "blocks_stored": "Host blocks stored from GPU memory.",
+    "bytes_loaded": "Bytes loaded into GPU memory (all workers).",
+    "bytes_stored": "Bytes stored from GPU memory (all workers).",
+    "evictions": "Host blocks evicted.",
+    "failed_loads": "Load jobs that failed (their blocks are recomputed).",
+    "failed_stores": "Store jobs that failed (their blocks are not cached).",
+    "partial_misses": "Cached blocks refused because a sub-block the request needs was never written.",
+    "partial_stores": "Blocks stored without their leading sub-blocks (outside a sliding window).",
+    "stores_skipped": "Blocks not stored: below the store threshold.",
+    "stores_without_room": "Blocks not stored: no host block could be freed.",
+    "copy_bytes_loaded": "Bytes the workers copied into GPU memory.",
+    "copy_bytes_stored": "Bytes the workers copied out of GPU memory.",
+    "copy_load_seconds": "Seconds the workers' load jobs took, summed over jobs.",
+    "copy_store_seconds": "Seconds the workers' store jobs took, summed over jobs.",
+    "copy_failed_jobs": "Copy jobs that failed on a worker.",
+    "tier_hits": "Keys missed in host memory and found in the tier.",
+    "tier_misses": "Keys missed in host memory and in the tier.",
+    "tier_promotions": "Blocks promoted from the tier into host memory.",
+    "tier_failed_promotions": "Promotions that failed (a miss: unreadable, forged or gone).",
+    "tier_blocks_written": "Blocks written to the tier.",
+    "tier_failed_writes": "Blocks whose write to the tier failed.",
+    "tier_evictions": "Blocks evicted from the tier's index.",
+}
+_SCHEDULER_COUNTERS = tuple(k for k in METRICS if not k.startswith(("copy_", "tier_")))
+_TIER_COUNTERS = tuple(k[len("tier_"):] for k in METRICS if k.startswith("tier_"))
+_WORKER_COUNTERS = {"copy_bytes_loaded": "bytes_loaded", "copy_bytes_stored": "bytes_stored",
+                    "copy_load_seconds": "load_seconds", "copy_store_seconds": "store_seconds",
+                    "copy_failed_jobs": "failed_jobs"}
+
+
+def counters_since(now: Dict[str, Any], seen: Dict[str, Any]) -> Dict[str, Any]:
+    """What each counter gained since `seen` (which becomes `now`); a counter that went back
+    (a reset) counts from 0."""
+    out = {}
+    for k, v in now.items():
+        before = seen.get(k, 0)
+        out[k] = v - before if v >= before else v
+        seen[k] = v
+    return out
+
+
+def metric_of(key: str) -> Tuple[str, Optional[str]]:
+    """A stats key's metric and tier label: "tier.shared.promotions" -> ("tier_promotions",
+    "shared"); "hits" -> ("hits", None)."""
+    if key.startswith("tier."):
+        _, tier, name = key.split(".", 2)
+        return "tier_" + name, tier
+    return key, None
+
 
 def parse_bytes(value: Any, field: str = "host_bytes") -> int:
     """An int, or a string such as "64GiB", "512 MiB", "1.5gib", "1e9"."""
@@ -179,6 +241,7 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         host_blocks=host_blocks, block_size_factor=factor, hash_block_size=hash_block_size,
         num_workers=num_workers, policy=policy,
         store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events,
+        block_bytes=max(0, bytes_per_gpu_block * factor),  # the byte counters of the stats
         tiers=tier_configs(extra.get("tiers", []), identity, tp_size, host_blocks),
         weights=identity)
 
@@ -219,7 +282,8 @@ def _tp_rank(tp_size: int) -> int:
 def __getattr__(name: str):
     if name in _CLASSES:
         _define_classes()
-        return globals()[name]
+        if name in globals():  # the stats classes only where vLLM has connector stats
+            return globals()[name]
     raise AttributeError(f"module 'kvoffload.vllm' has no attribute {name!r}")
 
 
@@ -237,6 +301,65 @@ def _define_classes() -> None:
     except ImportError as e:
         raise ImportError("kvoffload.vllm.KvoffloadConnector needs vLLM (pip install vllm); "
                           "the rest of kvoffload does not") from e
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+            KVConnectorPromMetrics,
+            KVConnectorStats,
+        )
+    except ImportError:  # a vLLM without connector stats: the connector reports none
+        KVConnectorPromMetrics = KVConnectorStats = None
+
+    stats_classes = ()
+    if KVConnectorStats is not None:
+
+        class KvoffloadConnectorStats(KVConnectorStats):
+            """Counters gained since the last report, name -> number (METRICS; tier counters
+            as "tier.<medium>.<name>"), summed over workers and steps."""
+
+            def reset(self):
+                self.data = {}
+
+            def aggregate(self, other):
+                for k, v in (getattr(other, "data", None) or {}).items():
+                    self.data[k] = self.data.get(k, 0) + v
+                return self
+
+            def reduce(self):
+                return {k: round(v, 6) if isinstance(v, float) else v
+                        for k, v in self.data.items() if v}
+
+            def is_empty(self):
+                return not any(self.data.values())
+
+        class KvoffloadPromMetrics(KVConnectorPromMetrics):
+            """METRICS as Prometheus counters vllm:kvoffload_<name> (tier ones labelled with
+            the tier's medium), per engine."""
+
+            def __init__(self, vllm_config, metric_types, labelnames, per_engine_labelvalues):
+                super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+                self._counters = {
+                    name: self._counter_cls(
+                        name=f"vllm:kvoffload_{name}", documentation=doc,
+                        labelnames=list(labelnames) + (["tier"] if name.startswith("tier_")
+                                                       else []))
+                    for name, doc in METRICS.items()}
+                self._bound: Dict[Tuple[int, str], Any] = {}
+
+            def observe(self, transfer_stats_data, engine_idx=0):
+                for key, value in (transfer_stats_data or {}).items():
+                    if not value or value < 0:
+                        continue
+                    bound = self._bound.get((engine_idx, key))
+                    if bound is None:
+                        name, tier = metric_of(key)
+                        if name not in self._counters:
+                            continue
+                        values = list(self.per_engine_labelvalues[engine_idx])
+                        bound = self._counters[name].labels(*(values + ([tier] if tier else [])))
+                        self._bound[(engine_idx, key)] = bound
+                    bound.inc(value)
+
+        stats_classes = (KvoffloadConnectorStats, KvoffloadPromMetrics)
 
     class KvoffloadConnectorMetadata(KVConnectorMetadata):
         """One step's jobs, scheduler -> workers (kv.Job objects pickle)."""
@@ -301,6 +424,10 @@ def _define_classes() -> None:
                                             enable_events=self._events,
                                             identity=self._identity, tp_size=tp_size)
             self._tp_size = tp_size
+            self._stats_seen: Dict[str, Any] = {}
+            media = [t.medium for t in self._config.tiers]
+            self._tier_labels = [m if media.count(m) == 1 else f"{m}{t}"
+                                 for t, m in enumerate(media)]
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             if role == KVConnectorRole.SCHEDULER:
@@ -416,6 +543,41 @@ def _define_classes() -> None:
                                            token_ids=[], block_size=0, lora_id=None,
                                            medium="CPU", lora_name=None))
             return out
+
+        # ---- vLLM's connector stats (its log line and /metrics) ---------------------------
+
+        def get_kv_connector_stats(self):
+            """The counters gained since the last call: the scheduler's and its tiers' in the
+            scheduler role, the copies' in a worker."""
+            if KVConnectorStats is None:
+                return None
+            if self._sched is not None:
+                now = {k: v for k, v in self._sched.stats().items() if k in _SCHEDULER_COUNTERS}
+                for t, label in enumerate(self._tier_labels):
+                    ts = self._sched.tier_stats(t)
+                    now.update({f"tier.{label}.{k}": ts[k] for k in _TIER_COUNTERS})
+            elif self._worker is not None:
+                ws = self._worker.stats()
+                now = {name: ws[k] for name, k in _WORKER_COUNTERS.items()}
+            else:
+                return None
+            # Always an object, even an empty one: vLLM 0.21 merges the scheduler's stats
+            # into the workers' only when the workers sent some.
+            return KvoffloadConnectorStats(data=counters_since(now, self._stats_seen))
+
+        @classmethod
+        def build_kv_connector_stats(cls, data=None):
+            if KVConnectorStats is None:
+                return None
+            return KvoffloadConnectorStats(data=dict(data or {}))
+
+        @classmethod
+        def build_prom_metrics(cls, vllm_config, metric_types, labelnames,
+                               per_engine_labelvalues):
+            if KVConnectorPromMetrics is None:
+                return None
+            return KvoffloadPromMetrics(vllm_config, metric_types, labelnames,
+                                        per_engine_labelvalues)
 
         def reset_cache(self):
             if self._sched is not None:
@@ -553,7 +715,8 @@ def _define_classes() -> None:
 
     # Module globals under their public names, so that pickle finds them: vLLM pickles the
     # metadata between its engine-core process and its workers.
-    for cls in (KvoffloadConnectorMetadata, KvoffloadWorkerMetadata, KvoffloadConnector):
+    for cls in (KvoffloadConnectorMetadata, KvoffloadWorkerMetadata, KvoffloadConnector,
+                *stats_classes):
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
         globals()[cls.__name__] = cls

@@ -14,6 +14,7 @@
 
 #include "bindings.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/transfer_engine.hpp"
 #include "kvoffload/worker.hpp"
 
 namespace nb = nanobind;
@@ -27,6 +28,19 @@ void bind_worker(nb::module_& m) {
           "__init__",
           [](Worker* self, nb::handle config) { new (self) Worker(worker_config_from_py(config)); },
           "config"_a, "A kvoffload.WorkerConfig, its compute_stream a handle (or None).")
+      .def("stats",
+           [](const Worker& w) {
+             const TransferStats s = w.stats();
+             nb::dict d;
+             d["store_jobs"] = s.store_jobs;
+             d["load_jobs"] = s.load_jobs;
+             d["failed_jobs"] = s.failed_jobs;
+             d["bytes_stored"] = s.bytes_stored;
+             d["bytes_loaded"] = s.bytes_loaded;
+             d["store_seconds"] = s.store_seconds;
+             d["load_seconds"] = s.load_seconds;
+             return d;
+           })
       .def(
           "shared_tier_stats",
           [](const Worker& w, std::size_t t) {

@@ -415,3 +415,21 @@ def test_an_unknown_tensor_parallel_rank_is_never_guessed(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm.distributed.parallel_state", None)  # import fails
     with pytest.raises(kv.InvalidArgument, match="rank is unknown"):
         kvv._tp_rank(2)
+
+
+def test_connector_stats_are_counter_deltas_with_tier_labels():
+    seen = {}
+    assert kvv.counters_since({"hits": 3, "copy_load_seconds": 0.5}, seen) == {
+        "hits": 3, "copy_load_seconds": 0.5}
+    assert kvv.counters_since({"hits": 7, "copy_load_seconds": 0.75}, seen) == {
+        "hits": 4, "copy_load_seconds": 0.25}
+    assert kvv.counters_since({"hits": 2, "copy_load_seconds": 0.75}, seen) == {
+        "hits": 2, "copy_load_seconds": 0.0}  # a counter that went back (a reset) counts from 0
+    assert kvv.metric_of("tier.shared.promotions") == ("tier_promotions", "shared")
+    assert kvv.metric_of("hit_tokens") == ("hit_tokens", None)
+    # Every counter the connector reports has a metric, with its documentation.
+    sched = kv.Scheduler(kvv.scheduler_config([("full_attention", 16, 0)], 16, 4096,
+                                              {"host_blocks": 8}))
+    assert set(kvv._SCHEDULER_COUNTERS) <= set(sched.stats())
+    assert all(kvv.METRICS.values())
+    assert {"tier_" + k for k in kvv._TIER_COUNTERS} <= set(kvv.METRICS)

@@ -678,9 +678,11 @@ def run_server(model, root, tag, connector):
     hits = {}
     for m in metrics.splitlines():
         if m.startswith(("vllm:external_prefix_cache_hits", "vllm:external_prefix_cache_queries",
-                         "vllm:prefix_cache_hits")) and "_created" not in m:
+                         "vllm:prefix_cache_hits", "vllm:kvoffload_")) and "_created" not in m:
             key = m.split("{")[0]
             hits[key] = hits.get(key, 0) + float(m.rsplit(" ", 1)[1])
+    with open(os.path.join(root, f"server-{tag}.log")) as f:
+        hits["log lines 'KV Transfer metrics'"] = f.read().count("KV Transfer metrics:")
     return out, hits, up, time.time() - t0
 
 
@@ -694,12 +696,29 @@ def server_check(model, root, line):
     ok, diff, worst = compare(base, got)
     cached_by = sum(v[2] for v in got.values())
     ext = metrics.get("vllm:external_prefix_cache_hits_total", 0)
+    # kvoffload's own counters in vLLM's /metrics (its connector stats), and they agree with
+    # vLLM's: every external hit token is a kvoffload hit token (the same figure when vLLM
+    # asks once per request).
+    mine = {k[len("vllm:kvoffload_"):]: v for k, v in metrics.items()
+            if k.startswith("vllm:kvoffload_")}
+    metrics = {k: v for k, v in metrics.items() if not k.startswith("vllm:kvoffload_")}
+    shown = {k: mine.get(k + "_total", 0) for k in
+             ("lookups", "hits", "hit_tokens", "blocks_stored", "blocks_loaded", "bytes_stored",
+              "copy_bytes_stored", "copy_bytes_loaded", "copy_store_seconds", "copy_load_seconds")}
+    missing = [k for k, v in shown.items() if v <= 0]
     info = (f"{len(got)} requests (24 in flight), usage cached_tokens total {cached_by}, "
-            f"/metrics {metrics}; servers up in {up0:.0f}/{up1:.0f} s, runs {t0:.0f}/{t1:.0f} s")
+            f"/metrics {metrics}, kvoffload's {shown} ({len(mine)} series); servers up in "
+            f"{up0:.0f}/{up1:.0f} s, runs {t0:.0f}/{t1:.0f} s")
     if not ok:
         line(f"engine server: FAILED: outputs differ from the server without kvoffload: {diff}; {info}")
     elif ext <= 0:
         line(f"engine server: FAILED: no external prefix-cache hits in /metrics; {info}")
+    elif missing:
+        line(f"engine server: FAILED: kvoffload's counters {missing} did not move in /metrics; {info}")
+    elif shown["hit_tokens"] < ext:  # a lookup vLLM repeats may count twice, never less
+        line(f"engine server: FAILED: kvoffload_hit_tokens {shown['hit_tokens']} < vLLM's "
+             f"external prefix-cache hits {ext}; {info}")
+
     else:
         line(f"engine server: identical tokens and logprobs (max |logprob diff| {worst:.3g}); {info}")
 
