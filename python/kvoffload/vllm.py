@@ -105,6 +105,60 @@ def counters_since(now: Dict[str, Any], seen: Dict[str, Any]) -> Dict[str, Any]:
     return out
 
 
+# kvoffload's media as vLLM's KV events name them (vLLM 0.33's Medium and Locality; older
+# vLLMs' events have no locality field and get none).
+EVENT_MEDIA = {"host": ("CPU", "LOCAL"), "disk": ("STORAGE", "LOCAL"),
+               "shared": ("STORAGE", "REMOTE")}
+
+
+def partial_keys(store_jobs: Sequence[Any], factor: int) -> List[Tuple[bytes, int]]:
+    """The keys of host blocks these store jobs write without their leading sub-blocks (a
+    sliding-window group's first block, docs/semantics.md 6.8): the first key of each group
+    whose first GPU block does not start a host block."""
+    out = []
+    if factor == 1:
+        return out
+    for job in store_jobs:
+        seen = set()
+        for key in job.keys:
+            g = key[1]
+            if g not in seen:
+                seen.add(g)
+                if job.block_indices[g] % factor:
+                    out.append(tuple(key))
+    return out
+
+
+def vllm_events(events: Sequence[Any], partial: set, stored_cls: Any, removed_cls: Any) -> List[Any]:
+    """kvoffload's events as vLLM's BlockStored/BlockRemoved, one per medium and group. A host
+    block written without its leading sub-blocks (a key in ``partial``) is not reported at all:
+    a router must not take it for a whole block. Its removal drops it from ``partial``."""
+    out = []
+    for e in events:
+        medium, locality = EVENT_MEDIA[e.medium]
+        by_group: Dict[int, List[bytes]] = {}
+        for key in e.keys:
+            key = tuple(key)
+            if e.medium == "host" and key in partial:
+                if e.removed:
+                    partial.discard(key)
+                continue
+            by_group.setdefault(key[1], []).append(key[0])
+        cls = removed_cls if e.removed else stored_cls
+        fields = set(getattr(cls, "__struct_fields__", ()))
+        for g, hashes in by_group.items():
+            kw: Dict[str, Any] = {"block_hashes": hashes, "medium": medium}
+            if not e.removed:
+                kw.update(parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
+                          lora_name=None)
+            if "group_idx" in fields:
+                kw["group_idx"] = g
+            if "locality" in fields:
+                kw["locality"] = locality
+            out.append(cls(**kw))
+    return out
+
+
 def metric_of(key: str) -> Tuple[str, Optional[str]]:
     """A stats key's metric and tier label: "tier.shared.promotions" -> ("tier_promotions",
     "shared"); "hits" -> ("hits", None)."""
@@ -425,6 +479,7 @@ def _define_classes() -> None:
                                             identity=self._identity, tp_size=tp_size)
             self._tp_size = tp_size
             self._stats_seen: Dict[str, Any] = {}
+            self._partial: set = set()  # host keys stored without leading sub-blocks
             media = [t.medium for t in self._config.tiers]
             self._tier_labels = [m if media.count(m) == 1 else f"{m}{t}"
                                  for t, m in enumerate(media)]
@@ -499,6 +554,8 @@ def _define_classes() -> None:
                     [list(ids) for ids in new_ids] if new_ids is not None else [[]] * groups,
                     rid in resumed))
             step = self._sched.build_step(entries, list(scheduler_output.preempted_req_ids or ()))
+            if self._events:
+                self._partial.update(partial_keys(step.store_jobs, self._config.block_size_factor))
             return KvoffloadConnectorMetadata(step.load_jobs, step.store_jobs, step.flush,
                                               step.tier_jobs)
 
@@ -525,24 +582,15 @@ def _define_classes() -> None:
             return self._finish(request)
 
         def take_events(self):
-            """Host-memory blocks stored and removed, as vLLM's KV events (medium "CPU"); only
-            when vLLM's kv_events_config enables them."""
+            """Blocks stored and removed in host memory and every tier, as vLLM's KV events
+            (EVENT_MEDIA: a KV-aware router sees disk and shared residency too); only when
+            vLLM's kv_events_config enables them."""
             if self._sched is None or not self._events:
                 return []
             from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
-            out = []
-            for e in self._sched.take_events():
-                if e.medium != "host":
-                    continue  # tier residency: vLLM's media for it come with issue 29
-                hashes = [h for h, _ in e.keys]
-                if e.removed:
-                    out.append(BlockRemoved(block_hashes=hashes, medium="CPU"))
-                else:
-                    out.append(BlockStored(block_hashes=hashes, parent_block_hash=None,
-                                           token_ids=[], block_size=0, lora_id=None,
-                                           medium="CPU", lora_name=None))
-            return out
+            return vllm_events(self._sched.take_events(), self._partial, BlockStored,
+                               BlockRemoved)
 
         # ---- vLLM's connector stats (its log line and /metrics) ---------------------------
 
@@ -580,6 +628,7 @@ def _define_classes() -> None:
                                         per_engine_labelvalues)
 
         def reset_cache(self):
+            self._partial = set()
             if self._sched is not None:
                 if self._config.tiers:
                     # A new epoch in every tier: what was stored before is never found again

@@ -433,3 +433,39 @@ def test_connector_stats_are_counter_deltas_with_tier_labels():
     assert set(kvv._SCHEDULER_COUNTERS) <= set(sched.stats())
     assert all(kvv.METRICS.values())
     assert {"tier_" + k for k in kvv._TIER_COUNTERS} <= set(kvv.METRICS)
+
+
+def test_kv_events_name_every_medium_and_never_a_partly_written_block():
+    import types
+
+    class Stored:  # vLLM 0.33's fields
+        __struct_fields__ = ("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                             "lora_id", "medium", "lora_name", "group_idx", "locality")
+
+        def __init__(self, **kw):
+            assert set(kw) <= set(self.__struct_fields__)
+            self.__dict__.update(kw)
+
+    class Removed(Stored):  # vLLM 0.21's fields: no locality
+        __struct_fields__ = ("block_hashes", "medium", "group_idx")
+
+    ns = types.SimpleNamespace
+    # A store job over two groups, factor 2: group 1's first GPU block is sub-block 1 of its
+    # host block (outside the window: the block misses sub-block 0).
+    job = ns(keys=[(b"a", 0), (b"b", 0), (b"w", 1), (b"x", 1)], block_indices=[0, 3])
+    partial = set(kvv.partial_keys([job], 2))
+    assert partial == {(b"w", 1)}
+    assert kvv.partial_keys([job], 1) == []
+    events = [ns(removed=False, medium="host", keys=[(b"a", 0), (b"b", 0), (b"w", 1), (b"x", 1)]),
+              ns(removed=False, medium="disk", keys=[(b"a", 0)]),
+              ns(removed=False, medium="shared", keys=[(b"b", 0)]),
+              ns(removed=True, medium="host", keys=[(b"w", 1), (b"a", 0)])]
+    out = kvv.vllm_events(events, partial, Stored, Removed)
+    got = [(type(e).__name__, e.medium, getattr(e, "locality", None), e.group_idx,
+            e.block_hashes) for e in out]
+    assert got == [("Stored", "CPU", "LOCAL", 0, [b"a", b"b"]),
+                   ("Stored", "CPU", "LOCAL", 1, [b"x"]),  # w: partly written, not reported
+                   ("Stored", "STORAGE", "LOCAL", 0, [b"a"]),
+                   ("Stored", "STORAGE", "REMOTE", 0, [b"b"]),
+                   ("Removed", "CPU", None, 0, [b"a"])]  # w's removal neither
+    assert partial == set()  # w is gone: a later whole store of it is reported

@@ -170,11 +170,28 @@ def spy_on(ctx, jobs):
     ctx.conn.build_connector_meta = spy.__get__(ctx.conn)
 
 
+def count_events(ctx):
+    """Counts the block hashes the connector publishes as vLLM's KV events."""
+    take = ctx.conn.take_events
+    counts = ctx.notes.setdefault("events", {"stored": 0, "removed": 0})
+
+    def counting():
+        events = list(take())
+        for ev in events:
+            counts["removed" if type(ev).__name__ == "BlockRemoved" else "stored"] += \
+                len(ev.block_hashes)
+        return events
+
+    ctx.conn.take_events = counting
+
+
 def sc_straddle(ctx):
     rng = random.Random(2)
     s = toks(rng, 160)
     jobs = []
     spy_on(ctx, jobs)
+    if ctx.conn is not None and ctx.conn._events:
+        count_events(ctx)
     ctx.gen([("r0", s + toks(rng, 8))])
     # kvoffload's pool only is emptied (vLLM's prefix cache keeps r0's blocks); then a filler
     # writes every host block (the pool holds 512 tokens in each of the two groups) and is
@@ -195,6 +212,7 @@ def sc_straddle(ctx):
     ctx.gen([("r3", (s + x)[:256] + toks(rng, 40))])
     if ctx.conn is not None:
         del ctx.conn.build_connector_meta
+        ctx.conn.__dict__.pop("take_events", None)
         ctx.notes["jobs"] = jobs
 
 
@@ -275,6 +293,9 @@ def engine_main(spec_path, out_path):
               max_num_seqs=16)
     if spec.get("gpu_blocks"):
         kw["num_gpu_blocks_override"] = spec["gpu_blocks"]
+    if spec.get("events"):
+        from vllm.config import KVEventsConfig
+        kw["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
     if spec.get("extra") is not None:
         kw["kv_transfer_config"] = {
             "kv_connector": "KvoffloadConnector", "kv_connector_module_path": "kvoffload.vllm",
@@ -414,6 +435,7 @@ def main(wanted):
                 for f in (2, 4):
                     runs.append((f"hybrid-f{f}-pc", kind, {
                         "model": models[kind], "prefix_caching": True, "scenarios": ["straddle"],
+                        "events": True,
                         "extra": {"block_size": BLOCK * f, "host_blocks": 1024 // (BLOCK * f)}}))
         for tag, kind, spec in runs:
             try:
@@ -469,6 +491,15 @@ def main(wanted):
                         problems.append("kvoffload did not refuse the partly written block")
                     if got["r3"][2] < 256:
                         problems.append(f"r3 had {got['r3'][2]} cached tokens, not 256")
+                    # KV events for routers: every whole block stored, never r1's partly
+                    # written one (a router would take it for a whole block).
+                    ev = notes.get("events", {})
+                    whole = st.get("blocks_stored", 0) - st.get("partial_stores", 0)
+                    extra += (f", KV events {ev} for {st.get('blocks_stored')} stored blocks, "
+                              f"{st.get('partial_stores')} partly written")
+                    if ev.get("stored") != whole or not st.get("partial_stores"):
+                        problems.append(f"KV events published {ev.get('stored')} stored blocks, "
+                                        f"not the {whole} whole ones")
                 if not ok:
                     problems.insert(0, f"outputs differ from the run without kvoffload: {diff}")
                 if problems:
