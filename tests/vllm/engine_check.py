@@ -26,6 +26,8 @@ so the scheduler-side connector's kv.Scheduler stats can be read), several scena
              full-attention layer cannot see it (a permutation of whole prefix blocks leaves the
              set of (key, value) pairs unchanged, RoPE being applied before the cache), a
              sliding-window layer does
+  salt       two tenants (vLLM's cache_salt) send the same prompt: the other tenant gets no
+             cached token, the same tenant all 256 (llama, factor 4)
   shared     the shared tier over TLS with an ACL user and a fleet secret (a loopback Valkey
              cluster from scripts/valkey-cluster --tls --auth): engine 1 runs A and writes its
              blocks through to the cluster, then exits; engine 2, a new process with a cold host
@@ -97,14 +99,16 @@ class Ctx:
                                  ignore_eos=True)
         self.outputs, self.notes = {}, {}
 
-    def gen(self, named, max_tokens=16):
-        """named: [(name, prompt tokens)], all submitted at once."""
+    def gen(self, named, max_tokens=16, salt=None):
+        """named: [(name, prompt tokens)], all submitted at once; salt: vLLM's cache_salt (a
+        tenant: its blocks hash apart from other tenants')."""
         from vllm.inputs import TokensPrompt
         sp = self.sp.clone()
         sp.max_tokens = max_tokens
         t0 = time.time()
-        outs = self.llm.generate([TokensPrompt(prompt_token_ids=t) for _, t in named], sp,
-                                 use_tqdm=False)
+        extra = {"cache_salt": salt} if salt else {}
+        outs = self.llm.generate([TokensPrompt(prompt_token_ids=t, **extra) for _, t in named],
+                                 sp, use_tqdm=False)
         self.notes.setdefault("gen_s", []).append(round(time.time() - t0, 2))
         for (name, _), o in zip(named, outs):
             c = o.outputs[0]
@@ -125,6 +129,15 @@ def sc_prefix(ctx):
         c = list(b)
         c[100] = 3 if c[100] != 3 else 4
         ctx.gen([("B-changed", c)])
+
+
+def sc_salt(ctx):
+    """Two tenants (cache_salt) send the same prompt: nothing of one may serve the other."""
+    rng = random.Random(11)
+    a = toks(rng, 256) + toks(rng, 16)
+    ctx.gen([("T1a", a)], salt="tenant-1")
+    ctx.gen([("T2a", a)], salt="tenant-2")
+    ctx.gen([("T1b", a)], salt="tenant-1")
 
 
 def shared_prompts():
@@ -273,8 +286,8 @@ def sc_wrongload(ctx):
 
 SCENARIOS = {"prefix": sc_prefix, "straddle": sc_straddle, "evict": sc_evict,
              "preempt": sc_preempt, "wrongload": sc_wrongload,
-             "shared-store": sc_shared_store, "shared-load": sc_shared_load}
-CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "shared", "server"]
+             "shared-store": sc_shared_store, "shared-load": sc_shared_load, "salt": sc_salt}
+CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "shared", "server"]
 
 
 def engine_main(spec_path, out_path):
@@ -392,7 +405,7 @@ def main(wanted):
     if engine:
         base = {}
         for kind in ("llama", "hybrid"):
-            sc = [s for s in (["prefix", "evict", "preempt"] if kind == "llama"
+            sc = [s for s in (["prefix", "evict", "preempt", "salt"] if kind == "llama"
                               else ["prefix", "straddle", "wrongload"]) if s in engine]
             if kind == "llama" and "shared" in engine:
                 sc += ["shared-store", "shared-load"]
@@ -428,6 +441,8 @@ def main(wanted):
                     spec["extra"]["host_blocks"] = 8
                 if kind == "hybrid" and f == 2 and "wrongload" in engine:
                     sc.append("wrongload")
+                if kind == "llama" and f == 4 and "salt" in engine:
+                    sc.append("salt")
                 if sc:
                     spec["scenarios"] = sc
                     runs.append((f"{kind}-f{f}", kind, spec))
@@ -466,6 +481,9 @@ def main(wanted):
                 problems = []
                 if name == "prefix" and got["B"][2] < 256:
                     problems.append(f"B had {got['B'][2]} cached tokens, not 256")
+                if name == "salt" and (got["T2a"][2] or got["T1b"][2] < 256):
+                    problems.append(f"tenants: the other tenant had {got['T2a'][2]} cached "
+                                    f"tokens (want 0), the same tenant {got['T1b'][2]} (want 256)")
                 if name == "evict" and not st.get("evictions"):
                     problems.append("no eviction")
                 if name == "evict" and not st.get("hits"):
