@@ -516,7 +516,23 @@ def _define_classes() -> None:
             hit = self._sched.lookup(request.request_id, num_computed_tokens)
             if hit is None:
                 return None, False
+            hit = self._cap_load(request, num_computed_tokens, hit)
             return hit, hit > 0
+
+        def _cap_load(self, request, local, hit):
+            """vLLM's per-request max_load_tokens (kv_transfer_params, as its own offloading
+            connector reads it): the hit ends at the last host block boundary within the cap.
+            Only full-attention models are cut short: a sliding-window or mamba group's
+            blocks at a shorter end were never checked by the lookup, so there the capped
+            request loads nothing rather than something unchecked."""
+            params = getattr(request, "kv_transfer_params", None) or {}
+            cap = params.get("max_load_tokens") if isinstance(params, dict) else None
+            if type(cap) is not int or cap < 0 or hit <= cap:
+                return hit
+            if any(g.kind != "full_attention" for g in self._config.groups):
+                return 0
+            block = self._config.block_size_factor * self._config.groups[0].gpu_block_size
+            return max(0, (local + cap) // block * block - local)
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
             rid = request.request_id

@@ -469,3 +469,37 @@ def test_kv_events_name_every_medium_and_never_a_partly_written_block():
                    ("Stored", "STORAGE", "REMOTE", 0, [b"b"]),
                    ("Removed", "CPU", None, 0, [b"a"])]  # w's removal neither
     assert partial == set()  # w is gone: a later whole store of it is reported
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_max_load_tokens_caps_a_hit_at_a_host_block(connector_classes, monkeypatch):
+    """vLLM's per-request kv_transfer_params {"max_load_tokens": N}: at most N tokens come from
+    kvoffload, ending at a host block; ignored when malformed, as vLLM ignores it."""
+    import types
+
+    from conftest import block_hashes
+
+    c = _scheduler_connector(monkeypatch, {"host_blocks": 8})
+    s = c._sched
+    h = block_hashes("cap", 4)  # 64 tokens, 4 host blocks of 16
+    s.update_request("a", 64, h)
+    assert s.lookup("a", 0) == 0
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    step = s.build_step([kv.ScheduledRequest("a", 0, 64, [[1, 2, 3, 4]])])
+    s.on_completed([kv.JobReport(j.id) for j in step.store_jobs])
+    s.on_finished("a")
+
+    def ask(rid, params, local=0):
+        req = types.SimpleNamespace(request_id=rid, num_tokens=64, block_hashes=h,
+                                    kv_transfer_params=params)
+        return c.get_num_new_matched_tokens(req, local)[0]
+
+    full = ask("b", None)
+    assert full == 64
+    assert ask("c", {"max_load_tokens": 40}) == 32
+    assert ask("d", {"max_load_tokens": 15}) == 0
+    assert ask("e", {"max_load_tokens": 40}, local=16) == 32  # ends at 48: 16 local + 32
+    assert ask("f", {"max_load_tokens": 1000}) == full
+    for i, bad in enumerate(({"max_load_tokens": -1}, {"max_load_tokens": "8"},
+                             {"max_load_tokens": 8.0}, {"max_load_tokens": True})):
+        assert ask(f"g{i}", bad) == full

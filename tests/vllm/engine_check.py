@@ -28,6 +28,8 @@ so the scheduler-side connector's kv.Scheduler stats can be read), several scena
              sliding-window layer does
   salt       two tenants (vLLM's cache_salt) send the same prompt: the other tenant gets no
              cached token, the same tenant all 256 (llama, factor 4)
+  cap        vLLM's per-request kv_transfer_params {"max_load_tokens": 100}: B shares 256
+             tokens with A and gets 64 (one host block of 64 fits) (llama, factor 2)
   shared     the shared tier over TLS with an ACL user and a fleet secret (a loopback Valkey
              cluster from scripts/valkey-cluster --tls --auth): engine 1 runs A and writes its
              blocks through to the cluster, then exits; engine 2, a new process with a cold host
@@ -99,12 +101,15 @@ class Ctx:
                                  ignore_eos=True)
         self.outputs, self.notes = {}, {}
 
-    def gen(self, named, max_tokens=16, salt=None):
+    def gen(self, named, max_tokens=16, salt=None, kv_params=None):
         """named: [(name, prompt tokens)], all submitted at once; salt: vLLM's cache_salt (a
-        tenant: its blocks hash apart from other tenants')."""
+        tenant: its blocks hash apart from other tenants'); kv_params: the requests'
+        kv_transfer_params."""
         from vllm.inputs import TokensPrompt
         sp = self.sp.clone()
         sp.max_tokens = max_tokens
+        if kv_params is not None:
+            sp.extra_args = {"kv_transfer_params": kv_params}
         t0 = time.time()
         extra = {"cache_salt": salt} if salt else {}
         outs = self.llm.generate([TokensPrompt(prompt_token_ids=t, **extra) for _, t in named],
@@ -138,6 +143,14 @@ def sc_salt(ctx):
     ctx.gen([("T1a", a)], salt="tenant-1")
     ctx.gen([("T2a", a)], salt="tenant-2")
     ctx.gen([("T1b", a)], salt="tenant-1")
+
+
+def sc_cap(ctx):
+    """vLLM's per-request max_load_tokens: B shares A's first 256 tokens but may load 100."""
+    rng = random.Random(13)
+    p = toks(rng, 256)
+    ctx.gen([("CA", p + toks(rng, 32))])
+    ctx.gen([("CB", p + toks(rng, 40))], kv_params={"max_load_tokens": 100})
 
 
 def shared_prompts():
@@ -286,8 +299,10 @@ def sc_wrongload(ctx):
 
 SCENARIOS = {"prefix": sc_prefix, "straddle": sc_straddle, "evict": sc_evict,
              "preempt": sc_preempt, "wrongload": sc_wrongload,
-             "shared-store": sc_shared_store, "shared-load": sc_shared_load, "salt": sc_salt}
-CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "shared", "server"]
+             "shared-store": sc_shared_store, "shared-load": sc_shared_load, "salt": sc_salt,
+             "cap": sc_cap}
+CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "shared",
+          "server"]
 
 
 def engine_main(spec_path, out_path):
@@ -405,7 +420,7 @@ def main(wanted):
     if engine:
         base = {}
         for kind in ("llama", "hybrid"):
-            sc = [s for s in (["prefix", "evict", "preempt", "salt"] if kind == "llama"
+            sc = [s for s in (["prefix", "evict", "preempt", "salt", "cap"] if kind == "llama"
                               else ["prefix", "straddle", "wrongload"]) if s in engine]
             if kind == "llama" and "shared" in engine:
                 sc += ["shared-store", "shared-load"]
@@ -443,6 +458,8 @@ def main(wanted):
                     sc.append("wrongload")
                 if kind == "llama" and f == 4 and "salt" in engine:
                     sc.append("salt")
+                if kind == "llama" and f == 2 and "cap" in engine:
+                    sc.append("cap")
                 if sc:
                     spec["scenarios"] = sc
                     runs.append((f"{kind}-f{f}", kind, spec))
@@ -481,6 +498,8 @@ def main(wanted):
                 problems = []
                 if name == "prefix" and got["B"][2] < 256:
                     problems.append(f"B had {got['B'][2]} cached tokens, not 256")
+                if name == "cap" and got["CB"][2] != 64:  # 100 tokens: one 64-token block
+                    problems.append(f"max_load_tokens 100: {got['CB'][2]} cached tokens, not 64")
                 if name == "salt" and (got["T2a"][2] or got["T1b"][2] < 256):
                     problems.append(f"tenants: the other tenant had {got['T2a'][2]} cached "
                                     f"tokens (want 0), the same tenant {got['T1b'][2]} (want 256)")
