@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import ClassVar, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import ClassVar, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 from ._kvoffload import __version__ as _kvoffload_version
 from ._kvoffload import (  # noqa: F401  (re-exported)
@@ -278,6 +278,12 @@ class Scheduler:
         """Cache occupancy and counters (hits, misses, evictions, jobs, bytes)."""
         return self._s.stats()
 
+    def metrics_text(self, labels: Optional[Dict[str, str]] = None) -> str:
+        """stats() and every tier's tier_stats() in the Prometheus text format, for an engine's
+        /metrics endpoint: kvoffload_<field>[_total], kvoffload_tier_<field>[_total]{tier,
+        medium}; ``labels`` are added to every sample."""
+        return self._s.metrics_text(sorted((labels or {}).items()))
+
     def tier_stats(self, tier: int = 0) -> dict:
         """Tier ``tier``'s occupancy and counters (promotions, writes, skips, evictions)."""
         return self._s.tier_stats(tier)
@@ -490,6 +496,10 @@ class Worker:
         """Empties the disk tiers: after Scheduler.reset_cache (once its flush set finished),
         so the old cache's blocks do not come back after a restart."""
         self._w.clear_tiers()
+
+    def metrics_text(self, labels: Optional[Dict[str, str]] = None) -> str:
+        """stats() and its tiers' I/O in the Prometheus text format (kvoffload_worker_*)."""
+        return self._w.metrics_text(sorted((labels or {}).items()))
 
     def stats(self) -> dict:
         """This worker's copies: jobs, failed jobs, bytes and summed job seconds per direction

@@ -16,6 +16,7 @@
 #include "bindings.hpp"
 #include "kvoffload/detail/stats_fields.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/metrics_text.hpp"
 #include "kvoffload/scheduler.hpp"
 #include "kvoffload/tiers/shared_presence.hpp"
 
@@ -297,6 +298,14 @@ void bind_scheduler(nb::module_& m) {
              return out;
            })
       .def("stats", [](const Scheduler& s) { return to_dict(s.cache_stats()); })
+      .def(
+          "metrics_text",
+          [](const Scheduler& s, const std::vector<std::pair<std::string, std::string>>& labels) {
+            std::vector<MetricLabel> l;
+            for (const auto& [k, v] : labels) l.push_back({k, v});
+            return metrics_text(s, l);
+          },
+          "labels"_a = std::vector<std::pair<std::string, std::string>>{})
       .def(
           "tier_stats", [](const Scheduler& s, std::size_t t) { return to_dict(s.tier_stats(t)); },
           "tier"_a)

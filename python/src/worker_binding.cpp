@@ -14,6 +14,7 @@
 
 #include "bindings.hpp"
 #include "kvoffload/error.hpp"
+#include "kvoffload/metrics_text.hpp"
 #include "kvoffload/transfer_engine.hpp"
 #include "kvoffload/worker.hpp"
 
@@ -28,6 +29,14 @@ void bind_worker(nb::module_& m) {
           "__init__",
           [](Worker* self, nb::handle config) { new (self) Worker(worker_config_from_py(config)); },
           "config"_a, "A kvoffload.WorkerConfig, its compute_stream a handle (or None).")
+      .def(
+          "metrics_text",
+          [](const Worker& w, const std::vector<std::pair<std::string, std::string>>& labels) {
+            std::vector<MetricLabel> l;
+            for (const auto& [k, v] : labels) l.push_back({k, v});
+            return metrics_text(w, l);
+          },
+          "labels"_a = std::vector<std::pair<std::string, std::string>>{})
       .def("stats",
            [](const Worker& w) {
              const TransferStats s = w.stats();

@@ -6,6 +6,7 @@
 
 #include "c_api/c_api_common.hpp"
 #include "kvoffload/detail/stats_fields.hpp"
+#include "kvoffload/metrics_text.hpp"
 #include "kvoffload/scheduler.hpp"
 #include "kvoffload/tiers/shared_presence.hpp"
 
@@ -19,6 +20,7 @@ struct kvoffload_scheduler_s {
   std::vector<std::vector<kvoffload_key_t>> event_keys;
   std::vector<kvoffload_event_t> c_events;
   std::vector<const char*> event_media;
+  std::string metrics;  // the last metrics_text
 };
 
 struct kvoffload_step_s {
@@ -418,6 +420,19 @@ kvoffload_status_t kvoffload_scheduler_get_tier_stats(kvoffload_scheduler_t s, s
 #define KVOFFLOAD_C_FIELD(name) stats->name = t.name;
     KVOFFLOAD_TIER_STATS_FIELDS(KVOFFLOAD_C_FIELD)
 #undef KVOFFLOAD_C_FIELD
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_metrics_text(kvoffload_scheduler_t s, const char** text,
+                                                    size_t* length) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_metrics_text";
+    require(s, fn, "scheduler");
+    require(text, fn, "text");
+    require(length, fn, "length");
+    s->metrics = metrics_text(s->scheduler);
+    *text = s->metrics.c_str();
+    *length = s->metrics.size();
   });
 }
 

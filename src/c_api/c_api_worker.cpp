@@ -8,6 +8,7 @@
 
 #include "c_api/c_api_common.hpp"
 #include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/metrics_text.hpp"
 #include "kvoffload/worker.hpp"
 
 struct kvoffload_worker_s {
@@ -18,6 +19,7 @@ struct kvoffload_worker_s {
   std::vector<kvoffload::FinishedTransfer> handed;  // the last call's, owning the messages
   std::vector<kvoffload_key_t> scan_keys;           // the last tier_scan's
   std::vector<std::uint8_t> scan_present;
+  std::string metrics;  // the last metrics_text
 };
 
 namespace kvoffload::capi {
@@ -249,6 +251,21 @@ kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
     *keys = w->scan_keys.data();
     *present = w->scan_present.data();
     *num_slots = scanned.size();
+  });
+}
+
+kvoffload_status_t kvoffload_worker_metrics_text(kvoffload_worker_t w, const char** text,
+                                                 size_t* length) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_metrics_text";
+    require(w, fn, "worker");
+    require(text, fn, "text");
+    require(length, fn, "length");
+    std::string rendered = metrics_text(w->worker);
+    std::lock_guard lock(w->mutex);
+    w->metrics = std::move(rendered);
+    *text = w->metrics.c_str();
+    *length = w->metrics.size();
   });
 }
 

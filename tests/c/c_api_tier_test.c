@@ -41,6 +41,25 @@ void disk_tier(void) {
   OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
   CHECK(ts.blocks_written == 2 && ts.blocks_used == 2 && ts.write_jobs == 1);
   {
+    /* The same numbers as Prometheus text, for an engine's /metrics. */
+    const char* text = NULL;
+    size_t length = 0;
+    OK(kvoffload_scheduler_metrics_text(s, &text, &length));
+    CHECK(text != NULL && strlen(text) == length);
+    CHECK(strstr(text,
+                 "# TYPE kvoffload_blocks_stored_total counter\n"
+                 "kvoffload_blocks_stored_total 2\n") != NULL);
+    CHECK(strstr(text, "kvoffload_tier_blocks_written_total{tier=\"0\",medium=\"disk\"} 2\n") !=
+          NULL);
+    CHECK(strstr(text, "# TYPE kvoffload_blocks_used gauge\n") != NULL);
+    OK(kvoffload_worker_metrics_text(w, &text, &length));
+    CHECK(strstr(text, "kvoffload_worker_store_jobs_total 1\n") != NULL);
+    CHECK(strstr(text, "kvoffload_worker_tier_writes_total{tier=\"0\",medium=\"disk\"} 2\n") !=
+          NULL);
+    FAILS_WITH(kvoffload_scheduler_metrics_text(s, NULL, &length), KVOFFLOAD_INVALID_ARGUMENT,
+               "text");
+  }
+  {
     const kvoffload_event_t* events = NULL;
     const char* const* media = NULL;
     size_t n_events = 0, n_media = 0;
