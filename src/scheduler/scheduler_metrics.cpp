@@ -31,6 +31,8 @@ std::string metrics_text(const Scheduler& scheduler, std::span<const MetricLabel
   if (tiers.empty()) return w.take();
   std::vector<TierStats> stats;
   std::vector<std::string> tier_labels;
+  stats.reserve(tiers.size());
+  tier_labels.reserve(tiers.size());
   for (std::size_t t = 0; t < tiers.size(); ++t) {
     stats.push_back(scheduler.tier_stats(t));
     tier_labels.push_back(fmt::format("tier=\"{}\",medium=\"{}\"", t, to_string(tiers[t].medium)));

@@ -30,6 +30,8 @@ std::string metrics_text(const Worker& worker, std::span<const MetricLabel> labe
   std::vector<TierIoStats> io;
   std::vector<std::string> tier_labels;
   std::vector<std::size_t> shared;
+  io.reserve(n);
+  tier_labels.reserve(n);
   for (std::size_t t = 0; t < n; ++t) {
     io.push_back(worker.tier(t).stats());
     tier_labels.push_back(
@@ -46,6 +48,7 @@ std::string metrics_text(const Worker& worker, std::span<const MetricLabel> labe
   tier_family("kvoffload_worker_tier_write_failures_total", &TierIoStats::write_failures);
   if (shared.empty()) return w.take();
   std::vector<SharedTierStats> ss;
+  ss.reserve(shared.size());
   for (const std::size_t t : shared) ss.push_back(worker.shared_tier(t).shared_stats());
   auto shared_family = [&](const char* name, auto field) {
     w.family(name, true);
