@@ -464,9 +464,11 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_restore_tier(
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_get_tier_stats(
     kvoffload_scheduler_t scheduler, size_t tier, kvoffload_tier_stats_t* stats);
 /* The scheduler's statistics in the Prometheus text format, for a /metrics endpoint
- * (kvoffload/metrics_text.hpp: the host cache's counters and gauges, each tier's):
- * NUL-terminated, `*length` bytes, valid until the next call of this function on this
- * scheduler. */
+ * (kvoffload/metrics_text.hpp: the host cache's counters and gauges, each tier's; no
+ * constant labels from C): NUL-terminated, `*length` bytes, valid until the next call of this
+ * function on this scheduler. Call it where the scheduler's other calls are made (it reads
+ * the scheduler's state, which is not locked): copy the text to serve it from another
+ * thread. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_metrics_text(kvoffload_scheduler_t scheduler,
                                                                     const char** text,
                                                                     size_t* length);
@@ -604,8 +606,9 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_clear_tiers(kvoffload_worker
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t worker,
                                                                int32_t block, void** data,
                                                                size_t* block_bytes);
-/* The worker's statistics in the Prometheus text format (its copies and its tiers' I/O), as
- * kvoffload_scheduler_metrics_text: valid until the next such call on this worker. */
+/* The worker's statistics in the Prometheus text format (its copies and its tiers' I/O),
+ * thread-safe to render; the text is valid until the next such call on this worker, so
+ * callers on several threads must not overlap (or copy it at once). */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_metrics_text(kvoffload_worker_t worker,
                                                                  const char** text, size_t* length);
 

@@ -22,6 +22,8 @@ struct MetricLabel {
   std::string value;
 };
 
+/// Not thread-safe against the scheduler's other calls (like Scheduler::stats): render it
+/// on the scheduler's thread and hand the text to the thread serving /metrics.
 /// The scheduler's host cache and counters (kvoffload_<field>: gauges for occupancy,
 /// counters named ..._total for the rest, CacheStats' fields) and each tier's index
 /// (kvoffload_tier_<field>{tier="0",medium="disk"}, TierStats' fields). Throws

@@ -278,6 +278,11 @@ class Scheduler:
         """Cache occupancy and counters (hits, misses, evictions, jobs, bytes)."""
         return self._s.stats()
 
+    def partly_written(self, keys: Sequence[Key]) -> List[bool]:
+        """Per key: held in host memory without its leading sub-blocks (a sliding-window
+        block stored from a later sub-block, docs/semantics.md 6.8), so not a whole block."""
+        return self._s.partly_written(list(keys))
+
     def metrics_text(self, labels: Optional[Dict[str, str]] = None) -> str:
         """stats() and every tier's tier_stats() in the Prometheus text format, for an engine's
         /metrics endpoint: kvoffload_<field>[_total], kvoffload_tier_<field>[_total]{tier,

@@ -57,15 +57,16 @@ _CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorker
 # the scheduler's counters, the workers' copies ("copy_"), and each tier's (label "tier").
 METRICS = {
     "lookups": "Requests looked up in the offloaded cache.",
-    "hits": "Keys (host blocks of a request's prompt) found in host memory.",
-    "misses": "Keys looked up and not found in host memory.",
-    "hit_tokens": "Tokens served from the offloaded cache instead of being computed.",
+    "hits": "Key probes that found the key in host memory (a repeated lookup probes again).",
+    "misses": "Key probes that did not find the key in host memory.",
+    "hit_tokens": "Tokens lookups answered as cached (a repeated lookup counts again; before "
+                  "a request's max_load_tokens cap).",
     "deferrals": "Lookups answered 'retry later' (a store or promotion of their blocks in flight).",
     "load_jobs": "Load jobs (host to GPU) issued.",
     "store_jobs": "Store jobs (GPU to host) issued.",
-    "blocks_loaded": "Host blocks loaded into GPU memory.",
+    "blocks_loaded": "Host blocks planned for loading into GPU memory.",
     "blocks_stored": "Host blocks stored from GPU memory.",
-    "bytes_loaded": "Bytes loaded into GPU memory (all workers).",
+    "bytes_loaded": "Bytes planned for loading into GPU memory (all workers).",
     "bytes_stored": "Bytes stored from GPU memory (all workers).",
     "evictions": "Host blocks evicted.",
     "failed_loads": "Load jobs that failed (their blocks are recomputed).",
@@ -73,7 +74,7 @@ METRICS = {
     "partial_misses": "Cached blocks refused because a sub-block the request needs was never written.",
     "partial_stores": "Blocks stored without their leading sub-blocks (outside a sliding window).",
     "stores_skipped": "Blocks not stored: below the store threshold.",
-    "stores_without_room": "Blocks not stored: no host block could be freed.",
+    "stores_without_room": "Store attempts refused: no host block could be freed (retried).",
     "copy_bytes_loaded": "Bytes the workers copied into GPU memory.",
     "copy_bytes_stored": "Bytes the workers copied out of GPU memory.",
     "copy_load_seconds": "Seconds the workers' load jobs took, summed over jobs.",
@@ -111,38 +112,25 @@ EVENT_MEDIA = {"host": ("CPU", "LOCAL"), "disk": ("STORAGE", "LOCAL"),
                "shared": ("STORAGE", "REMOTE")}
 
 
-def partial_keys(store_jobs: Sequence[Any], factor: int) -> List[Tuple[bytes, int]]:
-    """The keys of host blocks these store jobs write without their leading sub-blocks (a
-    sliding-window group's first block, docs/semantics.md 6.8): the first key of each group
-    whose first GPU block does not start a host block."""
-    out = []
-    if factor == 1:
-        return out
-    for job in store_jobs:
-        seen = set()
-        for key in job.keys:
-            g = key[1]
-            if g not in seen:
-                seen.add(g)
-                if job.block_indices[g] % factor:
-                    out.append(tuple(key))
-    return out
-
-
-def vllm_events(events: Sequence[Any], partial: set, stored_cls: Any, removed_cls: Any) -> List[Any]:
-    """kvoffload's events as vLLM's BlockStored/BlockRemoved, one per medium and group. A host
-    block written without its leading sub-blocks (a key in ``partial``) is not reported at all:
-    a router must not take it for a whole block. Its removal drops it from ``partial``."""
+def vllm_events(events: Sequence[Any], partly_written: Any, stored_cls: Any,
+                removed_cls: Any) -> List[Any]:
+    """kvoffload's events as vLLM's BlockStored/BlockRemoved, one per medium and group.
+    ``partly_written(keys)`` says, per key, whether host memory holds it without its leading
+    sub-blocks now: such a block is never published as stored (a router must not take it for
+    a whole block; asked when the events are taken, so a key evicted and stored again in
+    between is judged by what it is now). Removals are all published (a router drops what it
+    does not hold). A shared tier's removals are not: they mean this engine's index of the
+    cluster forgot a key, not that the cluster lost it."""
     out = []
     for e in events:
         medium, locality = EVENT_MEDIA[e.medium]
+        keys = [tuple(k) for k in e.keys]
+        if e.removed and e.medium == "shared":
+            continue
+        if not e.removed and e.medium == "host" and keys:
+            keys = [k for k, partial in zip(keys, partly_written(keys)) if not partial]
         by_group: Dict[int, List[bytes]] = {}
-        for key in e.keys:
-            key = tuple(key)
-            if e.medium == "host" and key in partial:
-                if e.removed:
-                    partial.discard(key)
-                continue
+        for key in keys:
             by_group.setdefault(key[1], []).append(key[0])
         cls = removed_cls if e.removed else stored_cls
         fields = set(getattr(cls, "__struct_fields__", ()))
@@ -479,7 +467,6 @@ def _define_classes() -> None:
                                             identity=self._identity, tp_size=tp_size)
             self._tp_size = tp_size
             self._stats_seen: Dict[str, Any] = {}
-            self._partial: set = set()  # host keys stored without leading sub-blocks
             media = [t.medium for t in self._config.tiers]
             self._tier_labels = [m if media.count(m) == 1 else f"{m}{t}"
                                  for t, m in enumerate(media)]
@@ -570,8 +557,6 @@ def _define_classes() -> None:
                     [list(ids) for ids in new_ids] if new_ids is not None else [[]] * groups,
                     rid in resumed))
             step = self._sched.build_step(entries, list(scheduler_output.preempted_req_ids or ()))
-            if self._events:
-                self._partial.update(partial_keys(step.store_jobs, self._config.block_size_factor))
             return KvoffloadConnectorMetadata(step.load_jobs, step.store_jobs, step.flush,
                                               step.tier_jobs)
 
@@ -605,8 +590,8 @@ def _define_classes() -> None:
                 return []
             from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
-            return vllm_events(self._sched.take_events(), self._partial, BlockStored,
-                               BlockRemoved)
+            return vllm_events(self._sched.take_events(), self._sched.partly_written,
+                               BlockStored, BlockRemoved)
 
         # ---- vLLM's connector stats (its log line and /metrics) ---------------------------
 
@@ -644,7 +629,6 @@ def _define_classes() -> None:
                                         per_engine_labelvalues)
 
         def reset_cache(self):
-            self._partial = set()
             if self._sched is not None:
                 if self._config.tiers:
                     # A new epoch in every tier: what was stored before is never found again
@@ -785,3 +769,14 @@ def _define_classes() -> None:
         cls.__module__ = __name__
         cls.__qualname__ = cls.__name__
         globals()[cls.__name__] = cls
+    # By name too: vLLM's MultiConnector looks its members' stats classes up by name
+    # (KVConnectorFactory.get_connector_class_by_name), which fails for a connector known only
+    # by module path.
+    try:
+        from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+        if "KvoffloadConnector" not in getattr(KVConnectorFactory, "_registry", {}):
+            KVConnectorFactory.register_connector("KvoffloadConnector", __name__,
+                                                  "KvoffloadConnector")
+    except (ImportError, ValueError, AttributeError):
+        pass  # an older vLLM, or registered meanwhile

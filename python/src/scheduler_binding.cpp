@@ -299,6 +299,20 @@ void bind_scheduler(nb::module_& m) {
            })
       .def("stats", [](const Scheduler& s) { return to_dict(s.cache_stats()); })
       .def(
+          "partly_written",
+          [](const Scheduler& s, const std::vector<std::pair<nb::bytes, std::uint32_t>>& keys) {
+            // Per key: held in host memory without its leading sub-blocks (valid_from > 0,
+            // SEMANTICS 6.8), so not a whole block.
+            std::vector<bool> out(keys.size(), false);
+            for (std::size_t i = 0; i < keys.size(); ++i) {
+              std::uint16_t valid_from = 0;
+              const Key k{to_hash(keys[i].first, "partly_written", i), keys[i].second};
+              out[i] = s.manager().peek(k, valid_from) != LookupResult::miss && valid_from > 0;
+            }
+            return out;
+          },
+          "keys"_a)
+      .def(
           "metrics_text",
           [](const Scheduler& s, const std::vector<std::pair<std::string, std::string>>& labels) {
             std::vector<MetricLabel> l;

@@ -450,25 +450,43 @@ def test_kv_events_name_every_medium_and_never_a_partly_written_block():
         __struct_fields__ = ("block_hashes", "medium", "group_idx")
 
     ns = types.SimpleNamespace
-    # A store job over two groups, factor 2: group 1's first GPU block is sub-block 1 of its
-    # host block (outside the window: the block misses sub-block 0).
-    job = ns(keys=[(b"a", 0), (b"b", 0), (b"w", 1), (b"x", 1)], block_indices=[0, 3])
-    partial = set(kvv.partial_keys([job], 2))
-    assert partial == {(b"w", 1)}
-    assert kvv.partial_keys([job], 1) == []
+    asked = []
+
+    def partly_written(keys):  # host memory holds w without its leading sub-blocks
+        asked.append(list(keys))
+        return [k == (b"w", 1) for k in keys]
+
     events = [ns(removed=False, medium="host", keys=[(b"a", 0), (b"b", 0), (b"w", 1), (b"x", 1)]),
               ns(removed=False, medium="disk", keys=[(b"a", 0)]),
               ns(removed=False, medium="shared", keys=[(b"b", 0)]),
+              ns(removed=True, medium="shared", keys=[(b"b", 0)]),
               ns(removed=True, medium="host", keys=[(b"w", 1), (b"a", 0)])]
-    out = kvv.vllm_events(events, partial, Stored, Removed)
+    out = kvv.vllm_events(events, partly_written, Stored, Removed)
     got = [(type(e).__name__, e.medium, getattr(e, "locality", None), e.group_idx,
             e.block_hashes) for e in out]
     assert got == [("Stored", "CPU", "LOCAL", 0, [b"a", b"b"]),
-                   ("Stored", "CPU", "LOCAL", 1, [b"x"]),  # w: partly written, not reported
+                   ("Stored", "CPU", "LOCAL", 1, [b"x"]),  # w: partly written, not published
                    ("Stored", "STORAGE", "LOCAL", 0, [b"a"]),
                    ("Stored", "STORAGE", "REMOTE", 0, [b"b"]),
-                   ("Removed", "CPU", None, 0, [b"a"])]  # w's removal neither
-    assert partial == set()  # w is gone: a later whole store of it is reported
+                   # the shared index forgetting b is no news of the cluster: not published
+                   ("Removed", "CPU", None, 1, [b"w"]),
+                   ("Removed", "CPU", None, 0, [b"a"])]
+    assert asked == [[(b"a", 0), (b"b", 0), (b"w", 1), (b"x", 1)]]  # host stores only
+
+
+def test_partly_written_asks_host_memory():
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)],
+                                        host_blocks=8))
+    from conftest import block_hashes
+
+    h = block_hashes("pw", 2)
+    s.update_request("a", 32, h)
+    s.lookup("a", 0)
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    step = s.build_step([kv.ScheduledRequest("a", 0, 32, [[1, 2]])])
+    s.on_completed([kv.JobReport(j.id) for j in step.store_jobs])
+    # Whole blocks, and a key never stored: none is partly written.
+    assert s.partly_written([(h[0], 0), (h[1], 0), (b"\x01" * 32, 0)]) == [False] * 3
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")

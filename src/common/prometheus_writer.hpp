@@ -20,7 +20,11 @@ namespace kvoffload::detail {
 class PrometheusWriter {
  public:
   explicit PrometheusWriter(std::span<const MetricLabel> labels) {
-    for (const MetricLabel& l : labels) {
+    for (std::size_t i = 0; i < labels.size(); ++i) {
+      const MetricLabel& l = labels[i];
+      for (std::size_t j = 0; j < i; ++j) {
+        KVOFFLOAD_EXPECTS(labels[j].name != l.name, "metrics label \"{}\" is given twice", l.name);
+      }
       KVOFFLOAD_EXPECTS(
           valid_name(l.name) && !l.name.starts_with("__") && l.name != "tier" && l.name != "medium",
           "metrics label \"{}\": not a label name of your own (letters, digits and "

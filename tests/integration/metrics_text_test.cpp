@@ -161,6 +161,8 @@ TEST_CASE("metrics_text refuses labels that are not the caller's", "[metrics]") 
     const std::vector<MetricLabel> labels{{bad, "x"}};
     CHECK_THROWS_WITH(metrics_text(s, labels), ContainsSubstring("metrics label"));
   }
+  const std::vector<MetricLabel> twice{{"engine", "a"}, {"engine", "b"}};
+  CHECK_THROWS_WITH(metrics_text(s, twice), ContainsSubstring("given twice"));
 }
 
 TEST_CASE("metrics_text renders a worker's copies", "[metrics]") {

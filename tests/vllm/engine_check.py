@@ -189,6 +189,7 @@ def spy_on(ctx, jobs):
         m = orig(self, so)
         for j in m.store_jobs + m.load_jobs:
             jobs.append({"kind": j.kind, "req": j.request_id,
+                         "keys": [(bytes(h).hex(), int(g)) for h, g in j.keys],
                          "host_blocks": [int(x) for x in j.host_block_ids],
                          "group_sizes": [int(x) for x in j.group_sizes],
                          "block_indices": [int(x) for x in j.block_indices]})
@@ -197,15 +198,19 @@ def spy_on(ctx, jobs):
 
 
 def count_events(ctx):
-    """Counts the block hashes the connector publishes as vLLM's KV events."""
+    """Counts the block hashes the connector publishes as vLLM's KV events, and keeps the
+    stored ones."""
     take = ctx.conn.take_events
     counts = ctx.notes.setdefault("events", {"stored": 0, "removed": 0})
+    stored = ctx.notes.setdefault("published", [])
 
     def counting():
         events = list(take())
         for ev in events:
-            counts["removed" if type(ev).__name__ == "BlockRemoved" else "stored"] += \
-                len(ev.block_hashes)
+            removed = type(ev).__name__ == "BlockRemoved"
+            counts["removed" if removed else "stored"] += len(ev.block_hashes)
+            if not removed:
+                stored.extend((bytes(h).hex(), ev.group_idx) for h in ev.block_hashes)
         return events
 
     ctx.conn.take_events = counting
@@ -229,6 +234,9 @@ def sc_straddle(ctx):
         ctx.gen([(name, toks(rng, n))], max_tokens=m)
     if ctx.conn is not None:
         ctx.conn.reset_cache()
+        # What was published before the reset was whole when published (r0 stored these
+        # keys whole): the check below is about what r1 stores.
+        ctx.notes.get("published", []).clear()
     x = toks(rng, 160)
     ctx.gen([("r1", s + x)])
     ctx.llm.reset_prefix_cache()  # vLLM's GPU prefix cache only, not the connector's
@@ -240,6 +248,10 @@ def sc_straddle(ctx):
         del ctx.conn.build_connector_meta
         ctx.conn.__dict__.pop("take_events", None)
         ctx.notes["jobs"] = jobs
+        # Which stored keys host memory now holds without their leading sub-blocks.
+        stored = [tuple(k) for j in jobs if j["kind"] == "store" for k in j["keys"]]
+        flags = ctx.conn._sched.partly_written([(bytes.fromhex(h), g) for h, g in stored])
+        ctx.notes["partly_written"] = [list(k) for k, p in zip(stored, flags) if p]
 
 
 def sc_evict(ctx):
@@ -531,6 +543,11 @@ def main(wanted):
                     # KV events for routers: every whole block stored, never r1's partly
                     # written one (a router would take it for a whole block).
                     ev = notes.get("events", {})
+                    published = {tuple(k) for k in notes.get("published", [])}
+                    partly = {tuple(k) for k in notes.get("partly_written", [])}
+                    if not partly or partly & published:
+                        problems.append(f"partly written keys {sorted(partly)}, of them "
+                                        f"published as stored: {sorted(partly & published)}")
                     whole = st.get("blocks_stored", 0) - st.get("partial_stores", 0)
                     extra += (f", KV events {ev} for {st.get('blocks_stored')} stored blocks, "
                               f"{st.get('partial_stores')} partly written")
