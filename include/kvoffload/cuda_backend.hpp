@@ -34,9 +34,9 @@ struct CudaBackendConfig {
   // differ; `calibrate` measures both on the current device.
   std::uint64_t store_small_piece_bytes = std::uint64_t{64} << 10;
   std::uint64_t load_small_piece_bytes = std::uint64_t{32} << 10;
-  /// 0 (default): automatic never picks staged. On an H200 (docs/bench/gpu-h200.md) staged
-  /// stores ran at 5-6 GB/s against 48 GB/s for the kernel at every piece size: the host side
-  /// of a staged store is one CPU thread copying out of the staging buffer.
+  /// 0 (default): automatic never picks staged. On an H200 (docs/bench/gpu/h200-2026-12-04.md)
+  /// staged stores ran at 5-6 GB/s against 48 GB/s for the kernel at every piece size: the host
+  /// side of a staged store is one CPU thread copying out of the staging buffer.
   std::uint64_t staged_min_pieces = 0;
   /// The engine's compute stream (a cudaStream_t's value; 0 is the legacy default stream,
   /// which is PyTorch's default stream). Unset: nothing is waited for. Set: every store, and
