@@ -6,8 +6,10 @@
 
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "kvoffload/metrics_text.hpp"
 #include "kvoffload/types.hpp"
 #include "kvoffload/worker.hpp"
 
@@ -16,6 +18,14 @@ namespace kvoffload::python {
 void bind_errors(nanobind::module_& m);
 void bind_scheduler(nanobind::module_& m);
 void bind_worker(nanobind::module_& m);
+/// metrics_text's labels from Python's sorted (name, value) pairs.
+using LabelPairs = std::vector<std::pair<std::string, std::string>>;
+inline std::vector<MetricLabel> metric_labels(const LabelPairs& pairs) {
+  std::vector<MetricLabel> out;
+  out.reserve(pairs.size());
+  for (const auto& [name, value] : pairs) out.push_back({name, value});
+  return out;
+}
 /// A tier scan as a list of (hash bytes, group) or None per slot (Worker.tier_scan).
 nanobind::list scan_to_list(const std::vector<std::optional<Key>>& scan);
 

@@ -314,12 +314,10 @@ void bind_scheduler(nb::module_& m) {
           "keys"_a)
       .def(
           "metrics_text",
-          [](const Scheduler& s, const std::vector<std::pair<std::string, std::string>>& labels) {
-            std::vector<MetricLabel> l;
-            for (const auto& [k, v] : labels) l.push_back({k, v});
-            return metrics_text(s, l);
+          [](const Scheduler& s, const LabelPairs& labels) {
+            return metrics_text(s, metric_labels(labels));
           },
-          "labels"_a = std::vector<std::pair<std::string, std::string>>{})
+          "labels"_a = LabelPairs{})
       .def(
           "tier_stats", [](const Scheduler& s, std::size_t t) { return to_dict(s.tier_stats(t)); },
           "tier"_a)

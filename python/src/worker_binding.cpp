@@ -31,12 +31,10 @@ void bind_worker(nb::module_& m) {
           "config"_a, "A kvoffload.WorkerConfig, its compute_stream a handle (or None).")
       .def(
           "metrics_text",
-          [](const Worker& w, const std::vector<std::pair<std::string, std::string>>& labels) {
-            std::vector<MetricLabel> l;
-            for (const auto& [k, v] : labels) l.push_back({k, v});
-            return metrics_text(w, l);
+          [](const Worker& w, const LabelPairs& labels) {
+            return metrics_text(w, metric_labels(labels));
           },
-          "labels"_a = std::vector<std::pair<std::string, std::string>>{})
+          "labels"_a = LabelPairs{})
       .def("stats",
            [](const Worker& w) {
              const TransferStats s = w.stats();

@@ -180,6 +180,25 @@ class _RecordingWorker:
         return []
 
 
+def _fake_vllm(extra, world=1, tp=1, calculate_kv_scales=False):
+    """(vllm_config, kv_cache_config) of a one-layer full-attention model (model "org/m",
+    bfloat16) with 8 GPU blocks of 256 bytes, as the connector reads them."""
+    import types
+
+    FullAttentionSpec = type("FullAttentionSpec", (), {"block_size": 16, "sliding_window": None})
+    ns = types.SimpleNamespace
+    kv_cache_config = ns(num_blocks=8, kv_cache_tensors=[ns(size=8 * 256)],
+                         kv_cache_groups=[ns(kv_cache_spec=FullAttentionSpec(),
+                                             layer_names=["layer0"])])
+    vllm_config = ns(kv_transfer_config=ns(kv_connector_extra_config=extra),
+                     parallel_config=ns(world_size=world, tensor_parallel_size=tp),
+                     kv_events_config=None,
+                     cache_config=ns(block_size=16, cache_dtype="auto",
+                                     calculate_kv_scales=calculate_kv_scales),
+                     model_config=ns(model="org/m", revision=None, dtype="bfloat16"))
+    return vllm_config, kv_cache_config
+
+
 def _worker_connector(monkeypatch, cuda, current_stream):
     """A worker-role KvoffloadConnector over one fake KV tensor of 8 blocks (on a "GPU" when
     ``cuda``), with kv.Worker and torch.cuda.current_stream faked; current_stream(device)
@@ -196,15 +215,7 @@ def _worker_connector(monkeypatch, cuda, current_stream):
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setattr(kv, "Worker", _RecordingWorker)
     role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
-    FullAttentionSpec = type("FullAttentionSpec", (), {"block_size": 16, "sliding_window": None})
-    ns = types.SimpleNamespace
-    kv_cache_config = ns(num_blocks=8, kv_cache_tensors=[ns(size=8 * 256)],
-                         kv_cache_groups=[ns(kv_cache_spec=FullAttentionSpec(),
-                                             layer_names=["layer0"])])
-    vllm_config = ns(kv_transfer_config=ns(kv_connector_extra_config={"host_blocks": 4}),
-                     parallel_config=ns(world_size=1, tensor_parallel_size=1),
-                     kv_events_config=None, cache_config=ns(block_size=16),
-                     model_config=ns(model="m", revision=None, dtype="float32"))
+    vllm_config, kv_cache_config = _fake_vllm({"host_blocks": 4})
     c = kvv.KvoffloadConnector(vllm_config, role.WORKER, kv_cache_config)
     cache = np.zeros((8, 256), dtype=np.uint8)
     c.register_kv_caches({"layer0": TorchLike(cache, cuda=cuda, device_index=1)})
@@ -345,20 +356,9 @@ def test_a_shared_tier_without_a_secret_is_refused(monkeypatch):
 def _scheduler_connector(monkeypatch, extra, world=1, tp=1, calculate_kv_scales=False):
     """A scheduler-role KvoffloadConnector over a fake vLLM config (a real kv.Scheduler)."""
     import sys
-    import types
 
     role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
-    FullAttentionSpec = type("FullAttentionSpec", (), {"block_size": 16, "sliding_window": None})
-    ns = types.SimpleNamespace
-    kv_cache_config = ns(num_blocks=8, kv_cache_tensors=[ns(size=8 * 256)],
-                         kv_cache_groups=[ns(kv_cache_spec=FullAttentionSpec(),
-                                             layer_names=["layer0"])])
-    vllm_config = ns(kv_transfer_config=ns(kv_connector_extra_config=extra),
-                     parallel_config=ns(world_size=world, tensor_parallel_size=tp),
-                     kv_events_config=None,
-                     cache_config=ns(block_size=16, cache_dtype="auto",
-                                     calculate_kv_scales=calculate_kv_scales),
-                     model_config=ns(model="org/m", revision=None, dtype="bfloat16"))
+    vllm_config, kv_cache_config = _fake_vllm(extra, world, tp, calculate_kv_scales)
     monkeypatch.setenv("KVOFFLOAD_SHARED_SECRET", "a fleet secret for the test")
     return kvv.KvoffloadConnector(vllm_config, role.SCHEDULER, kv_cache_config)
 
