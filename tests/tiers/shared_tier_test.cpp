@@ -328,6 +328,27 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   promote.epoch = new_weights;
   CHECK_FALSE(run(tier, promote).ok);
   CHECK(tier.shared_stats().bad_values == 5);
+  // The header's per-write nonce (it picks the payload's one-time MAC key) changed, or a byte
+  // of the zeros after the tag: both refused.
+  const Key k5 = key(16);
+  REQUIRE(run(tier, job(7, JobKind::write, {k5}, {1})).ok);
+  const std::string good = get(names.name(k5, 0, 0));
+  for (const std::size_t at : {std::size_t{16}, std::size_t{31}, shared_value_header_bytes - 1}) {
+    std::string changed = good;
+    changed[at] = static_cast<char>(changed[at] ^ 1);
+    set(names.name(k5, 0, 0), changed);
+    CHECK_FALSE(run(tier, job(8 + at, JobKind::promote, {k5}, {15})).ok);
+  }
+  CHECK(tier.shared_stats().bad_values == 8);
+  set(names.name(k5, 0, 0), good);  // and put back, a hit again
+  REQUIRE(run(tier, job(300, JobKind::promote, {k5}, {15})).ok);
+  CHECK(std::memcmp(pool.block(15).data(), pool.block(1).data(), kBlockBytes) == 0);
+  // Two writes of one block differ in nonce and tag: no two share a one-time key.
+  REQUIRE(run(tier, job(301, JobKind::write, {k5}, {1})).ok);
+  const std::string again = get(names.name(k5, 0, 0));
+  CHECK(again.compare(16, 16, good, 16, 16) != 0);
+  CHECK(again.compare(80, 16, good, 80, 16) != 0);
+  CHECK(again.compare(shared_value_header_bytes, std::string::npos, good, shared_value_header_bytes) == 0);
   // A value carries no block hash: whoever can read values learns no prompt hash either.
   const std::string value = get(names.name(keys[0], 0, 0));
   const std::string hash(reinterpret_cast<const char*>(keys[0].hash.data()), keys[0].hash.size());

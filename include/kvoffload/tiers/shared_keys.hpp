@@ -3,8 +3,9 @@
 // What a fleet's shared tier is keyed by: a secret every engine of the fleet holds and nobody
 // else. From it come the keys' names (a keyed PRF of the namespace, group and block hash, so
 // a key reveals no prompt hash: whoever can list or test keys learns nothing of what was
-// served) and the values' MACs (HMAC-SHA-256 over key, header and payload, so a value a
-// writer without the secret forged or moved is refused). The secret comes from a file or an
+// served) and the values' MACs (a one-time key from HMAC-SHA-256 over key name and header,
+// GMAC with it over the payload, so a value a writer without the secret forged or moved is
+// refused). The secret comes from a file or an
 // environment variable (SharedTierConfig::secret_file, secret_env), never from a config string
 // that may be logged.
 
@@ -24,6 +25,7 @@ namespace kvoffload {
 
 namespace detail {
 class Hmac;
+class ValueMac;
 }
 
 /// The shortest secret accepted, in bytes.
@@ -61,17 +63,18 @@ class KVOFFLOAD_EXPORT SharedKeys {
   [[nodiscard]] const std::string& key_namespace() const noexcept { return namespace_; }
   /// Whether a fleet secret was given (false: the public insecure one).
   [[nodiscard]] bool secure() const noexcept { return secure_; }
-  /// A new HMAC-SHA-256 under the values' MAC key (derived from the secret).
-  [[nodiscard]] std::unique_ptr<detail::Hmac> value_mac() const;
-  /// HMAC-SHA-256 of `bytes` under the values' MAC key: what a tool measuring its cost calls.
-  [[nodiscard]] std::array<std::byte, 32> mac_of(std::span<const std::byte> bytes) const;
+  /// A new value MAC under the values' MAC key (derived from the secret).
+  [[nodiscard]] std::unique_ptr<detail::ValueMac> value_mac() const;
+  /// The tag a value whose payload is `bytes` gets (name and header empty): what a tool
+  /// measuring the MAC's cost calls.
+  [[nodiscard]] std::array<std::byte, 16> mac_of(std::span<const std::byte> bytes) const;
 
  private:
   std::string namespace_;
   bool secure_ = false;
   std::array<std::byte, 32> mac_key_{};
   std::unique_ptr<detail::Hmac> names_;
-  mutable std::unique_ptr<detail::Hmac> probe_;  // mac_of's
+  mutable std::unique_ptr<detail::ValueMac> probe_;  // mac_of's
 };
 
 }  // namespace kvoffload

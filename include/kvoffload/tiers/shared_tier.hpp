@@ -6,7 +6,7 @@
 // under its own key; a key's ranks share a hash tag, so one EXISTS answers for all of them.
 // A value is a header (magic, version, layout digest, key, length, rank) and one host block
 // row, written with one SET: a reader never sees a partial block. Keys' names and the values'
-// MACs (HMAC-SHA-256 over name, header and payload) are keyed by the fleet secret (SharedKeys):
+// MACs (HMAC-keyed GMAC over name, header and payload) are keyed by the fleet secret (SharedKeys):
 // a value a writer without it forged, or moved from another key, is refused. Anything wrong
 // with a value, or with the cluster, fails the block (a miss for the scheduler) and is counted.
 
@@ -87,8 +87,8 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   void add_client_stats(SharedTierStats& delta);
 
   std::unique_ptr<SharedKeys> keys_;               // the I/O thread's only (after construction)
-  std::unique_ptr<detail::Hmac> mac_;              // the I/O thread's only
-  std::unique_ptr<detail::Hmac> check_mac_;        // the helper thread's only
+  std::unique_ptr<detail::ValueMac> mac_;          // the I/O thread's only
+  std::unique_ptr<detail::ValueMac> check_mac_;    // the helper thread's only
   std::unique_ptr<detail::HelperThread> checker_;  // checks read values' MACs
   std::uint64_t digest_ = 0;
   int rank_ = 0;

@@ -16,6 +16,7 @@
 #include "common/hmac.hpp"
 #include "common/logging.hpp"
 #include "tiers/shared/client_config.hpp"
+#include "tiers/shared/value_mac.hpp"
 
 namespace kvoffload {
 namespace {
@@ -114,14 +115,15 @@ ClusterClientConfig cluster_client_config(const SharedTierConfig& c) {
 
 }  // namespace detail
 
-// "v3": the value format of version 3 (MACs). Other versions live in other namespaces, so an
+// "v4": the value format of version 4 (HMAC-keyed GMAC; 3 had HMAC-SHA-256 over the whole
+// value, 2 an unkeyed checksum). Other versions live in other namespaces, so an
 // engine of either version sees the other's values as absent (a plain miss) rather than
 // finding them and failing their promotion again at every request.
 std::string shared_namespace(std::string_view name, int tp_size, std::int64_t block_size_factor) {
   KVOFFLOAD_EXPECTS(tp_size >= 1, "shared tier: tp_size must be >= 1, got {}", tp_size);
   KVOFFLOAD_EXPECTS(block_size_factor >= 1, "shared tier: block_size_factor must be >= 1, got {}",
                     block_size_factor);
-  const std::string text = fmt::format("kvoffload shared tier v3\nname={}\ntp={}\nfactor={}\n",
+  const std::string text = fmt::format("kvoffload shared tier v4\nname={}\ntp={}\nfactor={}\n",
                                        name, tp_size, block_size_factor);
   return fmt::format("{:016x}", XXH3_64bits(text.data(), text.size()));
 }
@@ -130,8 +132,8 @@ SharedKeys::SharedKeys(const SharedTierConfig& c, std::int64_t block_size_factor
     : namespace_(shared_namespace(c.name, c.tp_size, block_size_factor)) {
   std::string secret = load_secret(c, secure_);
   const auto bytes = std::as_bytes(std::span(secret.data(), secret.size()));
-  mac_key_ = detail::derive_subkey(bytes, "kvoffload shared tier v3: value MACs");
-  const detail::Mac names_key = detail::derive_subkey(bytes, "kvoffload shared tier v3: key names");
+  mac_key_ = detail::derive_subkey(bytes, "kvoffload shared tier v4: value MACs");
+  const detail::Mac names_key = detail::derive_subkey(bytes, "kvoffload shared tier v4: key names");
   names_ = std::make_unique<detail::Hmac>(names_key);
   // The secret itself is not kept: only what was derived from it.
   std::fill(secret.begin(), secret.end(), '\0');
@@ -153,13 +155,14 @@ std::string SharedKeys::name(const Key& key, int rank, std::uint64_t epoch) cons
   return out;
 }
 
-std::unique_ptr<detail::Hmac> SharedKeys::value_mac() const {
-  return std::make_unique<detail::Hmac>(mac_key_);
+std::unique_ptr<detail::ValueMac> SharedKeys::value_mac() const {
+  return std::make_unique<detail::ValueMac>(mac_key_);
 }
 
-std::array<std::byte, 32> SharedKeys::mac_of(std::span<const std::byte> bytes) const {
+std::array<std::byte, 16> SharedKeys::mac_of(std::span<const std::byte> bytes) const {
   if (probe_ == nullptr) probe_ = value_mac();
-  return probe_->of(bytes);
+  const std::array<std::byte, detail::kValueMacHeaderBytes> header{};
+  return probe_->tag({}, header, bytes);
 }
 
 }  // namespace kvoffload

@@ -9,30 +9,34 @@
 
 #include "common/expects.hpp"
 #include "common/helper_thread.hpp"
-#include "common/hmac.hpp"
 #include "common/logging.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
 #include "tiers/shared/client_config.hpp"
+#include "tiers/shared/value_mac.hpp"
 #include "tiers/tier_queue.hpp"
 
 namespace kvoffload {
 namespace {
 
 // The value header, little-endian (what every supported host is):
-//   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 zero [36] (no block hash: a value
-//   must not reveal the prompt hash its key's name hides) | 52 group u32 | 56 payload length u64 |
-//   64 valid_from u32 (SEMANTICS 6.8: first written sub-block) | 68 rank u32 | 72 zero u64 |
-//   80 MAC [32]: HMAC-SHA-256 under the fleet's value key (SharedKeys) of the key's name
-//      (u32 length, bytes), header bytes 0..80 and the payload. The name is a keyed PRF of the
-//      namespace, epoch, group and block hash, so the MAC binds the value to its key: a value
-//      copied under another key, rank or epoch is refused.
+//   0 magic u32 | 4 version u32 | 8 layout digest u64 | 16 nonce [16] (random per write) |
+//   32 zero [20] (no block hash: a value must not reveal the prompt hash its key's name hides) |
+//   52 group u32 | 56 payload length u64 | 64 valid_from u32 (SEMANTICS 6.8: first written
+//   sub-block) | 68 rank u32 | 72 zero u64 | 80 tag [16] | 96 zero [16].
+// The tag is the value's MAC under the fleet's value key (tiers/shared/value_mac.hpp): a
+// one-time key from HMAC-SHA-256 of the key's name and header bytes 0..80 (nonce included),
+// GMAC of the payload under it. The name is a keyed PRF of the namespace, epoch, group and
+// block hash, so the MAC binds the value to its key: a value copied under another key, rank
+// or epoch is refused.
 // Only whole blocks go below host memory (valid_from 0); a reader refuses any other value.
-// Version 2 had an unkeyed checksum (anyone could recompute it) and version 1 no valid_from:
-// both live in other namespaces.
+// Version 3 had HMAC-SHA-256 over the whole value (a third of the read path's speed), 2 an
+// unkeyed checksum (anyone could recompute it), 1 no valid_from: all live in other namespaces.
 constexpr std::uint32_t kMagic = 0x53564b4b;  // "KKVS"
-constexpr std::uint32_t kVersion = 3;
-constexpr std::size_t kMacAt = 80;
-static_assert(kMacAt + detail::kMacBytes == shared_value_header_bytes);
+constexpr std::uint32_t kVersion = 4;
+constexpr std::size_t kNonceAt = 16;
+constexpr std::size_t kNonceBytes = 16;
+constexpr std::size_t kMacAt = detail::kValueMacHeaderBytes;
+static_assert(kMacAt + 2 * detail::kGmacTagBytes == shared_value_header_bytes);
 
 template <typename T>
 void put(std::byte* at, std::size_t off, T v) {
@@ -46,15 +50,9 @@ T get(const char* at, std::size_t off) {
 }
 
 /// The value's MAC: its key's name, header bytes 0..kMacAt and the payload.
-detail::Mac value_mac(detail::Hmac& mac, std::string_view name, const std::byte* header,
-                      const std::byte* payload, std::size_t n) {
-  const auto length = static_cast<std::uint32_t>(name.size());
-  return mac.begin()
-      .update(std::as_bytes(std::span(&length, 1)))
-      .update(name)
-      .update(std::span(header, kMacAt))
-      .update(std::span(payload, n))
-      .finish();
+detail::GmacTag value_mac(detail::ValueMac& mac, std::string_view name, const std::byte* header,
+                          const std::byte* payload, std::size_t n) {
+  return mac.tag(name, std::span<const std::byte, kMacAt>(header, kMacAt), std::span(payload, n));
 }
 
 }  // namespace
@@ -83,7 +81,7 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   client_config_ = cc;
   client_ = std::make_unique<ClusterClient>(cc);  // loads the TLS files: named errors
   if (c.ttl_seconds > 0) ttl_ = std::to_string(c.ttl_seconds);
-  const std::string text = fmt::format("kvoffload shared tier v3\nname={}\ntp={}/{}\nlayout={}\n",
+  const std::string text = fmt::format("kvoffload shared tier v4\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());
   thread_ = std::thread([this] { run(); });
@@ -172,7 +170,9 @@ void SharedTier::run() {
         put<std::uint32_t>(h, 0, kMagic);
         put<std::uint32_t>(h, 4, kVersion);
         put<std::uint64_t>(h, 8, digest_);
-        std::memset(h + 16, 0, 36);  // no block hash in the value (its name binds the key)
+        // A fresh one-time MAC key per write (value_mac.hpp); no block hash in the value (its
+        // name binds the key).
+        detail::fill_random(std::span(h + kNonceAt, kNonceBytes));
         put<std::uint32_t>(h, 52, k.group);
         put<std::uint64_t>(h, 56, payload_bytes_);
         put<std::uint32_t>(h, 64, 0);  // valid_from: the scheduler writes whole blocks only
@@ -187,7 +187,8 @@ void SharedTier::run() {
                                        payload_bytes_)},
             // The MAC while the node stores the block before this one.
             .before_send = [this, h, name = std::string_view(keys[i]), payload] {
-              const detail::Mac m = value_mac(*mac_, name, h, payload.data(), payload_bytes_);
+              const detail::GmacTag m =
+                  value_mac(*mac_, name, h, payload.data(), payload_bytes_);
               std::memcpy(h + kMacAt, m.data(), m.size());
             }};
       }
@@ -221,11 +222,13 @@ void SharedTier::run() {
             r.in_place && r.text.size() == shared_value_header_bytes &&
             get<std::uint32_t>(v, 0) == kMagic && get<std::uint32_t>(v, 4) == kVersion &&
             get<std::uint64_t>(v, 8) == digest_ &&
-            std::all_of(v + 16, v + 52, [](char c) { return c == 0; }) &&
+            std::all_of(v + kNonceAt + kNonceBytes, v + 52, [](char c) { return c == 0; }) &&
             get<std::uint32_t>(v, 52) == k.group && get<std::uint64_t>(v, 56) == payload_bytes_ &&
             get<std::uint32_t>(v, 64) == 0 &&
             get<std::uint32_t>(v, 68) == static_cast<std::uint32_t>(rank_) &&
-            get<std::uint64_t>(v, 72) == 0;
+            get<std::uint64_t>(v, 72) == 0 &&
+            std::all_of(v + kMacAt + detail::kGmacTagBytes, v + shared_value_header_bytes,
+                        [](char c) { return c == 0; });
         if (!valid) {
           ++delta.bad_values;
           return;
@@ -235,7 +238,7 @@ void SharedTier::run() {
         auto check = [this, h = headers[i].data(), name = std::string_view(keys[i]),
                       payload = commands[i].reply_into.data(), right = &mac_right[i]]() noexcept {
           try {
-            *right = detail::mac_equal(value_mac(*check_mac_, name, h, payload, payload_bytes_),
+            *right = detail::tag_equal(value_mac(*check_mac_, name, h, payload, payload_bytes_),
                                        h + kMacAt)
                          ? 1
                          : 0;
