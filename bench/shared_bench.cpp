@@ -162,7 +162,8 @@ SharedTierConfig bench_config(const std::string& nodes, const std::string& name,
 }
 
 /// The MAC's cost: the value MAC (what every value written or read is signed or checked with:
-/// HMAC-SHA-256 of name and header for a one-time key, GMAC of the payload) over 4 MiB buffers, side by side with memcpy of the same bytes, in seconds per GiB.
+/// HMAC-SHA-256 of name and header for a one-time key, GMAC of the payload) over 4 MiB buffers,
+/// side by side with memcpy of the same bytes, in seconds per GiB.
 nlohmann::json mac_cost(const Options& opt, const std::string& nodes) {
   const SharedKeys keys(bench_config(nodes, "kvoffload-bench-mac", SharedAccess{}), 1);
   const std::size_t bytes = 4 << 20;
@@ -268,18 +269,19 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
     }
   }
   progress.done();
-  return {{"baseline", tool.empty() ? "none found" : tool},
-          {"baseline_node", base_node.host + ":" + std::to_string(base_node.port)},
-          {"note",
-           "payload bytes per second; kvoffload also moves a 112-byte header per value and "
-           "signs or checks its MAC (HMAC-keyed GMAC), one thread, one connection per node, in_flight "
-           "commands per pipelined batch. "
-           "The baseline moves same-size values over one connection to one master with the "
-           "same pipeline depth (-t set,get -d <block> -r 1: SET rewrites one key, GET reads "
-           "it), not in cluster mode. put/get_ratio compare kvoffload moving one key from one "
-           "host block the same way (like for like); *_distinct: distinct keys from distinct "
-           "host blocks, spread over every master (the tier's own pattern: cold caches)"},
-          {"results", rows}};
+  return {
+      {"baseline", tool.empty() ? "none found" : tool},
+      {"baseline_node", base_node.host + ":" + std::to_string(base_node.port)},
+      {"note",
+       "payload bytes per second; kvoffload also moves a 112-byte header per value and "
+       "signs or checks its MAC (HMAC-keyed GMAC), one thread, one connection per node, in_flight "
+       "commands per pipelined batch. "
+       "The baseline moves same-size values over one connection to one master with the "
+       "same pipeline depth (-t set,get -d <block> -r 1: SET rewrites one key, GET reads "
+       "it), not in cluster mode. put/get_ratio compare kvoffload moving one key from one "
+       "host block the same way (like for like); *_distinct: distinct keys from distinct "
+       "host blocks, spread over every master (the tier's own pattern: cold caches)"},
+      {"results", rows}};
 }
 
 nlohmann::json latency(const Options& opt, const std::string& nodes, const SharedAccess& access) {

@@ -29,7 +29,9 @@ OneTimeGmac::OneTimeGmac() : mac_(EVP_MAC_fetch(nullptr, "GMAC", nullptr)) {
   if (mac_ == nullptr) fail("EVP_MAC_fetch(GMAC)");
 }
 
-OneTimeGmac::~OneTimeGmac() { EVP_MAC_free(mac_); }
+OneTimeGmac::~OneTimeGmac() {
+  EVP_MAC_free(mac_);
+}
 
 GmacTag OneTimeGmac::of(std::span<const std::byte, kGmacKeyBytes> key,
                         std::span<const std::byte> bytes) {
@@ -39,10 +41,9 @@ GmacTag OneTimeGmac::of(std::span<const std::byte, kGmacKeyBytes> key,
   if (ctx == nullptr) fail("EVP_MAC_CTX_new");
   char cipher[] = "AES-256-GCM";
   unsigned char iv[12] = {};
-  const OSSL_PARAM params[] = {
-      OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, cipher, 0),
-      OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof(iv)),
-      OSSL_PARAM_construct_end()};
+  const OSSL_PARAM params[] = {OSSL_PARAM_construct_utf8_string(OSSL_MAC_PARAM_CIPHER, cipher, 0),
+                               OSSL_PARAM_construct_octet_string(OSSL_MAC_PARAM_IV, iv, sizeof(iv)),
+                               OSSL_PARAM_construct_end()};
   if (EVP_MAC_init(ctx.get(), reinterpret_cast<const unsigned char*>(key.data()), key.size(),
                    params) != 1) {
     fail("EVP_MAC_init");

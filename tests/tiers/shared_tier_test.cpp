@@ -348,7 +348,8 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   const std::string again = get(names.name(k5, 0, 0));
   CHECK(again.compare(16, 16, good, 16, 16) != 0);
   CHECK(again.compare(80, 16, good, 80, 16) != 0);
-  CHECK(again.compare(shared_value_header_bytes, std::string::npos, good, shared_value_header_bytes) == 0);
+  CHECK(again.compare(shared_value_header_bytes, std::string::npos, good,
+                      shared_value_header_bytes) == 0);
   // A value carries no block hash: whoever can read values learns no prompt hash either.
   const std::string value = get(names.name(keys[0], 0, 0));
   const std::string hash(reinterpret_cast<const char*>(keys[0].hash.data()), keys[0].hash.size());

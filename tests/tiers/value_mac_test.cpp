@@ -20,7 +20,8 @@ using Block = std::array<std::uint8_t, 16>;
 
 Block from_hex(const char* hex) {
   Block b{};
-  for (std::size_t i = 0; i < 16; ++i) b[i] = static_cast<std::uint8_t>(std::stoul(std::string(hex + 2 * i, 2), nullptr, 16));
+  for (std::size_t i = 0; i < 16; ++i)
+    b[i] = static_cast<std::uint8_t>(std::stoul(std::string(hex + 2 * i, 2), nullptr, 16));
   return b;
 }
 
@@ -57,8 +58,7 @@ Block reference_gmac(const Block& h, const Block& ek_j0, const std::vector<std::
 
 }  // namespace
 
-TEST_CASE("GMAC: tags agree with GCM's published constants and a bitwise GHASH",
-          "[unit][shared]") {
+TEST_CASE("GMAC: tags agree with GCM's published constants and a bitwise GHASH", "[unit][shared]") {
   // The GCM specification's test case 13 (AES-256, key and IV all zero, nothing to
   // authenticate): H = E_K(0) and the tag, which is E_K(J0).
   const Block h = from_hex("dc95c078a2408989ad48a21492842087");

@@ -26,7 +26,7 @@ namespace kvoffload {
 namespace detail {
 class Hmac;
 class ValueMac;
-}
+}  // namespace detail
 
 /// The shortest secret accepted, in bytes.
 inline constexpr std::size_t shared_secret_min_bytes = 16;

@@ -187,8 +187,7 @@ void SharedTier::run() {
                                        payload_bytes_)},
             // The MAC while the node stores the block before this one.
             .before_send = [this, h, name = std::string_view(keys[i]), payload] {
-              const detail::GmacTag m =
-                  value_mac(*mac_, name, h, payload.data(), payload_bytes_);
+              const detail::GmacTag m = value_mac(*mac_, name, h, payload.data(), payload_bytes_);
               std::memcpy(h + kMacAt, m.data(), m.size());
             }};
       }
