@@ -249,10 +249,13 @@ def tier_configs(tiers: Any, identity: str, tp_size: int,
 def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: int,
                      bytes_per_gpu_block: int, extra: Dict[str, Any],
                      num_workers: int = 1, enable_events: bool = True,
-                     identity: str = "", tp_size: int = 1) -> kv.SchedulerConfig:
+                     identity: str = "", tp_size: int = 1,
+                     prefix_caching: bool = True) -> kv.SchedulerConfig:
     """The kv.SchedulerConfig for vLLM's KV-cache groups ((kind, gpu block size, sliding
     window in tokens) each) and the connector's extra config; ``identity`` is the weights'
-    (model_identity), ``tp_size`` the tensor-parallel size."""
+    (model_identity), ``tp_size`` the tensor-parallel size, ``prefix_caching`` vLLM's
+    enable_prefix_caching (only with it are lookups of keys another request is loading
+    deferred, as vLLM's own connector does: without it nothing would reuse that load)."""
     if not groups:
         raise kv.InvalidArgument("vLLM config: no KV-cache groups")
     gpu_block = groups[0][1]
@@ -281,7 +284,7 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
     return kv.SchedulerConfig(
         groups=[kv.GroupConfig(kind, size, window) for kind, size, window in groups],
         host_blocks=host_blocks, block_size_factor=factor, hash_block_size=hash_block_size,
-        num_workers=num_workers, policy=policy,
+        num_workers=num_workers, prefix_caching=prefix_caching, policy=policy,
         store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events,
         block_bytes=max(0, bytes_per_gpu_block * factor),  # the byte counters of the stats
         tiers=tier_configs(extra.get("tiers", []), identity, tp_size, host_blocks),
@@ -464,7 +467,8 @@ def _define_classes() -> None:
             self._config = scheduler_config(groups, vllm_config.cache_config.block_size,
                                             per_block, extra, num_workers=world,
                                             enable_events=self._events,
-                                            identity=self._identity, tp_size=tp_size)
+                                            identity=self._identity, tp_size=tp_size,
+                                            prefix_caching=bool(cc.enable_prefix_caching))
             self._tp_size = tp_size
             self._stats_seen: Dict[str, Any] = {}
             media = [t.medium for t in self._config.tiers]

@@ -37,6 +37,10 @@ def test_scheduler_config_from_vllm_groups():
     assert c.enable_events
     assert not kvv.scheduler_config(groups, 16, 4096, {"host_blocks": 7},
                                     enable_events=False).enable_events
+    # Lookups of keys being loaded defer only where vLLM's prefix caching would reuse the load.
+    assert c.prefix_caching
+    assert not kvv.scheduler_config(groups, 16, 4096, {"host_blocks": 7},
+                                    prefix_caching=False).prefix_caching
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -16,6 +16,7 @@ namespace {
 [[noreturn]] void fail(const char* what) {
   char text[256] = "unknown error";
   ERR_error_string_n(ERR_get_error(), text, sizeof(text));
+  ERR_clear_error();  // the rest of the queue would be blamed on the next failure
   throw error(fmt::format("GMAC: {} failed: {}", what, text));
 }
 

@@ -328,18 +328,19 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   promote.epoch = new_weights;
   CHECK_FALSE(run(tier, promote).ok);
   CHECK(tier.shared_stats().bad_values == 5);
-  // The header's per-write nonce (it picks the payload's one-time MAC key) changed, or a byte
-  // of the zeros after the tag: both refused.
+  // The header's per-write nonce (it picks the payload's one-time MAC key), the tag's first or
+  // last byte, or a byte of the zeros after the tag changed: each refused.
   const Key k5 = key(16);
   REQUIRE(run(tier, job(7, JobKind::write, {k5}, {1})).ok);
   const std::string good = get(names.name(k5, 0, 0));
-  for (const std::size_t at : {std::size_t{16}, std::size_t{31}, shared_value_header_bytes - 1}) {
+  for (const std::size_t at : {std::size_t{16}, std::size_t{31}, std::size_t{80}, std::size_t{95},
+                              shared_value_header_bytes - 1}) {
     std::string changed = good;
     changed[at] = static_cast<char>(changed[at] ^ 1);
     set(names.name(k5, 0, 0), changed);
     CHECK_FALSE(run(tier, job(8 + at, JobKind::promote, {k5}, {15})).ok);
   }
-  CHECK(tier.shared_stats().bad_values == 8);
+  CHECK(tier.shared_stats().bad_values == 10);
   set(names.name(k5, 0, 0), good);  // and put back, a hit again
   REQUIRE(run(tier, job(300, JobKind::promote, {k5}, {15})).ok);
   CHECK(std::memcmp(pool.block(15).data(), pool.block(1).data(), kBlockBytes) == 0);

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -112,6 +113,36 @@ TEST_CASE("Value MAC: every byte of name, header and payload changes the tag", "
   CHECK_FALSE(tag_equal(mac.tag(name, header, payload), base.data()));
   payload.resize(288);
   CHECK_FALSE(tag_equal(mac.tag(name, header, payload), base.data()));
+}
+
+TEST_CASE("Value MAC: a known answer pins the format", "[unit][shared]") {
+  // Computed outside this code base (Python's cryptography AESGCM and hmac, by a reviewer):
+  // value key 07 00..00, this name, header bytes 0..79, payload i % 251 for i < 300. The
+  // one-time key was 2f4af566d9a0d839970d053b672f0a750be7b26877a451b1e9b565bd8a88f1b0. A
+  // change of byte order or input order would make engines of two builds miss each other's
+  // values; this catches it.
+  std::array<std::byte, 32> key{};
+  key[0] = std::byte{7};
+  std::array<std::byte, kValueMacHeaderBytes> header{};
+  for (std::size_t i = 0; i < header.size(); ++i) header[i] = static_cast<std::byte>(i);
+  std::vector<std::byte> payload(300);
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<std::byte>(i % 251);
+  ValueMac mac(key);
+  const GmacTag tag = mac.tag("kvo:{0123456789abcdef0123456789abcdef}:0", header, payload);
+  const Block want = from_hex("ccd60df7818ca79613b29572622dd4c3");
+  CHECK(std::memcmp(tag.data(), want.data(), 16) == 0);
+}
+
+TEST_CASE("tag_equal compares all 16 bytes", "[unit][shared]") {
+  GmacTag tag{};
+  for (std::size_t i = 0; i < tag.size(); ++i) tag[i] = static_cast<std::byte>(3 * i + 1);
+  for (std::size_t i = 0; i < tag.size(); ++i) {
+    GmacTag other = tag;
+    other[i] ^= std::byte{0x40};
+    INFO("byte " << i);
+    CHECK_FALSE(tag_equal(tag, other.data()));
+  }
+  CHECK(tag_equal(tag, tag.data()));
 }
 
 TEST_CASE("fill_random: nonces differ", "[unit][shared]") {

@@ -11,6 +11,7 @@ cache manager's block ids, null blocks and all). Completions are reported to bot
     python diff_check.py       (exit 0: every scenario ran its steps with no difference)
 """
 
+import random
 import sys
 import types
 
@@ -127,9 +128,23 @@ class Shadow:
         return self.v.request_finished_all_groups(request, block_ids)
 
 
+def many_prompts(n, seed=5):
+    """n prompts as engines see them: 8 system prompts of 128 tokens, each with a suffix of its
+    own (16 to 160 tokens)."""
+    rng = random.Random(seed)
+    return [[7000 + 131 * (i % 8) + k for k in range(128)] +
+            [rng.randrange(1, 30000) for _ in range(rng.randrange(16, 160))] for i in range(n)]
+
+
 def scenario(name, hybrid, factor, host_blocks=64, gpu_blocks=96, prompts=8, async_loads=False,
-             abort=None, reset_at=None, steps=80, max_tokens=8):
-    vc, kcc, _ = make_setup(hybrid, factor, prefix_caching=False)
+             abort=None, reset_at=None, steps=80, max_tokens=8, running=None,
+             prefix_caching=False):
+    """`running`: hundreds of requests at once (many_prompts, arrivals of running/8 a step),
+    else `prompts` small ones, one every third step."""
+    vc, kcc, _ = make_setup(hybrid, factor, prefix_caching=prefix_caching)
+    if running is not None:
+        vc.scheduler_config.max_num_seqs = running
+        vc.scheduler_config.max_num_batched_tokens = running + 4096
     vc.cache_config.num_gpu_blocks = gpu_blocks
     kcc.num_blocks = gpu_blocks
     for t in kcc.kv_cache_tensors:
@@ -149,12 +164,15 @@ def scenario(name, hybrid, factor, host_blocks=64, gpu_blocks=96, prompts=8, asy
     init_none_hash(sha256)
     hasher = get_request_block_hasher(BLOCK, sha256)
     system = [[1000 + i for i in range(96)], [2000 + i for i in range(80)]]
-    waiting = [system[i % 2] + [10 * i + k for k in range(20 + 7 * i)] for i in range(prompts)]
+    waiting = (many_prompts(prompts) if running is not None else
+               [system[i % 2] + [10 * i + k for k in range(20 + 7 * i)] for i in range(prompts)])
     late, late_reqs = [], []  # async loads: completions reported one step later
     loads_seen = stores_seen = preempted = 0
     for step in range(steps):
         shadow.step = step
-        if waiting and step % 3 == 0:
+        arrivals = (min(running // 8, running - len(sched.running) - len(sched.waiting))
+                    if running is not None else int(step % 3 == 0))
+        for _ in range(max(0, min(arrivals, len(waiting)))):
             i = prompts - len(waiting)
             sched.add_request(Request(f"r{i}", waiting.pop(0), SamplingParams(max_tokens=max_tokens), None,
                                       block_hasher=hasher))
@@ -208,6 +226,15 @@ def main():
         ("abort", dict(hybrid=True, factor=1, abort=("r2", 8))),
         ("reset-prefix-cache", dict(hybrid=False, factor=2, reset_at=10)),
         ("async-loads", dict(hybrid=True, factor=2, async_loads=True)),
+        # Hundreds of requests sharing system prompts, loads of the same keys in one step:
+        # kvoffload deferred such lookups without GPU prefix caching, vLLM does not.
+        ("many-requests", dict(hybrid=False, factor=1, running=256, prompts=600,
+                               gpu_blocks=256 * 24, host_blocks=4096, steps=60, max_tokens=40)),
+        ("many-prefix-caching", dict(hybrid=False, factor=2, running=256, prompts=600,
+                                     gpu_blocks=256 * 24, host_blocks=2048, steps=60,
+                                     max_tokens=40, prefix_caching=True)),
+        ("many-hybrid", dict(hybrid=True, factor=2, running=256, prompts=600,
+                             gpu_blocks=256 * 24, host_blocks=2048, steps=60, max_tokens=40)),
     ]
     ok = True
     for name, kw in runs:

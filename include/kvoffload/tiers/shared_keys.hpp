@@ -5,9 +5,8 @@
 // a key reveals no prompt hash: whoever can list or test keys learns nothing of what was
 // served) and the values' MACs (a one-time key from HMAC-SHA-256 over key name and header,
 // GMAC with it over the payload, so a value a writer without the secret forged or moved is
-// refused). The secret comes from a file or an
-// environment variable (SharedTierConfig::secret_file, secret_env), never from a config string
-// that may be logged.
+// refused). The secret comes from a file or an environment variable
+// (SharedTierConfig::secret_file, secret_env), never from a config string that may be logged.
 
 #include <array>
 #include <cstddef>

@@ -161,7 +161,9 @@ std::unique_ptr<detail::ValueMac> SharedKeys::value_mac() const {
 
 std::array<std::byte, 16> SharedKeys::mac_of(std::span<const std::byte> bytes) const {
   if (probe_ == nullptr) probe_ = value_mac();
-  const std::array<std::byte, detail::kValueMacHeaderBytes> header{};
+  // A random header per call, as every write draws a nonce: no one-time key tags twice.
+  std::array<std::byte, detail::kValueMacHeaderBytes> header{};
+  detail::fill_random(header);
   return probe_->tag({}, header, bytes);
 }
 

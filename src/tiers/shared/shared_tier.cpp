@@ -170,9 +170,7 @@ void SharedTier::run() {
         put<std::uint32_t>(h, 0, kMagic);
         put<std::uint32_t>(h, 4, kVersion);
         put<std::uint64_t>(h, 8, digest_);
-        // A fresh one-time MAC key per write (value_mac.hpp); no block hash in the value (its
-        // name binds the key).
-        detail::fill_random(std::span(h + kNonceAt, kNonceBytes));
+        // No block hash in the value (its name binds the key). The nonce is drawn with the MAC.
         put<std::uint32_t>(h, 52, k.group);
         put<std::uint64_t>(h, 56, payload_bytes_);
         put<std::uint32_t>(h, 64, 0);  // valid_from: the scheduler writes whole blocks only
@@ -186,7 +184,10 @@ void SharedTier::run() {
                       std::string_view(reinterpret_cast<const char*>(payload.data()),
                                        payload_bytes_)},
             // The MAC while the node stores the block before this one.
+            // A fresh nonce, so a fresh one-time MAC key (value_mac.hpp), at every send: a
+            // redirected command is sent again, and no GMAC key may tag two payloads.
             .before_send = [this, h, name = std::string_view(keys[i]), payload] {
+              detail::fill_random(std::span(h + kNonceAt, kNonceBytes));
               const detail::GmacTag m = value_mac(*mac_, name, h, payload.data(), payload_bytes_);
               std::memcpy(h + kMacAt, m.data(), m.size());
             }};

@@ -10,13 +10,15 @@ GmacTag ValueMac::tag(std::string_view name,
                       std::span<const std::byte, kValueMacHeaderBytes> header,
                       std::span<const std::byte> payload) {
   const auto length = static_cast<std::uint32_t>(name.size());
-  const Mac one_time = hmac_.begin()
+  Mac one_time = hmac_.begin()
                            .update(std::as_bytes(std::span(&length, 1)))
                            .update(name)
                            .update(header)
                            .finish();
   static_assert(kMacBytes == kGmacKeyBytes);
-  return gmac_.of(std::span<const std::byte, kGmacKeyBytes>(one_time), payload);
+  const GmacTag tag = gmac_.of(std::span<const std::byte, kGmacKeyBytes>(one_time), payload);
+  OPENSSL_cleanse(one_time.data(), one_time.size());
+  return tag;
 }
 
 bool tag_equal(const GmacTag& tag, const std::byte* at) noexcept {
