@@ -334,7 +334,7 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   REQUIRE(run(tier, job(7, JobKind::write, {k5}, {1})).ok);
   const std::string good = get(names.name(k5, 0, 0));
   for (const std::size_t at : {std::size_t{16}, std::size_t{31}, std::size_t{80}, std::size_t{95},
-                              shared_value_header_bytes - 1}) {
+                               shared_value_header_bytes - 1}) {
     std::string changed = good;
     changed[at] = static_cast<char>(changed[at] ^ 1);
     set(names.name(k5, 0, 0), changed);

@@ -11,10 +11,10 @@ GmacTag ValueMac::tag(std::string_view name,
                       std::span<const std::byte> payload) {
   const auto length = static_cast<std::uint32_t>(name.size());
   Mac one_time = hmac_.begin()
-                           .update(std::as_bytes(std::span(&length, 1)))
-                           .update(name)
-                           .update(header)
-                           .finish();
+                     .update(std::as_bytes(std::span(&length, 1)))
+                     .update(name)
+                     .update(header)
+                     .finish();
   static_assert(kMacBytes == kGmacKeyBytes);
   const GmacTag tag = gmac_.of(std::span<const std::byte, kGmacKeyBytes>(one_time), payload);
   OPENSSL_cleanse(one_time.data(), one_time.size());
