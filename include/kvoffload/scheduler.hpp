@@ -208,6 +208,18 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// The epoch tier jobs carry now (TierJob::epoch).
   [[nodiscard]] std::uint64_t epoch() const noexcept;
 
+  /// Where build_step has nothing to do for a request (SEMANTICS 6: no store) when its entry
+  /// brings no new block and is not resumed: for num_computed_tokens + num_scheduled_tokens in
+  /// [lo, hi). Empty (lo >= hi) for an unknown or finished request. It changes only with the
+  /// request's build_step entries that do something, its lookups, allocations and new hashes,
+  /// and reset_cache, so a binding that remembers it may leave such entries out of a step
+  /// (most of a decode step's requests) and get the same jobs.
+  struct IdleWindow {
+    std::int64_t lo = 0;
+    std::int64_t hi = 0;
+  };
+  [[nodiscard]] IdleWindow idle_window(std::string_view request_id) const;
+
   /// The events since the last call: the host cache's, oldest first, then each tier's
   /// (ManagerEvent::medium), oldest first.
   std::vector<ManagerEvent> take_events();

@@ -49,6 +49,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvoffload as kv
+from kvoffload import _kvoffload
 
 _CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorkerMetadata",
             "KvoffloadConnectorStats", "KvoffloadPromMetrics")
@@ -112,39 +113,59 @@ EVENT_MEDIA = {"host": ("CPU", "LOCAL"), "disk": ("STORAGE", "LOCAL"),
                "shared": ("STORAGE", "REMOTE")}
 
 
+def event_groups(events: Sequence[Any], partly_written: Any) -> List[Tuple[bool, str, int,
+                                                                           List[bytes]]]:
+    """kvoffload's events as (removed, medium, group, hashes): consecutive events of one kind
+    and medium merged, then split by group (first seen first). ``partly_written(keys)`` says,
+    per key, whether host memory holds it without its leading sub-blocks now: such a block is
+    never published as stored (a router must not take it for a whole block; asked when the
+    events are taken, so a key evicted and stored again in between is judged by what it is
+    now). Removals are all published (a router drops what it does not hold). A shared tier's
+    removals are not: they mean this engine's index of the cluster forgot a key, not that the
+    cluster lost it. The connector takes the same from C++ (VllmBridge.events)."""
+    out: List[Tuple[bool, str, int, List[bytes]]] = []
+    i = 0
+    while i < len(events):
+        removed, medium = events[i].removed, events[i].medium
+        by_group: Dict[int, List[bytes]] = {}
+        while i < len(events) and (events[i].removed, events[i].medium) == (removed, medium):
+            keys = [tuple(k) for k in events[i].keys]
+            i += 1
+            if removed and medium == "shared":
+                continue
+            if not removed and medium == "host" and keys:
+                keys = [k for k, partial in zip(keys, partly_written(keys)) if not partial]
+            for key in keys:
+                by_group.setdefault(key[1], []).append(key[0])
+        out.extend((removed, medium, g, hashes) for g, hashes in by_group.items())
+    return out
+
+
+def vllm_event_objects(groups: Sequence[Tuple[bool, str, int, List[bytes]]], stored_cls: Any,
+                       removed_cls: Any) -> List[Any]:
+    """event_groups' (or VllmBridge.events') tuples as vLLM's BlockStored/BlockRemoved."""
+    fields = {c: set(getattr(c, "__struct_fields__", ())) for c in (stored_cls, removed_cls)}
+    out = []
+    for removed, medium, g, hashes in groups:
+        cls = removed_cls if removed else stored_cls
+        vllm_medium, locality = EVENT_MEDIA[medium]
+        kw: Dict[str, Any] = {"block_hashes": hashes, "medium": vllm_medium}
+        if not removed:
+            kw.update(parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
+                      lora_name=None)
+        if "group_idx" in fields[cls]:
+            kw["group_idx"] = g
+        if "locality" in fields[cls]:
+            kw["locality"] = locality
+        out.append(cls(**kw))
+    return out
+
+
 def vllm_events(events: Sequence[Any], partly_written: Any, stored_cls: Any,
                 removed_cls: Any) -> List[Any]:
-    """kvoffload's events as vLLM's BlockStored/BlockRemoved, one per medium and group.
-    ``partly_written(keys)`` says, per key, whether host memory holds it without its leading
-    sub-blocks now: such a block is never published as stored (a router must not take it for
-    a whole block; asked when the events are taken, so a key evicted and stored again in
-    between is judged by what it is now). Removals are all published (a router drops what it
-    does not hold). A shared tier's removals are not: they mean this engine's index of the
-    cluster forgot a key, not that the cluster lost it."""
-    out = []
-    for e in events:
-        medium, locality = EVENT_MEDIA[e.medium]
-        keys = [tuple(k) for k in e.keys]
-        if e.removed and e.medium == "shared":
-            continue
-        if not e.removed and e.medium == "host" and keys:
-            keys = [k for k, partial in zip(keys, partly_written(keys)) if not partial]
-        by_group: Dict[int, List[bytes]] = {}
-        for key in keys:
-            by_group.setdefault(key[1], []).append(key[0])
-        cls = removed_cls if e.removed else stored_cls
-        fields = set(getattr(cls, "__struct_fields__", ()))
-        for g, hashes in by_group.items():
-            kw: Dict[str, Any] = {"block_hashes": hashes, "medium": medium}
-            if not e.removed:
-                kw.update(parent_block_hash=None, token_ids=[], block_size=0, lora_id=None,
-                          lora_name=None)
-            if "group_idx" in fields:
-                kw["group_idx"] = g
-            if "locality" in fields:
-                kw["locality"] = locality
-            out.append(cls(**kw))
-    return out
+    """kvoffload's events as vLLM's BlockStored/BlockRemoved (event_groups, then
+    vllm_event_objects)."""
+    return vllm_event_objects(event_groups(events, partly_written), stored_cls, removed_cls)
 
 
 def metric_of(key: str) -> Tuple[str, Optional[str]]:
@@ -478,9 +499,9 @@ def _define_classes() -> None:
             self._worker: Optional[kv.Worker] = None
             if role == KVConnectorRole.SCHEDULER:
                 self._sched = kv.Scheduler(self._config)
-                self._requests: Dict[str, Any] = {}
-                self._hashes_given: Dict[str, int] = {}
-                self._local_tokens: Dict[str, int] = {}
+                # Per-request loops over vLLM's objects run in C++ (python/src/vllm_binding.cpp).
+                self._bridge = _kvoffload.VllmBridge(
+                    self._sched._s, [g.gpu_block_size for g in self._config.groups])
             else:
                 self._load_requests: Dict[int, str] = {}
                 self._completed: Dict[int, Tuple[int, bool]] = {}
@@ -489,25 +510,12 @@ def _define_classes() -> None:
 
         # ---- scheduler role ------------------------------------------------------------
 
-        def _sync_request(self, request) -> None:
-            # Called for every scheduled request every step: convert only the new hashes.
-            rid = request.request_id
-            given = self._hashes_given.get(rid)
-            new = [bytes(h) for h in request.block_hashes[given or 0:]]
-            if given is None:
-                self._sched.update_request(rid, request.num_tokens, new)
-            else:
-                self._sched.extend_request(rid, request.num_tokens, new)
-            self._hashes_given[rid] = (given or 0) + len(new)
-            self._requests[rid] = request
-
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
-            self._sync_request(request)
-            self._local_tokens[request.request_id] = num_computed_tokens
-            hit = self._sched.lookup(request.request_id, num_computed_tokens)
+            hit = self._bridge.lookup(request, num_computed_tokens)
             if hit is None:
                 return None, False
-            hit = self._cap_load(request, num_computed_tokens, hit)
+            if hit > 0 and getattr(request, "kv_transfer_params", None):
+                hit = self._cap_load(request, num_computed_tokens, hit)
             return hit, hit > 0
 
         def _cap_load(self, request, local, hit):
@@ -526,58 +534,21 @@ def _define_classes() -> None:
             return max(0, (local + cap) // block * block - local)
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
-            rid = request.request_id
-            local = self._local_tokens.get(rid, 0)
-            alloc = []
-            for g, group_blocks in enumerate(blocks.blocks):
-                size = self._config.groups[g].gpu_block_size
-                needed = -(-(local + num_external_tokens) // size)
-                computed = min(needed, len(group_blocks))
-                for i, b in enumerate(group_blocks[:needed]):
-                    if not b.is_null and b.block_hash is None:
-                        computed = i
-                        break
-                alloc.append(kv.AllocatedGroup([b.block_id for b in group_blocks], computed))
-            self._sched.on_allocated(rid, alloc, num_external_tokens)
+            self._bridge.allocated(request.request_id, blocks, num_external_tokens)
 
         def build_connector_meta(self, scheduler_output):
-            entries = []
-            groups = len(self._config.groups)
-            for nr in scheduler_output.scheduled_new_reqs:
-                if nr.req_id in self._requests:
-                    self._sync_request(self._requests[nr.req_id])
-                entries.append(kv.ScheduledRequest(
-                    nr.req_id, nr.num_computed_tokens,
-                    scheduler_output.num_scheduled_tokens[nr.req_id],
-                    [list(ids) for ids in nr.block_ids]))
-            cached = scheduler_output.scheduled_cached_reqs
-            resumed = set(getattr(cached, "resumed_req_ids", ()) or ())
-            for i, rid in enumerate(cached.req_ids):
-                if rid in self._requests:
-                    self._sync_request(self._requests[rid])
-                new_ids = cached.new_block_ids[i]
-                entries.append(kv.ScheduledRequest(
-                    rid, cached.num_computed_tokens[i], scheduler_output.num_scheduled_tokens[rid],
-                    [list(ids) for ids in new_ids] if new_ids is not None else [[]] * groups,
-                    rid in resumed))
-            step = self._sched.build_step(entries, list(scheduler_output.preempted_req_ids or ()))
-            return KvoffloadConnectorMetadata(step.load_jobs, step.store_jobs, step.flush,
-                                              step.tier_jobs)
+            loads, stores, flush, tier_jobs = self._bridge.build_step(scheduler_output)
+            return KvoffloadConnectorMetadata(loads, stores, flush, tier_jobs)
 
         def update_connector_output(self, connector_output):
             meta = connector_output.kv_connector_worker_meta
-            completed = getattr(meta, "completed", None) or {}
+            completed = getattr(meta, "completed", None)
             if completed:
-                self._sched.on_completed([kv.JobReport(job, count, ok)
-                                          for job, (count, ok) in sorted(completed.items())])
+                self._sched._s.on_completed([(job, count, ok) for job, (count, ok)
+                                             in sorted(completed.items())])
 
         def _finish(self, request):
-            rid = request.request_id
-            if rid in self._hashes_given:
-                self._sched.on_finished(rid)
-                del self._hashes_given[rid]
-                self._requests.pop(rid, None)
-                self._local_tokens.pop(rid, None)
+            self._bridge.finished(request.request_id)
             return False, None  # stores of its blocks are fenced by the scheduler's flush sets
 
         def request_finished(self, request, block_ids):
@@ -594,8 +565,7 @@ def _define_classes() -> None:
                 return []
             from vllm.distributed.kv_events import BlockRemoved, BlockStored
 
-            return vllm_events(self._sched.take_events(), self._sched.partly_written,
-                               BlockStored, BlockRemoved)
+            return vllm_event_objects(self._bridge.events(), BlockStored, BlockRemoved)
 
         # ---- vLLM's connector stats (its log line and /metrics) ---------------------------
 
@@ -643,6 +613,7 @@ def _define_classes() -> None:
                     self._sched.reset_cache(f"{self._identity}#reset-{uuid.uuid4().hex}")
                 else:
                     self._sched.reset_cache()
+                self._bridge.invalidate()  # every request's stores start over
             return True
 
         # ---- worker role ---------------------------------------------------------------

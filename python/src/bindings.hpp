@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kvoffload/metrics_text.hpp"
+#include "kvoffload/scheduler.hpp"
 #include "kvoffload/types.hpp"
 #include "kvoffload/worker.hpp"
 
@@ -18,6 +19,9 @@ namespace kvoffload::python {
 void bind_errors(nanobind::module_& m);
 void bind_scheduler(nanobind::module_& m);
 void bind_worker(nanobind::module_& m);
+void bind_vllm(nanobind::module_& m);  // vllm_binding.cpp: VllmBridge
+/// build_step's result as (load jobs, store jobs, flush, tier jobs).
+nanobind::tuple step_to_tuple(StepResult&& r);
 /// metrics_text's labels from Python's sorted (name, value) pairs.
 using LabelPairs = std::vector<std::pair<std::string, std::string>>;
 inline std::vector<MetricLabel> metric_labels(const LabelPairs& pairs) {

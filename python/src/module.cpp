@@ -83,6 +83,7 @@ NB_MODULE(_kvoffload, m) {
   kvoffload::python::bind_config(m);
   kvoffload::python::bind_scheduler(m);
   kvoffload::python::bind_worker(m);
+  kvoffload::python::bind_vllm(m);
   m.attr("__version__") = KVOFFLOAD_VERSION_STRING;
   m.def(
       "_parse_bytes",

@@ -92,6 +92,14 @@ nb::object key_or_none(const std::optional<Key>& k) {
 
 }  // namespace
 
+nb::tuple step_to_tuple(StepResult&& r) {
+  nb::list loads, stores, tier_jobs;
+  for (TransferJob& j : r.load_jobs) loads.append(nb::cast(std::move(j)));
+  for (TransferJob& j : r.store_jobs) stores.append(nb::cast(std::move(j)));
+  for (TierJob& j : r.tier_jobs) tier_jobs.append(nb::cast(std::move(j)));
+  return nb::make_tuple(loads, stores, r.flush, tier_jobs);
+}
+
 nb::list scan_to_list(const std::vector<std::optional<Key>>& scan) {
   nb::list out;
   for (const auto& k : scan) out.append(key_or_none(k));
@@ -262,12 +270,7 @@ void bind_scheduler(nb::module_& m) {
             for (const auto& [id, computed, count, ids, resumed] : scheduled) {
               entries.push_back({id, computed, count, ids, resumed});
             }
-            StepResult r = s.build_step(entries, preempted);
-            nb::list loads, stores, tier_jobs;
-            for (TransferJob& j : r.load_jobs) loads.append(nb::cast(std::move(j)));
-            for (TransferJob& j : r.store_jobs) stores.append(nb::cast(std::move(j)));
-            for (TierJob& j : r.tier_jobs) tier_jobs.append(nb::cast(std::move(j)));
-            return nb::make_tuple(loads, stores, r.flush, tier_jobs);
+            return step_to_tuple(s.build_step(entries, preempted));
           },
           "scheduled"_a, "preempted"_a)
       .def(

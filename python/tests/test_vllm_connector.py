@@ -198,7 +198,8 @@ def _fake_vllm(extra, world=1, tp=1, calculate_kv_scales=False):
                      parallel_config=ns(world_size=world, tensor_parallel_size=tp),
                      kv_events_config=None,
                      cache_config=ns(block_size=16, cache_dtype="auto",
-                                     calculate_kv_scales=calculate_kv_scales),
+                                     calculate_kv_scales=calculate_kv_scales,
+                                     enable_prefix_caching=True),
                      model_config=ns(model="org/m", revision=None, dtype="bfloat16"))
     return vllm_config, kv_cache_config
 

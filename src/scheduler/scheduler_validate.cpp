@@ -2,6 +2,7 @@
 // leaves the scheduler exactly as it was.
 
 #include <algorithm>
+#include <limits>
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
@@ -218,6 +219,27 @@ void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
                       "complete: job {}: {} reports, but only {} of {} workers have not reported",
                       report.job, *sum, remaining, config.num_workers);
   }
+}
+
+Scheduler::IdleWindow Scheduler::idle_window(std::string_view request_id) const {
+  const Impl& s = *impl_;
+  const RequestState* r = s.requests.find(request_id);
+  if (r == nullptr || r->finished) return {};
+  // validate_step's idle test: for every group, floor(min(x, num_tokens) / obs) equals
+  // next_stored, i.e. L <= min(x, num_tokens) < H with L the largest start and H the smallest
+  // end of the groups' current offloaded blocks.
+  std::int64_t lo = 0;
+  std::int64_t hi = std::numeric_limits<std::int64_t>::max();
+  for (std::size_t g = 0; g < s.layouts.size(); ++g) {
+    const std::int64_t obs = s.layouts[g].offloaded_block_size;
+    const std::int64_t next = r->groups[g].next_stored;
+    lo = std::max(lo, next * obs);
+    hi = std::min(hi, (next + 1) * obs);
+  }
+  const std::int64_t n = r->num_tokens;
+  if (n < lo || lo >= hi) return {};  // min(x, n) <= n < lo: never idle
+  if (n < hi) return {lo, std::numeric_limits<std::int64_t>::max()};  // min(x, n) < hi always
+  return {lo, hi};
 }
 
 }  // namespace kvoffload

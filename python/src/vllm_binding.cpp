@@ -1,0 +1,457 @@
+// The vLLM connector's scheduler-side loops, in C++ (VllmBridge). vLLM calls the connector on
+// its scheduler thread for every scheduled request every step; reading vLLM's own objects here
+// (a request's block hashes, the scheduler output's per-request columns, the blocks it
+// allocated) instead of converting them in Python keeps a running request's cost per step
+// to a few attribute reads. A running request with no new block, no new hash and a token
+// count inside the window where the scheduler would find it idle (Scheduler::idle_window,
+// remembered from its last step that did something) is not passed at all. The attribute names are
+// vLLM's (0.21 to 0.33): Request (request_id, block_hashes, num_tokens), SchedulerOutput
+// (scheduled_new_reqs, scheduled_cached_reqs, num_scheduled_tokens, preempted_req_ids),
+// NewRequestData (req_id, num_computed_tokens, block_ids), CachedRequestData (req_ids,
+// num_computed_tokens, new_block_ids, resumed_req_ids), KVCacheBlocks (blocks) and KVCacheBlock
+// (block_id, is_null, block_hash).
+
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "bindings.hpp"
+#include "kvoffload/enums.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/host_block_manager.hpp"
+#include "kvoffload/scheduler.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace kvoffload::python {
+namespace {
+
+struct StringHash {
+  using is_transparent = void;
+  std::size_t operator()(std::string_view s) const noexcept {
+    return std::hash<std::string_view>{}(s);
+  }
+};
+
+/// vLLM's attribute names, interned once: attr("...") would make a new string per read.
+struct Names {
+  nb::object request_id, block_hashes, num_tokens, blocks, block_id, is_null, block_hash,
+      num_scheduled_tokens, scheduled_new_reqs, scheduled_cached_reqs, req_id, req_ids,
+      num_computed_tokens, block_ids, new_block_ids, resumed_req_ids, preempted_req_ids;
+  Names() {
+    const auto intern = [](const char* s) { return nb::steal(PyUnicode_InternFromString(s)); };
+    request_id = intern("request_id");
+    block_hashes = intern("block_hashes");
+    num_tokens = intern("num_tokens");
+    blocks = intern("blocks");
+    block_id = intern("block_id");
+    is_null = intern("is_null");
+    block_hash = intern("block_hash");
+    num_scheduled_tokens = intern("num_scheduled_tokens");
+    scheduled_new_reqs = intern("scheduled_new_reqs");
+    scheduled_cached_reqs = intern("scheduled_cached_reqs");
+    req_id = intern("req_id");
+    req_ids = intern("req_ids");
+    num_computed_tokens = intern("num_computed_tokens");
+    block_ids = intern("block_ids");
+    new_block_ids = intern("new_block_ids");
+    resumed_req_ids = intern("resumed_req_ids");
+    preempted_req_ids = intern("preempted_req_ids");
+  }
+};
+
+/// obj.<name>; raises Python's AttributeError (as a C++ exception) when it has none.
+nb::object get(nb::handle obj, const nb::object& name) {
+  PyObject* v = PyObject_GetAttr(obj.ptr(), name.ptr());
+  if (v == nullptr) throw nb::python_error();
+  return nb::steal(v);
+}
+
+/// obj.<name>, or None when it has none.
+nb::object get_or_none(nb::handle obj, const nb::object& name) {
+  PyObject* v = PyObject_GetAttr(obj.ptr(), name.ptr());
+  if (v == nullptr) {
+    PyErr_Clear();
+    return nb::none();
+  }
+  return nb::steal(v);
+}
+
+std::int64_t as_int(nb::handle h, const char* what) {
+  const long long v = PyLong_AsLongLong(h.ptr());
+  if (v == -1 && PyErr_Occurred() != nullptr) {
+    PyErr_Clear();
+    throw invalid_argument(std::string("vLLM: ") + what + " is not an integer");
+  }
+  return v;
+}
+
+GpuBlockId as_block_id(nb::handle h, const char* what) {
+  const std::int64_t v = as_int(h, what);
+  if (v < std::numeric_limits<GpuBlockId>::min() || v > std::numeric_limits<GpuBlockId>::max()) {
+    throw invalid_argument(std::string("vLLM: ") + what + " " + std::to_string(v) +
+                           " is out of range for a GPU block id");
+  }
+  return static_cast<GpuBlockId>(v);
+}
+
+std::string_view as_str(nb::handle h, const char* what) {
+  Py_ssize_t n = 0;
+  const char* s = PyUnicode_Check(h.ptr()) ? PyUnicode_AsUTF8AndSize(h.ptr(), &n) : nullptr;
+  if (s == nullptr) {
+    PyErr_Clear();
+    throw invalid_argument(std::string("vLLM: ") + what + " is not a string");
+  }
+  return {s, static_cast<std::size_t>(n)};
+}
+
+/// A list or tuple (or any sequence, copied once) read by index without a call per item.
+class Fast {
+ public:
+  Fast(nb::handle seq, const char* what) : seq_(nb::steal(PySequence_Fast(seq.ptr(), what))) {
+    if (!seq_.is_valid()) throw nb::python_error();
+  }
+  [[nodiscard]] Py_ssize_t size() const noexcept { return PySequence_Fast_GET_SIZE(seq_.ptr()); }
+  nb::handle operator[](Py_ssize_t i) const noexcept {
+    return PySequence_Fast_GET_ITEM(seq_.ptr(), i);
+  }
+
+ private:
+  nb::object seq_;
+};
+
+BlockHash to_block_hash(nb::handle h, std::string_view request, std::size_t i) {
+  nb::object bytes = nb::borrow(h);
+  if (!PyBytes_Check(h.ptr())) bytes = nb::steal(PyObject_Bytes(h.ptr()));
+  if (!bytes.is_valid()) throw nb::python_error();
+  const auto n = static_cast<std::size_t>(PyBytes_GET_SIZE(bytes.ptr()));
+  if (n < 1 || n > BlockHash::max_size) {
+    throw invalid_argument("request \"" + std::string(request) + "\": block hash " +
+                           std::to_string(i) + " has " + std::to_string(n) + " bytes (1 to 32)");
+  }
+  return BlockHash::from_bytes(
+      std::span(reinterpret_cast<const std::uint8_t*>(PyBytes_AS_STRING(bytes.ptr())), n));
+}
+
+class VllmBridge {
+ public:
+  VllmBridge(Scheduler& s, std::vector<std::int64_t> gpu_block_sizes)
+      : s_(s), sizes_(std::move(gpu_block_sizes)) {}
+
+  /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
+  std::optional<std::int64_t> lookup(nb::handle request, std::int64_t num_computed_tokens) {
+    Entry& e = sync(request, /*always=*/true);
+    e.local = num_computed_tokens;
+    e.window_valid = false;
+    return s_.lookup(e.id, num_computed_tokens);
+  }
+
+  /// update_state_after_alloc: each group's blocks and how many lead with computed (or null)
+  /// blocks, as the scheduler's on_allocated wants them.
+  void allocated(std::string_view request_id, nb::handle kv_blocks,
+                 std::int64_t num_external_tokens) {
+    const auto it = requests_.find(request_id);
+    const std::int64_t local = it == requests_.end() ? 0 : it->second.local;
+    if (it != requests_.end()) it->second.window_valid = false;
+    nb::object groups = get(kv_blocks, n_.blocks);
+    std::vector<AllocatedGroup> alloc;
+    std::size_t g = 0;
+    for (nb::handle group : groups) {
+      if (g >= sizes_.size()) {
+        throw invalid_argument("request \"" + std::string(request_id) + "\": vLLM allocated " +
+                               std::to_string(nb::len(groups)) + " groups, the model has " +
+                               std::to_string(sizes_.size()));
+      }
+      const Fast items(group, "KVCacheBlocks.blocks");
+      const auto n = static_cast<std::int64_t>(items.size());
+      const std::int64_t size = sizes_[g];
+      const std::int64_t needed = (local + num_external_tokens + size - 1) / size;
+      std::int64_t computed = std::min(needed, n);
+      AllocatedGroup a;
+      a.block_ids.resize(static_cast<std::size_t>(n));
+      for (std::int64_t i = 0; i < n; ++i) {
+        nb::handle b = items[static_cast<Py_ssize_t>(i)];
+        a.block_ids[static_cast<std::size_t>(i)] = as_block_id(get(b, n_.block_id), "block_id");
+        // The first block vLLM neither computed nor holds as null: loads start there.
+        if (i < computed && !nb::cast<bool>(get(b, n_.is_null)) &&
+            get(b, n_.block_hash).is_none()) {
+          computed = i;
+        }
+      }
+      a.num_computed_blocks = computed;
+      alloc.push_back(std::move(a));
+      ++g;
+    }
+    s_.on_allocated(request_id, alloc, num_external_tokens);
+  }
+
+  /// build_connector_meta: the scheduler output's requests, their new hashes first.
+  nb::tuple build_step(nb::handle out) {
+    const std::size_t G = sizes_.size();
+    nb::object scheduled = get(out, n_.num_scheduled_tokens);
+    const auto num_scheduled = [&](nb::handle rid) {
+      PyObject* v =
+          PyDict_Check(scheduled.ptr()) ? PyDict_GetItem(scheduled.ptr(), rid.ptr()) : nullptr;
+      if (v == nullptr) {
+        throw invalid_argument("request \"" + std::string(as_str(rid, "req_id")) +
+                               "\": not in num_scheduled_tokens");
+      }
+      return as_int(v, "num_scheduled_tokens");
+    };
+    nb::object new_reqs = get(out, n_.scheduled_new_reqs);
+    nb::object cached = get(out, n_.scheduled_cached_reqs);
+    nb::object ids = get(cached, n_.req_ids);
+    nb::object computed = get(cached, n_.num_computed_tokens);
+    nb::object new_blocks = get(cached, n_.new_block_ids);
+    nb::object resumed = get_or_none(cached, n_.resumed_req_ids);
+    used_ = 0;
+    passed_.clear();
+    for (nb::handle nr : new_reqs) {
+      nb::object rid = get(nr, n_.req_id);
+      const std::string_view id = as_str(rid, "req_id");
+      if (Entry* e = known(id)) {
+        sync_entry(*e, false, false);
+        passed_.push_back(e);
+      }
+      fill(next_entry(G), id, as_int(get(nr, n_.num_computed_tokens), "num_computed_tokens"),
+           num_scheduled(rid), get(nr, n_.block_ids), false, "block_ids");
+    }
+    const Fast id_col(ids, "req_ids");
+    const Fast computed_col(computed, "num_computed_tokens");
+    const Fast blocks_col(new_blocks, "new_block_ids");
+    const Py_ssize_t n = id_col.size();
+    if (computed_col.size() != n || blocks_col.size() != n) {
+      throw invalid_argument("vLLM: scheduled_cached_reqs has columns of different lengths");
+    }
+    const bool any_resumed = !resumed.is_none() && nb::len(resumed) > 0;
+    for (Py_ssize_t i = 0; i < n; ++i) {
+      nb::handle rid = id_col[i];
+      const std::string_view id = as_str(rid, "req_id");
+      const bool was_resumed = any_resumed && PySequence_Contains(resumed.ptr(), rid.ptr()) == 1;
+      const std::int64_t computed_tokens = as_int(computed_col[i], "num_computed_tokens");
+      const std::int64_t scheduled_tokens = num_scheduled(rid);
+      nb::handle fresh = blocks_col[i];
+      if (Entry* e = known(id)) {
+        const bool grew = sync_entry(*e, false, false);
+        // Most of a decode step: nothing new for the scheduler, which would find it idle.
+        const std::int64_t x = computed_tokens + scheduled_tokens;
+        if (!grew && !was_resumed && fresh.is_none() && e->window_valid && x >= e->window.lo &&
+            x < e->window.hi) {
+          ++skipped_;
+          continue;
+        }
+        passed_.push_back(e);
+      }
+      fill(next_entry(G), id, computed_tokens, scheduled_tokens, fresh, was_resumed,
+           "new_block_ids");
+    }
+    std::vector<std::string> preempted;
+    nb::object p = get_or_none(out, n_.preempted_req_ids);
+    if (!p.is_none()) {
+      for (nb::handle rid : p) preempted.emplace_back(as_str(rid, "preempted_req_ids"));
+    }
+    entries_passed_ += used_;
+    StepResult r;
+    try {
+      r = s_.build_step(std::span(entries_.data(), used_), preempted);
+    } catch (...) {
+      for (auto& [id, e] : requests_) e.window_valid = false;
+      throw;
+    }
+    // The passed requests' idle windows as the step left them.
+    for (Entry* e : passed_) {
+      e->window = s_.idle_window(e->id);
+      e->window_valid = true;
+    }
+    return step_to_tuple(std::move(r));
+  }
+
+  /// request_finished: forgets the request; false if it was never looked up.
+  bool finished(std::string_view request_id) {
+    const auto it = requests_.find(request_id);
+    if (it == requests_.end()) return false;
+    s_.on_finished(request_id);
+    requests_.erase(it);
+    return true;
+  }
+
+  /// take_events for vLLM's KV events: [(removed, medium, group, [hash bytes])], consecutive
+  /// events of one kind and medium merged, then split by group (first seen first). A host
+  /// store of a block held without its leading sub-blocks (SEMANTICS 6.8) is left out (a
+  /// router must not take it for a whole block), as are a shared tier's removals (this
+  /// engine's index forgetting a key is no news of the cluster). kvoffload.vllm.event_groups
+  /// is the same in Python.
+  nb::list events() {
+    nb::list out;
+    const std::vector<ManagerEvent> events = s_.take_events();
+    std::vector<std::pair<std::uint32_t, nb::list>> groups;
+    for (std::size_t i = 0; i < events.size();) {
+      const bool removed = events[i].removed;
+      const Medium medium = events[i].medium;
+      groups.clear();
+      for (; i < events.size() && events[i].removed == removed && events[i].medium == medium; ++i) {
+        if (removed && medium == Medium::shared) continue;
+        for (const Key& k : events[i].keys) {
+          if (!removed && medium == Medium::host) {
+            std::uint16_t valid_from = 0;
+            if (s_.manager().peek(k, valid_from) != LookupResult::miss && valid_from > 0) continue;
+          }
+          auto g = std::find_if(groups.begin(), groups.end(),
+                                [&](const auto& p) { return p.first == k.group; });
+          if (g == groups.end()) g = groups.insert(groups.end(), {k.group, nb::list()});
+          g->second.append(nb::bytes(reinterpret_cast<const char*>(k.hash.data()), k.hash.size()));
+        }
+      }
+      const std::string name(to_string(medium));
+      for (auto& [group, hashes] : groups) {
+        out.append(nb::make_tuple(removed, name, group, hashes));
+      }
+    }
+    return out;
+  }
+
+  [[nodiscard]] std::size_t size() const noexcept { return requests_.size(); }
+  /// (entries passed to the scheduler, entries left out as idle) since construction.
+  [[nodiscard]] std::pair<std::uint64_t, std::uint64_t> counts() const noexcept {
+    return {entries_passed_, skipped_};
+  }
+  /// After the scheduler's reset_cache: every remembered idle window is void.
+  void invalidate() {
+    for (auto& [id, e] : requests_) e.window_valid = false;
+  }
+
+ private:
+  struct Entry {
+    std::string id;
+    nb::object request;  // vLLM's Request: its block_hashes grow as tokens arrive
+    nb::object hashes;   // its block_hashes list (extended in place), read again at lookups
+    Scheduler::IdleWindow window;  // Scheduler::idle_window after its last passed step
+    bool window_valid = false;
+    std::size_t given = 0;   // hashes the scheduler has
+    std::int64_t local = 0;  // num_computed_tokens at the last lookup
+  };
+
+  ScheduledRequest& next_entry(std::size_t G) {
+    if (used_ == entries_.size()) entries_.emplace_back();
+    ScheduledRequest& e = entries_[used_++];
+    e.new_block_ids.resize(G);
+    return e;
+  }
+
+  /// An entry's fields; `groups` is None (no new block) or one sequence of ids per group.
+  static void fill(ScheduledRequest& e, std::string_view id, std::int64_t computed,
+                   std::int64_t scheduled, nb::handle groups, bool resumed, const char* what) {
+    e.request_id.assign(id);
+    e.num_computed_tokens = computed;
+    e.num_scheduled_tokens = scheduled;
+    e.resumed = resumed;
+    for (auto& g : e.new_block_ids) g.clear();
+    if (groups.is_none()) return;
+    const Fast per_group(groups, what);
+    if (static_cast<std::size_t>(per_group.size()) != e.new_block_ids.size()) {
+      // The scheduler names the request and the counts.
+      e.new_block_ids.resize(static_cast<std::size_t>(per_group.size()));
+    }
+    for (Py_ssize_t g = 0; g < per_group.size(); ++g) {
+      const Fast ids(per_group[g], what);
+      std::vector<GpuBlockId>& out = e.new_block_ids[static_cast<std::size_t>(g)];
+      out.resize(static_cast<std::size_t>(ids.size()));
+      for (Py_ssize_t i = 0; i < ids.size(); ++i) {
+        out[static_cast<std::size_t>(i)] = as_block_id(ids[i], what);
+      }
+    }
+  }
+
+  /// Gives the scheduler the request's hashes it has not seen. `always`: also its token count
+  /// when no hash is new (a lookup reads it); a step needs it only with a new hash, since a
+  /// block is offloadable only once hashed.
+  Entry& sync(nb::handle request, bool always) {
+    nb::object rid = get(request, n_.request_id);
+    const std::string_view id = as_str(rid, "request_id");
+    auto it = requests_.find(id);
+    const bool first = it == requests_.end();
+    if (first)
+      it = requests_.emplace(std::string(id), Entry{std::string(id), nb::borrow(request)}).first;
+    Entry& e = it->second;
+    sync_entry(e, first, always);
+    return e;
+  }
+
+  Entry* known(std::string_view id) {
+    const auto it = requests_.find(id);
+    return it == requests_.end() ? nullptr : &it->second;
+  }
+
+  /// Whether the scheduler's view of the request changed (hashes or token count given).
+  bool sync_entry(Entry& e, bool first, bool always) {
+    if (always || !e.hashes.is_valid()) e.hashes = get(e.request, n_.block_hashes);
+    const nb::object& hashes = e.hashes;
+    const Py_ssize_t len = PyList_CheckExact(hashes.ptr()) ? PyList_GET_SIZE(hashes.ptr())
+                                                           : PyObject_Length(hashes.ptr());
+    if (len < 0) throw nb::python_error();
+    const auto n = static_cast<std::size_t>(len);
+    if (!first && !always && n <= e.given) return false;
+    const std::int64_t num_tokens = as_int(get(e.request, n_.num_tokens), "num_tokens");
+    std::vector<BlockHash> fresh;
+    fresh.reserve(n > e.given ? n - e.given : 0);
+    if (n > e.given || first) {
+      const Fast items(hashes, "block_hashes");
+      for (std::size_t i = first ? 0 : e.given; i < n; ++i) {
+        fresh.push_back(to_block_hash(items[static_cast<Py_ssize_t>(i)], e.id, i));
+      }
+    }
+    if (first) {
+      s_.update_request(e.id, num_tokens, fresh);
+    } else {
+      s_.extend_request(e.id, num_tokens, fresh);
+    }
+    e.given = std::max(e.given, n);
+    e.window_valid = false;
+    return true;
+  }
+
+  Names n_;
+  Scheduler& s_;
+  std::vector<std::int64_t> sizes_;  // each group's GPU block size
+  std::unordered_map<std::string, Entry, StringHash, std::equal_to<>> requests_;
+  // build_step's entries: the first used_ are this step's. Kept between steps, so a step
+  // reuses their strings' and vectors' memory instead of allocating per request.
+  std::vector<ScheduledRequest> entries_;
+  std::size_t used_ = 0;
+  std::vector<Entry*> passed_;  // the known requests in this step's entries
+  std::uint64_t skipped_ = 0;   // entries left out as idle, since construction
+  std::uint64_t entries_passed_ = 0;
+};
+
+}  // namespace
+
+void bind_vllm(nb::module_& m) {
+  nb::class_<VllmBridge>(m, "VllmBridge",
+                         "The vLLM connector's scheduler-side calls, reading vLLM's objects "
+                         "in C++ (python/src/vllm_binding.cpp).")
+      .def(nb::init<Scheduler&, std::vector<std::int64_t>>(), "scheduler"_a, "gpu_block_sizes"_a,
+           nb::keep_alive<1, 2>())
+      .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a)
+      .def("allocated", &VllmBridge::allocated, "request_id"_a, "blocks"_a, "num_external_tokens"_a)
+      .def("build_step", &VllmBridge::build_step, "scheduler_output"_a)
+      .def("finished", &VllmBridge::finished, "request_id"_a)
+      .def("events", &VllmBridge::events)
+      .def("invalidate", &VllmBridge::invalidate)
+      .def_prop_ro("counts", &VllmBridge::counts)
+      .def("__len__", &VllmBridge::size);
+}
+
+}  // namespace kvoffload::python

@@ -1,0 +1,175 @@
+"""VllmBridge (python/src/vllm_binding.cpp): the vLLM connector's scheduler-side loops in C++.
+
+Twin schedulers get the same random decode-heavy trace, one through the bridge (reading
+vLLM-shaped objects, leaving idle requests out of steps) and one through the plain API with
+every request every step; their jobs must be the same at every step. vLLM itself is not
+needed: the objects are stand-ins with vLLM's attribute names."""
+
+import os
+import random
+import types
+
+import pytest
+
+import kvoffload as kv
+from kvoffload import _kvoffload
+from kvoffload.vllm import event_groups
+
+from conftest import block_hashes
+
+ns = types.SimpleNamespace
+BLOCK = 16
+
+
+def jobs_of(step):
+    loads, stores, flush, tier_jobs = step
+    return ([(j.request_id, list(j.gpu_block_ids), list(j.host_block_ids), j.keys)
+             for j in loads],
+            [(j.request_id, list(j.gpu_block_ids), list(j.host_block_ids), j.keys)
+             for j in stores], list(flush))
+
+
+class Twin:
+    """A request as vLLM holds it (for the bridge) and as the plain API is told."""
+
+    def __init__(self, rid, prompt_tokens, prefix):
+        self.request = ns(request_id=rid, block_hashes=[], num_tokens=prompt_tokens,
+                          kv_transfer_params=None)
+        self.prefix = prefix
+        self.blocks = []  # GPU block ids
+        self.computed = 0
+        self.prompt = prompt_tokens
+        self.hash()
+
+    def chunk(self, rng, factor):
+        """The next prefill chunk: often ending on a host block's boundary, where a store is
+        due with nothing else new (no hash, no block) to show it."""
+        left = self.prompt - self.computed
+        step = rng.choice([BLOCK * factor, 2 * BLOCK * factor, 7, 23, left])
+        return max(1, min(left, step))
+
+    def hash(self):
+        n = self.request.num_tokens // BLOCK
+        self.request.block_hashes.extend(block_hashes(self.prefix, n)[len(self.request.block_hashes):])
+
+
+@pytest.mark.parametrize("factor", [1, 2, 4])
+def test_bridge_steps_match_the_plain_api_with_idle_requests_left_out(factor):
+    seed = int(os.environ.get("KVOFFLOAD_SEED", random.randrange(1 << 30)))
+    print(f"seed {seed} factor {factor}")
+    rng = random.Random(seed)
+    config = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                host_blocks=64, block_size_factor=factor)
+    plain, bridged = kv.Scheduler(config), kv.Scheduler(config)
+    bridge = _kvoffload.VllmBridge(bridged._s, [BLOCK])
+    running, next_block, made = {}, 1, 0
+    for step in range(120):
+        new_reqs, cached = [], ns(req_ids=[], num_computed_tokens=[], new_block_ids=[],
+                                  resumed_req_ids=set())
+        scheduled, entries = {}, []
+        # Arrivals share a few prefixes, so later ones hit what earlier ones stored.
+        while len(running) < 6 and made < 40:
+            t = Twin(f"r{made}", rng.randrange(20, 200), f"p{rng.randrange(3)}")
+            made += 1
+            plain.update_request(t.request.request_id, t.request.num_tokens,
+                                 list(t.request.block_hashes))
+            a = plain.lookup(t.request.request_id, 0)
+            b = bridge.lookup(t.request, 0)
+            assert a == b, f"seed {seed} step {step}: lookup {a} vs {b}"
+            hit = a or 0
+            need = -(-t.request.num_tokens // BLOCK)
+            t.blocks = list(range(next_block, next_block + need))
+            next_block += need
+            plain.on_allocated(t.request.request_id, [kv.AllocatedGroup(t.blocks, 0)], hit)
+            bridge.allocated(t.request.request_id, ns(blocks=(
+                [ns(block_id=b, is_null=False, block_hash=None) for b in t.blocks],)), hit)
+            t.computed = hit
+            n = t.chunk(rng, factor)
+            scheduled[t.request.request_id] = n
+            new_reqs.append(ns(req_id=t.request.request_id, num_computed_tokens=hit,
+                               block_ids=(list(t.blocks),)))
+            entries.append(kv.ScheduledRequest(t.request.request_id, hit, n, [list(t.blocks)]))
+            running[t.request.request_id] = t
+        for rid, t in list(running.items()):
+            if any(e.request_id == rid for e in entries):
+                continue
+            # The rest of the prompt in chunks (its blocks were all allocated at admission,
+            # so no new block comes with them), then decode: one token, and a new GPU block
+            # when the last one is full.
+            n = t.chunk(rng, factor) if t.computed < t.prompt else 1
+            fresh = None
+            if t.computed + n > len(t.blocks) * BLOCK:
+                fresh = ([next_block],)
+                t.blocks.append(next_block)
+                next_block += 1
+            cached.req_ids.append(rid)
+            cached.num_computed_tokens.append(t.computed)
+            cached.new_block_ids.append(fresh)
+            scheduled[rid] = n
+            entries.append(kv.ScheduledRequest(rid, t.computed, n,
+                                               [list(fresh[0])] if fresh else [[]]))
+        out = ns(scheduled_new_reqs=new_reqs, scheduled_cached_reqs=cached,
+                 num_scheduled_tokens=scheduled, preempted_req_ids=set())
+        p = plain.build_step(entries)
+        b = bridge.build_step(out)
+        assert jobs_of((p.load_jobs, p.store_jobs, p.flush, p.tier_jobs)) == jobs_of(b), \
+            f"seed {seed} step {step}"
+        for sched, jobs in ((plain, p.load_jobs + p.store_jobs), (bridged, b[0] + b[1])):
+            sched.on_completed([kv.JobReport(j.id) for j in jobs])
+        # The model ran: every scheduled token computed, one output token each.
+        for rid, n in scheduled.items():
+            t = running[rid]
+            t.computed += n
+            if t.computed >= t.prompt:  # a token sampled
+                t.request.num_tokens = t.computed + 1
+                t.hash()
+        for rid, t in list(running.items()):
+            # The plain API is told every hash every step (update_request takes the full list).
+            plain.update_request(rid, t.request.num_tokens, list(t.request.block_hashes))
+            if t.request.num_tokens > 260 or rng.random() < 0.02:
+                plain.on_finished(rid)
+                assert bridge.finished(rid)
+                del running[rid]
+    passed, skipped = bridge.counts
+    assert skipped > passed, (passed, skipped)  # a decode step leaves most requests out
+    assert plain.stats()["blocks_stored"] == bridged.stats()["blocks_stored"] > 0
+    assert plain.stats()["hits"] == bridged.stats()["hits"] > 0
+    assert len(bridge) == len(running)
+
+
+def test_bridge_events_are_the_python_reference():
+    config = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                host_blocks=4)
+    a, b = kv.Scheduler(config), kv.Scheduler(config)
+    bridge = _kvoffload.VllmBridge(b._s, [BLOCK])
+    for s in (a, b):  # 6 blocks through a 4-block cache: stores, then evictions
+        for r in range(3):
+            h = block_hashes(f"ev{r}", 2)
+            s.update_request(f"r{r}", 32, h)
+            s.lookup(f"r{r}", 0)
+            s.on_allocated(f"r{r}", [kv.AllocatedGroup([])], 0)
+            step = s.build_step([kv.ScheduledRequest(f"r{r}", 0, 32, [[2 * r + 1, 2 * r + 2]])])
+            s.on_completed([kv.JobReport(j.id) for j in step.store_jobs])
+            s.on_finished(f"r{r}")
+    want = event_groups(a.take_events(), a.partly_written)
+    got = [tuple(e) for e in bridge.events()]
+    assert got == [(r, m, g, list(h)) for r, m, g, h in want]
+    assert {e[0] for e in got} == {False, True}  # stores and evictions both seen
+    assert bridge.events() == []
+
+
+def test_bridge_names_bad_input():
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=4))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK])
+    req = ns(request_id="bad", block_hashes=[b""], num_tokens=16)
+    with pytest.raises(kv.InvalidArgument, match='request "bad": block hash 0 has 0 bytes'):
+        bridge.lookup(req, 0)
+    out = ns(scheduled_new_reqs=[], preempted_req_ids=None, num_scheduled_tokens={},
+             scheduled_cached_reqs=ns(req_ids=["x"], num_computed_tokens=[0],
+                                      new_block_ids=[None], resumed_req_ids=set()))
+    with pytest.raises(kv.InvalidArgument, match='request "x": not in num_scheduled_tokens'):
+        bridge.build_step(out)
+    out.scheduled_cached_reqs.num_computed_tokens = []
+    with pytest.raises(kv.InvalidArgument, match="columns of different lengths"):
+        bridge.build_step(out)
