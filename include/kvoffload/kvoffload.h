@@ -416,6 +416,12 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_completed(
 /* Unknown or already finished requests are ignored. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_scheduler_t scheduler,
                                                                    const char* request_id);
+/* Stores none of the request's tokens past the first max_tokens (0: nothing of it), as vLLM's
+ * per-request max_offload_tokens; blocks already stored stay. KVOFFLOAD_INVALID_ARGUMENT for
+ * an unknown request or a negative limit. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_stores(kvoffload_scheduler_t scheduler,
+                                                                    const char* request_id,
+                                                                    int64_t max_tokens);
 /* Drops the host cache. Refused (KVOFFLOAD_INVALID_ARGUMENT) for a scheduler with tiers: their
  * blocks outlive it, so use kvoffload_scheduler_reset_weights. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t scheduler);

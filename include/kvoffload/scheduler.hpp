@@ -173,6 +173,11 @@ class KVOFFLOAD_EXPORT Scheduler {
   void extend_request(std::string_view request_id, std::int64_t num_tokens,
                       std::span<const BlockHash> new_hashes);
 
+  /// Stores none of the request's tokens past the first `max_tokens` (0: stores nothing of
+  /// it): vLLM's per-request max_offload_tokens. Blocks it already stored stay. Throws
+  /// invalid_argument for an unknown request or a negative limit.
+  void limit_stores(std::string_view request_id, std::int64_t max_tokens);
+
   /// SEMANTICS 4: tokens that can be loaded from host memory (0: nothing), or nullopt: retry
   /// later (keys are being stored or loaded right now).
   std::optional<std::int64_t> lookup(std::string_view request_id, std::int64_t num_computed_tokens);

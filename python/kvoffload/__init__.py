@@ -257,6 +257,10 @@ class Scheduler:
     def on_finished(self, request_id: str) -> None:
         self._s.on_finished(request_id)
 
+    def limit_stores(self, request_id: str, max_tokens: int) -> None:
+        """Stores none of the request's tokens past the first max_tokens (0: nothing of it)."""
+        self._s.limit_stores(request_id, max_tokens)
+
     def reset_cache(self, weights: Optional[str] = None) -> None:
         """Drops the host cache. ``weights``: the new weights' identity, needed with tiers:
         every tier's old blocks become unreachable in the same call, and blocks stored from

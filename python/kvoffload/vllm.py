@@ -502,6 +502,7 @@ def _define_classes() -> None:
                 # Per-request loops over vLLM's objects run in C++ (python/src/vllm_binding.cpp).
                 self._bridge = _kvoffload.VllmBridge(
                     self._sched._s, [g.gpu_block_size for g in self._config.groups])
+                self._cleared = False  # reset_cache since the last take_events
             else:
                 self._load_requests: Dict[int, str] = {}
                 self._completed: Dict[int, Tuple[int, bool]] = {}
@@ -512,9 +513,16 @@ def _define_classes() -> None:
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             hit = self._bridge.lookup(request, num_computed_tokens)
+            params = getattr(request, "kv_transfer_params", None)
+            if params and isinstance(params, dict):
+                # vLLM's per-request max_offload_tokens (its own connector reads it the same
+                # way: a non-negative int, else ignored): nothing past it is stored.
+                cap = params.get("max_offload_tokens")
+                if type(cap) is int and cap >= 0:
+                    self._sched._s.limit_stores(request.request_id, cap)
             if hit is None:
                 return None, False
-            if hit > 0 and getattr(request, "kv_transfer_params", None):
+            if hit > 0 and params:
                 hit = self._cap_load(request, num_computed_tokens, hit)
             return hit, hit > 0
 
@@ -563,9 +571,15 @@ def _define_classes() -> None:
             vLLM's kv_events_config enables them."""
             if self._sched is None or not self._events:
                 return []
-            from vllm.distributed.kv_events import BlockRemoved, BlockStored
+            from vllm.distributed.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
-            return vllm_event_objects(self._bridge.events(), BlockStored, BlockRemoved)
+            out = vllm_event_objects(self._bridge.events(), BlockStored, BlockRemoved)
+            if self._cleared:
+                # reset_cache dropped every block of every tier (a new epoch): a router must
+                # forget what this engine published, before the events since.
+                self._cleared = False
+                out.insert(0, AllBlocksCleared())
+            return out
 
         # ---- vLLM's connector stats (its log line and /metrics) ---------------------------
 
@@ -614,6 +628,7 @@ def _define_classes() -> None:
                 else:
                     self._sched.reset_cache()
                 self._bridge.invalidate()  # every request's stores start over
+                self._cleared = self._events
             return True
 
         # ---- worker role ---------------------------------------------------------------

@@ -76,6 +76,10 @@ def test_bridge_steps_match_the_plain_api_with_idle_requests_left_out(factor):
             a = plain.lookup(t.request.request_id, 0)
             b = bridge.lookup(t.request, 0)
             assert a == b, f"seed {seed} step {step}: lookup {a} vs {b}"
+            if rng.random() < 0.3:  # vLLM's max_offload_tokens: the window must know it
+                cap = rng.randrange(0, 200)
+                plain.limit_stores(t.request.request_id, cap)
+                bridged.limit_stores(t.request.request_id, cap)
             hit = a or 0
             need = -(-t.request.num_tokens // BLOCK)
             t.blocks = list(range(next_block, next_block + need))

@@ -526,3 +526,38 @@ def test_max_load_tokens_caps_a_hit_at_a_host_block(connector_classes, monkeypat
     for i, bad in enumerate(({"max_load_tokens": -1}, {"max_load_tokens": "8"},
                              {"max_load_tokens": 8.0}, {"max_load_tokens": True})):
         assert ask(f"g{i}", bad) == full
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_max_offload_tokens_stores_nothing_past_it(connector_classes, monkeypatch):
+    """vLLM's per-request kv_transfer_params {"max_offload_tokens": N}: nothing past the first
+    N tokens is stored (0: nothing of the request); ignored when malformed."""
+    import types
+
+    from conftest import block_hashes
+
+    c = _scheduler_connector(monkeypatch, {"host_blocks": 32})
+    h = block_hashes("offload-cap", 4)  # 64 tokens, 4 host blocks of 16
+    ns = types.SimpleNamespace
+
+    def stored(rid, params):
+        req = ns(request_id=rid, num_tokens=64, block_hashes=h, kv_transfer_params=params)
+        hit, _ = c.get_num_new_matched_tokens(req, 0)
+        assert hit == 0
+        c.update_state_after_alloc(req, ns(blocks=([],)), 0)
+        out = ns(scheduled_new_reqs=[ns(req_id=rid, num_computed_tokens=0,
+                                         block_ids=([1, 2, 3, 4],))],
+                 scheduled_cached_reqs=ns(req_ids=[], num_computed_tokens=[], new_block_ids=[],
+                                          resumed_req_ids=set()),
+                 num_scheduled_tokens={rid: 64}, preempted_req_ids=set())
+        meta = c.build_connector_meta(out)
+        c.request_finished(req, [])
+        c._sched.reset_cache()  # the next request finds nothing stored
+        return sum(len(j.keys) for j in meta.store_jobs)
+
+    assert stored("a", None) == 4
+    assert stored("b", {"max_offload_tokens": 40}) == 2  # 32 tokens: two whole blocks
+    assert stored("c", {"max_offload_tokens": 0}) == 0
+    for i, bad in enumerate(({"max_offload_tokens": -1}, {"max_offload_tokens": "8"},
+                             {"max_offload_tokens": 8.0})):
+        assert stored(f"d{i}", bad) == 4

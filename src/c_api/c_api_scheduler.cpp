@@ -245,6 +245,15 @@ kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_scheduler_t s,
   });
 }
 
+kvoffload_status_t kvoffload_scheduler_limit_stores(kvoffload_scheduler_t s, const char* request_id,
+                                                    int64_t max_tokens) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_limit_stores", "scheduler");
+    require(request_id, "kvoffload_scheduler_limit_stores", "request_id");
+    s->scheduler.limit_stores(request_id, max_tokens);
+  });
+}
+
 kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t s) {
   return guard([&] {
     require(s, "kvoffload_scheduler_reset_cache", "scheduler");

@@ -388,6 +388,14 @@ void Scheduler::extend_request(std::string_view request_id, std::int64_t num_tok
   r.hashes.insert(r.hashes.end(), new_hashes.begin(), new_hashes.end());
 }
 
+void Scheduler::limit_stores(std::string_view request_id, std::int64_t max_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "limit_stores");
+  RequestState& r = impl_->find_record(request_id, "request");
+  KVOFFLOAD_EXPECTS(max_tokens >= 0, "request \"{}\": limit_stores({}) is negative", r.id,
+                    max_tokens);
+  r.store_limit = max_tokens;
+}
+
 std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
                                               std::int64_t num_computed_tokens) {
   KVOFFLOAD_ONE_THREAD(*impl_, "lookup");

@@ -5,6 +5,7 @@
 // state is a TierCoordinator's (tier_coordinator.hpp), absent without tiers.
 
 #include <algorithm>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -33,6 +34,8 @@ struct GroupState {
 struct RequestState {
   std::string id;
   std::int64_t num_tokens = 0;
+  // Tokens past this are never stored (limit_stores: vLLM's max_offload_tokens).
+  std::int64_t store_limit = std::numeric_limits<std::int64_t>::max();
   std::vector<BlockHash> hashes;
   bool remote_decode = false;
   bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up

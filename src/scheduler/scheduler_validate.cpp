@@ -136,7 +136,7 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
                       "step: request \"{}\": new_block_ids has {} groups, the model has {}", r.id,
                       e.new_block_ids.size(), G);
     const std::int64_t offloadable =
-        std::min(e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens);
+        std::min({e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens, r.store_limit});
     bool idle = !e.resumed;  // no new block, nothing newly offloadable: build_store is a no-op
     for (std::size_t g = 0; g < G; ++g) {
       const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
@@ -225,9 +225,9 @@ Scheduler::IdleWindow Scheduler::idle_window(std::string_view request_id) const 
   const Impl& s = *impl_;
   const RequestState* r = s.requests.find(request_id);
   if (r == nullptr || r->finished) return {};
-  // validate_step's idle test: for every group, floor(min(x, num_tokens) / obs) equals
+  // validate_step's idle test: for every group, floor(min(x, n) / obs) equals
   // next_stored, i.e. L <= min(x, num_tokens) < H with L the largest start and H the smallest
-  // end of the groups' current offloaded blocks.
+  // end of the groups' current offloaded blocks (n: num_tokens, or the store limit if lower).
   std::int64_t lo = 0;
   std::int64_t hi = std::numeric_limits<std::int64_t>::max();
   for (std::size_t g = 0; g < s.layouts.size(); ++g) {
@@ -236,7 +236,7 @@ Scheduler::IdleWindow Scheduler::idle_window(std::string_view request_id) const 
     lo = std::max(lo, next * obs);
     hi = std::min(hi, (next + 1) * obs);
   }
-  const std::int64_t n = r->num_tokens;
+  const std::int64_t n = std::min(r->num_tokens, r->store_limit);
   if (n < lo || lo >= hi) return {};  // min(x, n) <= n < lo: never idle
   if (n < hi) return {lo, std::numeric_limits<std::int64_t>::max()};  // min(x, n) < hi always
   return {lo, hi};

@@ -2,6 +2,10 @@
 
 #include <catch2/catch_test_macros.hpp>
 
+#include <limits>
+
+#include "kvoffload/error.hpp"
+
 #include "support/scheduler_fixture.hpp"
 
 using namespace kvtest;
@@ -150,4 +154,49 @@ TEST_CASE("Store jobs come in the order of the scheduled requests", "[scheduler]
   CHECK(step.store_jobs[0].request_id == "y");
   CHECK(step.store_jobs[1].request_id == "x");
   CHECK(step.store_jobs[0].id < step.store_jobs[1].id);
+}
+
+TEST_CASE("limit_stores: nothing past the limit is stored, and idle_window knows it",
+          "[scheduler][store]") {
+  // Offloaded blocks of 32 tokens (f = 2); the limit 70 allows two of the request's three.
+  Harness h(make_config({full(16)}, 2, 8));
+  const auto hashes = chain_hashes("limit", 6);
+  REQUIRE(h.lookup("r", hashes, 96, 0) == 0);
+  h.s.limit_stores("r", 70);
+  h.alloc_none("r");
+  StepResult s1 = h.step("r", 0, 96, {ids(1, 6)});
+  REQUIRE(s1.store_jobs.size() == 1);
+  CHECK(s1.store_jobs[0].gpu.block_ids == ids(1, 4));
+  CHECK(s1.store_jobs[0].keys.size() == 2);
+  // From here on nothing is due however far the request goes: the window never ends.
+  const Scheduler::IdleWindow w = h.s.idle_window("r");
+  CHECK(w.lo == 64);
+  CHECK(w.hi == std::numeric_limits<std::int64_t>::max());
+  // Without the limit the third block would be stored at 96; with 0 nothing at all.
+  Harness none(make_config({full(16)}, 2, 8));
+  REQUIRE(none.lookup("q", hashes, 96, 0) == 0);
+  none.s.limit_stores("q", 0);
+  none.alloc_none("q");
+  CHECK(none.step("q", 0, 96, {ids(1, 6)}).store_jobs.empty());
+  CHECK_THROWS_AS(h.s.limit_stores("nobody", 1), kvoffload::invalid_argument);
+  CHECK_THROWS_AS(h.s.limit_stores("r", -1), kvoffload::invalid_argument);
+}
+
+TEST_CASE("idle_window: the token counts at which a step stores nothing", "[scheduler][store]") {
+  Harness h(make_config({full(16)}, 2, 8));
+  const auto hashes = chain_hashes("window", 6);
+  CHECK(h.s.idle_window("r").lo >= h.s.idle_window("r").hi);  // unknown: no window
+  REQUIRE(h.lookup("r", hashes, 96, 0) == 0);
+  h.alloc_none("r");
+  // Nothing stored yet: idle while fewer than 32 tokens are computed.
+  Scheduler::IdleWindow w = h.s.idle_window("r");
+  CHECK(w.lo == 0);
+  CHECK(w.hi == 32);
+  REQUIRE(h.step("r", 0, 40, {ids(1, 3)}).store_jobs.size() == 1);
+  w = h.s.idle_window("r");
+  CHECK(w.lo == 32);
+  CHECK(w.hi == 64);
+  // Inside the window a step does nothing; at its end it stores.
+  CHECK(h.step("r", 40, 23, {ids(4, 1)}).store_jobs.empty());
+  CHECK(h.step("r", 63, 1, {{}}).store_jobs.size() == 1);
 }

@@ -201,12 +201,15 @@ def count_events(ctx):
     """Counts the block hashes the connector publishes as vLLM's KV events, and keeps the
     stored ones."""
     take = ctx.conn.take_events
-    counts = ctx.notes.setdefault("events", {"stored": 0, "removed": 0})
+    counts = ctx.notes.setdefault("events", {"stored": 0, "removed": 0, "cleared": 0})
     stored = ctx.notes.setdefault("published", [])
 
     def counting():
         events = list(take())
         for ev in events:
+            if type(ev).__name__ == "AllBlocksCleared":
+                counts["cleared"] += 1
+                continue
             removed = type(ev).__name__ == "BlockRemoved"
             counts["removed" if removed else "stored"] += len(ev.block_hashes)
             if not removed:
@@ -554,6 +557,11 @@ def main(wanted):
                     if ev.get("stored") != whole or not st.get("partial_stores"):
                         problems.append(f"KV events published {ev.get('stored')} stored blocks, "
                                         f"not the {whole} whole ones")
+                    # Each of the scenario's three connector resets (tick0, filler, before r1)
+                    # tells routers to forget everything.
+                    if ev.get("cleared") != 3:
+                        problems.append(f"{ev.get('cleared')} AllBlocksCleared events for 3 "
+                                        f"connector resets")
                 if not ok:
                     problems.insert(0, f"outputs differ from the run without kvoffload: {diff}")
                 if problems:
