@@ -86,7 +86,7 @@ def workload(seed, n):
     return system + suffix, rng.randrange(32, 65)
 
 
-def run(kind, running, factor, hybrid, seed, steps):
+def run(kind, running, factor, hybrid, seed, steps, host_blocks=0):
     vc, kcc, _ = make_setup(hybrid, factor, prefix_caching=False)
     blocks = running * 24 + 1024
     vc.cache_config.num_gpu_blocks = blocks
@@ -96,7 +96,9 @@ def run(kind, running, factor, hybrid, seed, steps):
     vc.scheduler_config.max_num_seqs = running
     vc.scheduler_config.max_num_batched_tokens = running + 4096
     per_block = sum(t.size for t in kcc.kv_cache_tensors) // blocks
-    host_blocks = running * 16 // factor + 256  # every stored block fits: no evictions
+    # By default the running requests' blocks fit (about 16 each, per group); over a run more
+    # are stored than that, so the oldest are evicted.
+    host_blocks = host_blocks or (running * 16 // factor + 256) * len(kcc.kv_cache_groups)
     kvt = vc.kv_transfer_config
     if kind == "vllm":
         kvt.kv_connector, kvt.kv_connector_module_path = "OffloadingConnector", None
@@ -185,6 +187,8 @@ def run(kind, running, factor, hybrid, seed, steps):
         "lookups_hit": timed.hits,
         "load_jobs": loads,
         "store_jobs": stores,
+        "host_blocks": host_blocks,
+        "evictions": (conn._sched.stats()["evictions"] if kind == "kvoffload" else None),
     }
 
 
@@ -196,6 +200,8 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--steps", type=int, default=0, help="measured steps (default by size)")
     p.add_argument("--runs", type=int, default=1, help="runs per connector, alternating")
+    p.add_argument("--host-blocks", type=int, default=0, help="host cache size (default: "
+                   "the running requests' blocks)")
     p.add_argument("--json")
     a = p.parse_args()
     import vllm
@@ -209,7 +215,7 @@ def main():
         for r in range(a.runs):
             for kind in ("vllm", "kvoffload"):
                 started = time.perf_counter()
-                res = run(kind, running, a.factor, a.hybrid, a.seed + r, steps)
+                res = run(kind, running, a.factor, a.hybrid, a.seed + r, steps, a.host_blocks)
                 row["runs"][kind].append(res)
                 print(f"running {running} {kind:9s} run {r}: step {res['step_ms_median']:.3f} ms "
                       f"median, {res['step_ms_p90']:.3f} p90, meta {res['metadata_bytes_median']:.0f} B, "

@@ -422,6 +422,12 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_sch
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_stores(kvoffload_scheduler_t scheduler,
                                                                     const char* request_id,
                                                                     int64_t max_tokens);
+/* Its lookups load at most max_tokens beyond the computed ones, ending at an offloaded block,
+ * every group checked at that end (vLLM 0.33's max_load_tokens); negative: no limit.
+ * KVOFFLOAD_INVALID_ARGUMENT for an unknown request. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_loads(kvoffload_scheduler_t scheduler,
+                                                                   const char* request_id,
+                                                                   int64_t max_tokens);
 /* Drops the host cache. Refused (KVOFFLOAD_INVALID_ARGUMENT) for a scheduler with tiers: their
  * blocks outlive it, so use kvoffload_scheduler_reset_weights. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t scheduler);

@@ -173,6 +173,12 @@ class KVOFFLOAD_EXPORT Scheduler {
   void extend_request(std::string_view request_id, std::int64_t num_tokens,
                       std::span<const BlockHash> new_hashes);
 
+  /// Its lookups load at most `max_tokens` beyond the computed ones, ending at an offloaded
+  /// block's end, with every group checked at that shorter end (vLLM 0.33's max_load_tokens,
+  /// SEMANTICS 4 step 3); negative: no limit again. Throws invalid_argument for an unknown
+  /// request.
+  void limit_loads(std::string_view request_id, std::int64_t max_tokens);
+
   /// Stores none of the request's tokens past the first `max_tokens` (0: stores nothing of
   /// it): vLLM's per-request max_offload_tokens. Blocks it already stored stay. Throws
   /// invalid_argument for an unknown request or a negative limit.

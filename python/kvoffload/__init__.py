@@ -261,6 +261,11 @@ class Scheduler:
         """Stores none of the request's tokens past the first max_tokens (0: nothing of it)."""
         self._s.limit_stores(request_id, max_tokens)
 
+    def limit_loads(self, request_id: str, max_tokens: int) -> None:
+        """Its lookups load at most max_tokens beyond the computed ones, ending at an
+        offloaded block (negative: no limit)."""
+        self._s.limit_loads(request_id, max_tokens)
+
     def reset_cache(self, weights: Optional[str] = None) -> None:
         """Drops the host cache. ``weights``: the new weights' identity, needed with tiers:
         every tier's old blocks become unreachable in the same call, and blocks stored from

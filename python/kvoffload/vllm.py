@@ -512,34 +512,24 @@ def _define_classes() -> None:
         # ---- scheduler role ------------------------------------------------------------
 
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
-            hit = self._bridge.lookup(request, num_computed_tokens)
+            """vLLM's per-request kv_transfer_params, read as its own offloading connector
+            reads them (a non-negative int, else ignored): max_load_tokens limits the hit
+            inside the lookup (it ends at a host block, every group checked there),
+            max_offload_tokens what is stored."""
             params = getattr(request, "kv_transfer_params", None)
+            load_limit = -1
             if params and isinstance(params, dict):
-                # vLLM's per-request max_offload_tokens (its own connector reads it the same
-                # way: a non-negative int, else ignored): nothing past it is stored.
+                cap = params.get("max_load_tokens")
+                if type(cap) is int and cap >= 0:
+                    load_limit = cap
+            hit = self._bridge.lookup(request, num_computed_tokens, load_limit)
+            if params and isinstance(params, dict):
                 cap = params.get("max_offload_tokens")
                 if type(cap) is int and cap >= 0:
                     self._sched._s.limit_stores(request.request_id, cap)
             if hit is None:
                 return None, False
-            if hit > 0 and params:
-                hit = self._cap_load(request, num_computed_tokens, hit)
             return hit, hit > 0
-
-        def _cap_load(self, request, local, hit):
-            """vLLM's per-request max_load_tokens (kv_transfer_params, as its own offloading
-            connector reads it): the hit ends at the last host block boundary within the cap.
-            Only full-attention models are cut short: a sliding-window or mamba group's
-            blocks at a shorter end were never checked by the lookup, so there the capped
-            request loads nothing rather than something unchecked."""
-            params = getattr(request, "kv_transfer_params", None) or {}
-            cap = params.get("max_load_tokens") if isinstance(params, dict) else None
-            if type(cap) is not int or cap < 0 or hit <= cap:
-                return hit
-            if any(g.kind != "full_attention" for g in self._config.groups):
-                return 0
-            block = self._config.block_size_factor * self._config.groups[0].gpu_block_size
-            return max(0, (local + cap) // block * block - local)
 
         def update_state_after_alloc(self, request, blocks, num_external_tokens):
             self._bridge.allocated(request.request_id, blocks, num_external_tokens)

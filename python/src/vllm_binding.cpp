@@ -152,8 +152,12 @@ class VllmBridge {
       : s_(s), sizes_(std::move(gpu_block_sizes)) {}
 
   /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
-  std::optional<std::int64_t> lookup(nb::handle request, std::int64_t num_computed_tokens) {
+  /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup.
+  std::optional<std::int64_t> lookup(nb::handle request, std::int64_t num_computed_tokens,
+                                     std::int64_t load_limit) {
     Entry& e = sync(request, /*always=*/true);
+    if (load_limit >= 0 || e.load_limited) s_.limit_loads(e.id, load_limit);
+    e.load_limited = load_limit >= 0;
     e.local = num_computed_tokens;
     e.window_valid = false;
     return s_.lookup(e.id, num_computed_tokens);
@@ -340,8 +344,9 @@ class VllmBridge {
     nb::object hashes;   // its block_hashes list (extended in place), read again at lookups
     Scheduler::IdleWindow window;  // Scheduler::idle_window after its last passed step
     bool window_valid = false;
-    std::size_t given = 0;   // hashes the scheduler has
-    std::int64_t local = 0;  // num_computed_tokens at the last lookup
+    bool load_limited = false;  // a load limit was given (one less call when never)
+    std::size_t given = 0;      // hashes the scheduler has
+    std::int64_t local = 0;     // num_computed_tokens at the last lookup
   };
 
   ScheduledRequest& next_entry(std::size_t G) {
@@ -444,7 +449,7 @@ void bind_vllm(nb::module_& m) {
                          "in C++ (python/src/vllm_binding.cpp).")
       .def(nb::init<Scheduler&, std::vector<std::int64_t>>(), "scheduler"_a, "gpu_block_sizes"_a,
            nb::keep_alive<1, 2>())
-      .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a)
+      .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a, "load_limit"_a = -1)
       .def("allocated", &VllmBridge::allocated, "request_id"_a, "blocks"_a, "num_external_tokens"_a)
       .def("build_step", &VllmBridge::build_step, "scheduler_output"_a)
       .def("finished", &VllmBridge::finished, "request_id"_a)

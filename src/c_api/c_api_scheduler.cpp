@@ -254,6 +254,15 @@ kvoffload_status_t kvoffload_scheduler_limit_stores(kvoffload_scheduler_t s, con
   });
 }
 
+kvoffload_status_t kvoffload_scheduler_limit_loads(kvoffload_scheduler_t s, const char* request_id,
+                                                   int64_t max_tokens) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_limit_loads", "scheduler");
+    require(request_id, "kvoffload_scheduler_limit_loads", "request_id");
+    s->scheduler.limit_loads(request_id, max_tokens);
+  });
+}
+
 kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t s) {
   return guard([&] {
     require(s, "kvoffload_scheduler_reset_cache", "scheduler");

@@ -396,6 +396,12 @@ void Scheduler::limit_stores(std::string_view request_id, std::int64_t max_token
   r.store_limit = max_tokens;
 }
 
+void Scheduler::limit_loads(std::string_view request_id, std::int64_t max_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "limit_loads");
+  RequestState& r = impl_->find_record(request_id, "request");
+  r.load_limit = max_tokens < 0 ? -1 : max_tokens;
+}
+
 std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
                                               std::int64_t num_computed_tokens) {
   KVOFFLOAD_ONE_THREAD(*impl_, "lookup");

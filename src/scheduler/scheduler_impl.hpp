@@ -36,6 +36,9 @@ struct RequestState {
   std::int64_t num_tokens = 0;
   // Tokens past this are never stored (limit_stores: vLLM's max_offload_tokens).
   std::int64_t store_limit = std::numeric_limits<std::int64_t>::max();
+  // At most this many tokens beyond the computed ones are loaded, ending at an offloaded
+  // block's end (limit_loads: vLLM's max_load_tokens); negative: no limit.
+  std::int64_t load_limit = -1;
   std::vector<BlockHash> hashes;
   bool remote_decode = false;
   bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up

@@ -94,7 +94,11 @@ Probe Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t 
 
 bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_out,
                            LookupPass* pass) {
-  std::int64_t max_hit = r.num_tokens - (any_windowed ? 1 : 0);
+  // vLLM 0.33's order: the load limit, then one token less for windowed models, then (per
+  // group, with a limit) down to the group's offloaded block.
+  const bool limited = r.load_limit >= 0;
+  std::int64_t max_hit = (limited ? std::min(r.num_tokens, nct + r.load_limit) : r.num_tokens) -
+                         (any_windowed ? 1 : 0);
   std::int64_t hit = 0;
   bool defer = false;
   hit_out = 0;
@@ -113,6 +117,7 @@ bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_
       const std::int64_t obs = layout.offloaded_block_size;
       const std::int64_t nk = num_keys(r, g);
       max_hit = std::min(max_hit, nk * obs);
+      if (limited) max_hit = max_hit / obs * obs;
       if (max_hit - nct < obs) return true;
       const std::int64_t start = nct / obs;
       const std::int64_t end = std::min(cdiv(max_hit, obs), nk);

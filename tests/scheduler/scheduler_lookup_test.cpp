@@ -16,7 +16,8 @@ enum State { M, H, P };  // miss, hit, pending
 /// given). Returns hit tokens, or -1 for retry later.
 std::int64_t lookup_with(const SchedulerConfig& config,
                          const std::vector<std::vector<State>>& states_per_group,
-                         std::int64_t num_tokens, std::int64_t computed = 0) {
+                         std::int64_t num_tokens, std::int64_t computed = 0,
+                         std::int64_t load_limit = -1) {
   Harness h(config);
   std::size_t n = 0;
   for (const auto& states : states_per_group) n = std::max(n, states.size());
@@ -26,7 +27,9 @@ std::int64_t lookup_with(const SchedulerConfig& config,
       if (states_per_group[g][i] != M) h.place(hashes, g, i, states_per_group[g][i] == H);
     }
   }
-  const auto hit = h.lookup("target", hashes, num_tokens, computed);
+  h.s.update_request("target", num_tokens, hashes);
+  h.s.limit_loads("target", load_limit);
+  const auto hit = h.s.lookup("target", computed);
   return hit ? *hit : -1;
 }
 
@@ -77,6 +80,31 @@ TEST_CASE("Suffix window scan: a pending key met before the window defers", "[sc
   CHECK(lookup_with(sw(32), {{H, H, P, M}}, 65) == -1);
   CHECK(lookup_with(sw(32), {{H, H, P}}, 49) == -1);
   CHECK(lookup_with(sw(32), {{P, H, H}}, 49) == 48);  // left of the window: not met
+}
+
+TEST_CASE("A load limit ends the hit at a block within it, every group checked there",
+          "[scheduler][lookup]") {
+  // Full attention: floor((computed + L) / 16) * 16 - computed, as vLLM 0.33 cuts it.
+  CHECK(lookup_with(fa(), {{H, H, H, H}}, 64, 0, 40) == 32);
+  CHECK(lookup_with(fa(), {{H, H, H, H}}, 64, 0, 15) == 0);
+  CHECK(lookup_with(fa(), {{H, H, H, H}}, 64, 16, 40) == 32);  // ends at 48
+  CHECK(lookup_with(fa(), {{H, H, H, H}}, 64, 0, 1000) == 64);
+  CHECK(lookup_with(fa(), {{H, H, H, H}}, 64, 0, -1) == 64);  // no limit
+  // Sliding window of 2 blocks: the window is checked at the limited end, not the full one.
+  // Blocks 0-1 hit, 2 missing, 3-4 hit: unlimited the window at 3-4 gives 80; limited to 40
+  // (39 with the recomputed token, down to 32) the window 0-1 gives 32.
+  CHECK(lookup_with(sw(32), {{H, H, M, H, H}}, 81) == 80);
+  CHECK(lookup_with(sw(32), {{H, H, M, H, H}}, 81, 0, 40) == 32);
+  // Limited to 64 (63, down to 48): blocks 1-2 would be the window, 2 is missing: the front
+  // run 0-1 (32).
+  CHECK(lookup_with(sw(32), {{H, H, M, H, H}}, 81, 0, 64) == 32);
+  // A hybrid model: each group at the limited end.
+  const SchedulerConfig hybrid = make_config({full(), window(32)}, 1, 64);
+  CHECK(lookup_with(hybrid, {{H, H, H, H, H}, {H, H, M, H, H}}, 81, 0, 40) == 32);
+  // Block 0 of the window group missing: at the limited end its window (0-1) fails, and the
+  // run reaching the front is empty; unlimited, the window at 3-4 gives the whole 80.
+  CHECK(lookup_with(hybrid, {{H, H, H, H, H}, {M, H, M, H, H}}, 81, 0, 40) == 0);
+  CHECK(lookup_with(hybrid, {{H, H, H, H, H}, {M, H, M, H, H}}, 81) == 80);
 }
 
 TEST_CASE("Mamba keeps one block: the last hit block is enough", "[scheduler][lookup]") {
