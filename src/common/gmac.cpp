@@ -1,7 +1,6 @@
 #include "common/gmac.hpp"
 
 #include <openssl/core_names.h>
-#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
 #include <openssl/rand.h>
@@ -9,15 +8,13 @@
 #include <memory>
 
 #include "common/expects.hpp"
+#include "common/openssl_error.hpp"
 
 namespace kvoffload::detail {
 namespace {
 
 [[noreturn]] void fail(const char* what) {
-  char text[256] = "unknown error";
-  ERR_error_string_n(ERR_get_error(), text, sizeof(text));
-  ERR_clear_error();  // the rest of the queue would be blamed on the next failure
-  throw error(fmt::format("GMAC: {} failed: {}", what, text));
+  throw_openssl_error("GMAC", what);
 }
 
 struct CtxFree {

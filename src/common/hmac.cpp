@@ -2,20 +2,17 @@
 
 #include <openssl/core_names.h>
 #include <openssl/crypto.h>
-#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/params.h>
 
 #include "common/expects.hpp"
+#include "common/openssl_error.hpp"
 
 namespace kvoffload::detail {
 namespace {
 
 [[noreturn]] void fail(const char* what) {
-  char text[256] = "unknown error";
-  ERR_error_string_n(ERR_get_error(), text, sizeof(text));
-  ERR_clear_error();  // the rest of the queue would be blamed on the next failure
-  throw error(fmt::format("HMAC-SHA-256: {} failed: {}", what, text));
+  throw_openssl_error("HMAC-SHA-256", what);
 }
 
 }  // namespace
