@@ -222,9 +222,9 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// Where build_step has nothing to do for a request (SEMANTICS 6: no store) when its entry
   /// brings no new block and is not resumed: for num_computed_tokens + num_scheduled_tokens in
   /// [lo, hi). Empty (lo >= hi) for an unknown or finished request. It changes only with the
-  /// request's build_step entries that do something, its lookups, allocations and new hashes,
-  /// and reset_cache, so a binding that remembers it may leave such entries out of a step
-  /// (most of a decode step's requests) and get the same jobs.
+  /// request's build_step entries that do something, its lookups, allocations, new hashes and
+  /// limit_stores, and reset_cache, so a binding that remembers it may leave such entries out of a
+  /// step (most of a decode step's requests) and get the same jobs.
   struct IdleWindow {
     std::int64_t lo = 0;
     std::int64_t hi = 0;

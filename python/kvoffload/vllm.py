@@ -312,6 +312,17 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         weights=identity)
 
 
+def hash_block_size(vllm_config: Any, kv_cache_config: Any) -> int:
+    """The tokens each of a request's block_hashes covers, as vLLM resolves it (with several
+    KV-cache groups a finer prefix-match unit can make it smaller than the block size: a key
+    built for a whole block from one of them would name only part of its tokens)."""
+    try:
+        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    except ImportError:  # a vLLM without it hashes per block
+        return vllm_config.cache_config.block_size
+    return int(resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)[1])
+
+
 def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
     """(kind, GPU block size, sliding window in tokens) of vLLM's KV-cache group `g`.
 
@@ -485,7 +496,7 @@ def _define_classes() -> None:
                 if getattr(cc, "calculate_kv_scales", False):
                     raise kv.InvalidArgument("tiers: calculate_kv_scales gives each engine its "
                                              "own fp8 KV scales; blocks would not be portable")
-            self._config = scheduler_config(groups, vllm_config.cache_config.block_size,
+            self._config = scheduler_config(groups, hash_block_size(vllm_config, kv_cache_config),
                                             per_block, extra, num_workers=world,
                                             enable_events=self._events,
                                             identity=self._identity, tp_size=tp_size,
@@ -517,16 +528,15 @@ def _define_classes() -> None:
             inside the lookup (it ends at a host block, every group checked there),
             max_offload_tokens what is stored."""
             params = getattr(request, "kv_transfer_params", None)
-            load_limit = -1
+            load_limit = store_limit = -1
             if params and isinstance(params, dict):
                 cap = params.get("max_load_tokens")
                 if type(cap) is int and cap >= 0:
                     load_limit = cap
-            hit = self._bridge.lookup(request, num_computed_tokens, load_limit)
-            if params and isinstance(params, dict):
                 cap = params.get("max_offload_tokens")
                 if type(cap) is int and cap >= 0:
-                    self._sched._s.limit_stores(request.request_id, cap)
+                    store_limit = cap
+            hit = self._bridge.lookup(request, num_computed_tokens, load_limit, store_limit)
             if hit is None:
                 return None, False
             return hit, hit > 0
@@ -618,6 +628,9 @@ def _define_classes() -> None:
                 else:
                     self._sched.reset_cache()
                 self._bridge.invalidate()  # every request's stores start over
+                # Events queued before the reset are dropped: AllBlocksCleared, first in the
+                # next batch, says all of it, and nothing of the old cache may follow it.
+                self._bridge.events()
                 self._cleared = self._events
             return True
 

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <optional>
 #include <span>
@@ -38,6 +39,15 @@ using namespace nb::literals;
 
 namespace kvoffload::python {
 namespace {
+
+/// Python's warnings: the connector runs inside vLLM, whose log shows them.
+void detail_warn_diverged(const std::string& id, std::int64_t keep_tokens) {
+  const std::string text = "kvoffload: request \"" + id +
+                           "\": its block hashes changed below what was stored for it (a "
+                           "resumable session's next turn?); it stores nothing past token " +
+                           std::to_string(keep_tokens) + " and loads nothing from now on";
+  if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) < 0) PyErr_Clear();
+}
 
 struct StringHash {
   using is_transparent = void;
@@ -152,12 +162,17 @@ class VllmBridge {
       : s_(s), sizes_(std::move(gpu_block_sizes)) {}
 
   /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
-  /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup.
+  /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup;
+  /// `store_limit`: its max_offload_tokens (negative: left as it is). Both here, where the
+  /// request's idle window is dropped: a new store limit moves it.
   std::optional<std::int64_t> lookup(nb::handle request, std::int64_t num_computed_tokens,
-                                     std::int64_t load_limit) {
+                                     std::int64_t load_limit, std::int64_t store_limit) {
     Entry& e = sync(request, /*always=*/true);
-    if (load_limit >= 0 || e.load_limited) s_.limit_loads(e.id, load_limit);
-    e.load_limited = load_limit >= 0;
+    if (!e.diverged) {  // a diverged request keeps the limits sync_entry gave it
+      if (load_limit >= 0 || e.load_limited) s_.limit_loads(e.id, load_limit);
+      e.load_limited = load_limit >= 0;
+      if (store_limit >= 0) s_.limit_stores(e.id, store_limit);
+    }
     e.local = num_computed_tokens;
     e.window_valid = false;
     return s_.lookup(e.id, num_computed_tokens);
@@ -230,8 +245,12 @@ class VllmBridge {
         sync_entry(*e, false, false);
         passed_.push_back(e);
       }
+      // A new request's block_ids are its whole block table: the scheduler's list starts over
+      // (resumed). A request the scheduler knows can come back this way: a resumable
+      // session's next turn (vLLM re-queues it with its table and no lookup), or a preempted
+      // one under vLLM 0.33's model runner; appending would store other blocks' bytes.
       fill(next_entry(G), id, as_int(get(nr, n_.num_computed_tokens), "num_computed_tokens"),
-           num_scheduled(rid), get(nr, n_.block_ids), false, "block_ids");
+           num_scheduled(rid), get(nr, n_.block_ids), true, "block_ids");
     }
     const Fast id_col(ids, "req_ids");
     const Fast computed_col(computed, "num_computed_tokens");
@@ -244,7 +263,12 @@ class VllmBridge {
     for (Py_ssize_t i = 0; i < n; ++i) {
       nb::handle rid = id_col[i];
       const std::string_view id = as_str(rid, "req_id");
-      const bool was_resumed = any_resumed && PySequence_Contains(resumed.ptr(), rid.ptr()) == 1;
+      bool was_resumed = false;
+      if (any_resumed) {
+        const int found = PySequence_Contains(resumed.ptr(), rid.ptr());
+        if (found < 0) throw nb::python_error();
+        was_resumed = found == 1;
+      }
       const std::int64_t computed_tokens = as_int(computed_col[i], "num_computed_tokens");
       const std::int64_t scheduled_tokens = num_scheduled(rid);
       nb::handle fresh = blocks_col[i];
@@ -344,9 +368,10 @@ class VllmBridge {
     nb::object hashes;   // its block_hashes list (extended in place), read again at lookups
     Scheduler::IdleWindow window;  // Scheduler::idle_window after its last passed step
     bool window_valid = false;
-    bool load_limited = false;  // a load limit was given (one less call when never)
-    std::size_t given = 0;      // hashes the scheduler has
-    std::int64_t local = 0;     // num_computed_tokens at the last lookup
+    bool load_limited = false;     // a load limit was given (one less call when never)
+    std::vector<BlockHash> given;  // the hashes the scheduler has, as it was given them
+    bool diverged = false;         // its hashes stopped extending what was given (sync_entry)
+    std::int64_t local = 0;        // num_computed_tokens at the last lookup
   };
 
   ScheduledRequest& next_entry(std::size_t G) {
@@ -388,10 +413,20 @@ class VllmBridge {
     const std::string_view id = as_str(rid, "request_id");
     auto it = requests_.find(id);
     const bool first = it == requests_.end();
-    if (first)
+    if (first) {
       it = requests_.emplace(std::string(id), Entry{std::string(id), nb::borrow(request)}).first;
+    } else if (!it->second.request.is(request)) {
+      // Another object under a live id (vLLM forbids it; a caller may not): read the new one.
+      it->second.request = nb::borrow(request);
+      it->second.hashes = nb::object();
+    }
     Entry& e = it->second;
-    sync_entry(e, first, always);
+    try {
+      sync_entry(e, first, always);
+    } catch (...) {
+      if (first) requests_.erase(it);  // the scheduler never took it: no entry either
+      throw;
+    }
     return e;
   }
 
@@ -408,13 +443,24 @@ class VllmBridge {
                                                            : PyObject_Length(hashes.ptr());
     if (len < 0) throw nb::python_error();
     const auto n = static_cast<std::size_t>(len);
-    if (!first && !always && n <= e.given) return false;
+    if (e.diverged) return false;
+    // The list must still extend what the scheduler has: the last hash given unchanged (vLLM
+    // chains its hashes, so the ones before it are too). A resumable session's next turn
+    // drops and re-derives trailing hashes from other tokens.
+    const std::size_t g = e.given.size();
+    if (!first && g > 0 &&
+        (n < g || !same_hash(Fast(hashes, "block_hashes")[static_cast<Py_ssize_t>(g - 1)],
+                             e.given.back()))) {
+      diverge(e, hashes, n);
+      return true;
+    }
+    if (!first && !always && n <= g) return false;
     const std::int64_t num_tokens = as_int(get(e.request, n_.num_tokens), "num_tokens");
     std::vector<BlockHash> fresh;
-    fresh.reserve(n > e.given ? n - e.given : 0);
-    if (n > e.given || first) {
+    fresh.reserve(n > g ? n - g : 0);
+    if (n > g || first) {
       const Fast items(hashes, "block_hashes");
-      for (std::size_t i = first ? 0 : e.given; i < n; ++i) {
+      for (std::size_t i = first ? 0 : g; i < n; ++i) {
         fresh.push_back(to_block_hash(items[static_cast<Py_ssize_t>(i)], e.id, i));
       }
     }
@@ -423,9 +469,34 @@ class VllmBridge {
     } else {
       s_.extend_request(e.id, num_tokens, fresh);
     }
-    e.given = std::max(e.given, n);
+    e.given.insert(e.given.end(), fresh.begin(), fresh.end());
     e.window_valid = false;
     return true;
+  }
+
+  static bool same_hash(nb::handle h, const BlockHash& known) {
+    if (!PyBytes_Check(h.ptr())) return false;  // vLLM's are bytes; anything else: diverged
+    const auto n = static_cast<std::size_t>(PyBytes_GET_SIZE(h.ptr()));
+    return n == known.size() && std::memcmp(PyBytes_AS_STRING(h.ptr()), known.data(), n) == 0;
+  }
+
+  /// The request's hashes no longer extend the scheduler's: its blocks past the hashes both
+  /// still share hold other tokens than the scheduler's keys name. It stores nothing past
+  /// them and loads nothing from now on (the scheduler's keys there would be wrong: a load
+  /// could bring KV of tokens the request no longer has).
+  void diverge(Entry& e, const nb::object& hashes, std::size_t n) {
+    const Fast items(hashes, "block_hashes");
+    std::size_t keep = 0;
+    while (keep < std::min(n, e.given.size()) &&
+           same_hash(items[static_cast<Py_ssize_t>(keep)], e.given[keep])) {
+      ++keep;
+    }
+    const std::int64_t keep_tokens = static_cast<std::int64_t>(keep) * s_.config().hash_block_size;
+    s_.limit_stores(e.id, keep_tokens);
+    s_.limit_loads(e.id, 0);
+    e.diverged = true;
+    e.window_valid = false;
+    detail_warn_diverged(e.id, keep_tokens);
   }
 
   Names n_;
@@ -449,7 +520,8 @@ void bind_vllm(nb::module_& m) {
                          "in C++ (python/src/vllm_binding.cpp).")
       .def(nb::init<Scheduler&, std::vector<std::int64_t>>(), "scheduler"_a, "gpu_block_sizes"_a,
            nb::keep_alive<1, 2>())
-      .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a, "load_limit"_a = -1)
+      .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a, "load_limit"_a = -1,
+           "store_limit"_a = -1)
       .def("allocated", &VllmBridge::allocated, "request_id"_a, "blocks"_a, "num_external_tokens"_a)
       .def("build_step", &VllmBridge::build_step, "scheduler_output"_a)
       .def("finished", &VllmBridge::finished, "request_id"_a)

@@ -5,6 +5,7 @@ vLLM-shaped objects, leaving idle requests out of steps) and one through the pla
 every request every step; their jobs must be the same at every step. vLLM itself is not
 needed: the objects are stand-ins with vLLM's attribute names."""
 
+import hashlib
 import os
 import random
 import types
@@ -177,3 +178,85 @@ def test_bridge_names_bad_input():
     out.scheduled_cached_reqs.num_computed_tokens = []
     with pytest.raises(kv.InvalidArgument, match="columns of different lengths"):
         bridge.build_step(out)
+
+
+def session_rehash(req, tokens):
+    """vLLM's chained block hashes of the whole blocks of `tokens`, extending req's."""
+    h = req.block_hashes
+    while (len(h) + 1) * BLOCK <= len(tokens):
+        i = len(h)
+        h.append(hashlib.sha256((h[-1] if h else b"") +
+                                repr(tokens[i * BLOCK:(i + 1) * BLOCK]).encode()).digest()[:16])
+    req.num_tokens = len(tokens)
+
+
+def session_step(bridge, rid, computed, blocks, n):
+    """A step scheduling `rid` as vLLM schedules a waiting request: in scheduled_new_reqs with
+    its whole block table."""
+    return bridge.build_step(ns(
+        scheduled_new_reqs=[ns(req_id=rid, num_computed_tokens=computed, block_ids=(blocks,))],
+        num_scheduled_tokens={rid: n}, preempted_req_ids=set(),
+        scheduled_cached_reqs=ns(req_ids=[], num_computed_tokens=[], new_block_ids=[],
+                                 resumed_req_ids=set())))
+
+
+def blocks_of(ids):
+    return ns(blocks=([ns(block_id=b, is_null=False, block_hash=None) for b in ids],))
+
+
+def test_a_resumable_session_turn_stores_from_its_whole_block_table():
+    """vLLM's streaming sessions: a stopped turn keeps the request; the next chunk comes back
+    as a waiting request scheduled in scheduled_new_reqs with all its blocks and no lookup.
+    Appending that table to the first turn's would store other GPU blocks' bytes."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK])
+    tokens = list(range(100, 148))  # turn 1: 48 tokens, 3 whole blocks
+    req = ns(request_id="sess", block_hashes=[], num_tokens=0, kv_transfer_params=None)
+    session_rehash(req, tokens)
+    assert bridge.lookup(req, 0) == 0
+    bridge.allocated("sess", blocks_of([1, 2, 3, 4]), 0)
+    _, stores, _, _ = session_step(bridge, "sess", 0, [1, 2, 3, 4], 48)
+    assert [list(map(int, j.gpu_block_ids)) for j in stores] == [[1, 2, 3]]
+    tokens += list(range(500, 540))  # turn 2: 40 more prompt tokens, GPU blocks 5 and 6
+    session_rehash(req, tokens)
+    bridge.allocated("sess", blocks_of([1, 2, 3, 4, 5, 6]), 0)
+    _, stores, _, _ = session_step(bridge, "sess", 48, [1, 2, 3, 4, 5, 6], 40)
+    # Offloaded blocks 3 and 4 (tokens 48-79) are in GPU blocks 4 and 5, under their hashes.
+    assert [list(map(int, j.gpu_block_ids)) for j in stores] == [[4, 5]]
+    assert [k[0] for k in stores[0].keys] == req.block_hashes[3:5]
+
+
+def test_hashes_that_stop_extending_what_was_given_stop_stores_and_loads():
+    """The next turn of a session whose turn ended inside a block: vLLM drops the hashes past
+    the kept tokens and derives them again from other tokens. The scheduler's old hash for
+    that block would name the new tokens' KV: nothing past the shared hashes is stored, and
+    the request loads nothing more."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK])
+    tokens = list(range(100, 163))  # 63 prompt tokens
+    req = ns(request_id="s2", block_hashes=[], num_tokens=0, kv_transfer_params=None)
+    session_rehash(req, tokens)
+    assert bridge.lookup(req, 0) == 0
+    bridge.allocated("s2", blocks_of([1, 2, 3, 4]), 0)
+    _, first, _, _ = session_step(bridge, "s2", 0, [1, 2, 3, 4], 63)
+    s.on_completed([kv.JobReport(j.id) for j in first])
+    tokens.append(777)  # a sampled token completes block 3's hash, then the turn stops
+    session_rehash(req, tokens)
+    old = req.block_hashes[3]
+    assert bridge.lookup(req, 63) == 0  # the scheduler now has hash 3 too
+    del tokens[63:]
+    del req.block_hashes[63 // BLOCK:]
+    tokens += list(range(600, 650))
+    session_rehash(req, tokens)
+    assert req.block_hashes[3] != old
+    bridge.allocated("s2", blocks_of(range(1, 9)), 0)
+    with pytest.warns(RuntimeWarning, match='"s2": its block hashes changed'):
+        _, stores, _, _ = session_step(bridge, "s2", 63, list(range(1, 9)), 50)
+    assert stores == []  # blocks 0-2 were stored in turn 1; nothing past 48 tokens now
+    assert bridge.lookup(req, 48) == 0
+    # What turn 1 stored is still right: a new request with its prompt hits it.
+    other = ns(request_id="o", block_hashes=list(req.block_hashes[:3]), num_tokens=49,
+               kv_transfer_params=None)
+    assert bridge.lookup(other, 0) == 48
