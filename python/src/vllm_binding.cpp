@@ -199,13 +199,16 @@ class VllmBridge {
       const std::int64_t size = sizes_[g];
       const std::int64_t needed = (local + num_external_tokens + size - 1) / size;
       std::int64_t computed = std::min(needed, n);
+      // Blocks below the locally computed tokens need no load whatever they hold: a window or
+      // mamba group may keep non-null unhashed blocks there (vLLM 0.33 scans from here too).
+      const std::int64_t first_fresh = (local + size - 1) / size;
       AllocatedGroup a;
       a.block_ids.resize(static_cast<std::size_t>(n));
       for (std::int64_t i = 0; i < n; ++i) {
         nb::handle b = items[static_cast<Py_ssize_t>(i)];
         a.block_ids[static_cast<std::size_t>(i)] = as_block_id(get(b, n_.block_id), "block_id");
         // The first block vLLM neither computed nor holds as null: loads start there.
-        if (i < computed && !nb::cast<bool>(get(b, n_.is_null)) &&
+        if (i >= first_fresh && i < computed && !nb::cast<bool>(get(b, n_.is_null)) &&
             get(b, n_.block_hash).is_none()) {
           computed = i;
         }
