@@ -30,7 +30,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
                                 "vllm"))
 
-from e2e_check import BLOCK, make_setup  # noqa: E402
+from e2e_check import BLOCK, fake_model_step, make_setup  # noqa: E402
 
 from kvoffload.vllm import KvoffloadWorkerMetadata  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import (  # noqa: E402
@@ -40,7 +40,7 @@ from vllm.sampling_params import SamplingParams  # noqa: E402
 from vllm.utils.hashing import sha256  # noqa: E402
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash  # noqa: E402
 from vllm.v1.core.sched.scheduler import Scheduler  # noqa: E402
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
+
 from vllm.v1.request import Request  # noqa: E402
 from vllm.v1.structured_output import StructuredOutputManager  # noqa: E402
 
@@ -156,12 +156,7 @@ def run(kind, running, factor, hybrid, seed, steps, host_blocks=0):
                     {j.id: (1, True) for j in list(meta.store_jobs) + list(meta.load_jobs)})
                 recving = {j.request_id for j in meta.load_jobs}
                 n_loads, n_stores = len(meta.load_jobs), len(meta.store_jobs)
-            ids = list(out.num_scheduled_tokens)
-            sched.update_from_output(out, ModelRunnerOutput(
-                req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                sampled_token_ids=[[7] for _ in ids],
-                kv_connector_output=KVConnectorOutput(finished_recving=recving or None,
-                                                      kv_connector_worker_meta=done)))
+            fake_model_step(sched, out, recving, done)
             if measuring:
                 per_step.append(sum(timed.spent.values()) - before)
                 meta_bytes.append(len(pickle.dumps(meta)))

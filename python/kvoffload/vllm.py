@@ -60,8 +60,8 @@ METRICS = {
     "lookups": "Requests looked up in the offloaded cache.",
     "hits": "Key probes that found the key in host memory (a repeated lookup probes again).",
     "misses": "Key probes that did not find the key in host memory.",
-    "hit_tokens": "Tokens lookups answered as cached (a repeated lookup counts again; before "
-                  "a request's max_load_tokens cap).",
+    "hit_tokens": "Tokens lookups answered as cached (a repeated lookup counts again; within "
+                  "a request's max_load_tokens).",
     "deferrals": "Lookups answered 'retry later' (a store or promotion of their blocks in flight).",
     "load_jobs": "Load jobs (host to GPU) issued.",
     "store_jobs": "Store jobs (GPU to host) issued.",
@@ -312,6 +312,13 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         weights=identity)
 
 
+def token_param(params: Any, name: str) -> int:
+    """A per-request token count from vLLM's kv_transfer_params, read as vLLM's own offloading
+    connector reads it: a non-negative int, else ignored (-1)."""
+    value = params.get(name) if isinstance(params, dict) else None
+    return value if type(value) is int and value >= 0 else -1
+
+
 def hash_block_size(vllm_config: Any, kv_cache_config: Any) -> int:
     """The tokens each of a request's block_hashes covers, as vLLM resolves it (with several
     KV-cache groups a finer prefix-match unit can make it smaller than the block size: a key
@@ -528,15 +535,9 @@ def _define_classes() -> None:
             inside the lookup (it ends at a host block, every group checked there),
             max_offload_tokens what is stored."""
             params = getattr(request, "kv_transfer_params", None)
-            load_limit = store_limit = -1
-            if params and isinstance(params, dict):
-                cap = params.get("max_load_tokens")
-                if type(cap) is int and cap >= 0:
-                    load_limit = cap
-                cap = params.get("max_offload_tokens")
-                if type(cap) is int and cap >= 0:
-                    store_limit = cap
-            hit = self._bridge.lookup(request, num_computed_tokens, load_limit, store_limit)
+            hit = self._bridge.lookup(request, num_computed_tokens,
+                                      token_param(params, "max_load_tokens"),
+                                      token_param(params, "max_offload_tokens"))
             if hit is None:
                 return None, False
             return hit, hit > 0

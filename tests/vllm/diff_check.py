@@ -15,7 +15,7 @@ import random
 import sys
 import types
 
-from e2e_check import BLOCK, make_setup
+from e2e_check import BLOCK, fake_model_step, make_setup
 
 import kvoffload as kv
 from kvoffload.vllm import KvoffloadConnector, KvoffloadWorkerMetadata
@@ -27,7 +27,7 @@ from vllm.sampling_params import SamplingParams
 from vllm.utils.hashing import sha256
 from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
 from vllm.v1.core.sched.scheduler import Scheduler
-from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
+from vllm.v1.outputs import KVConnectorOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
@@ -197,12 +197,7 @@ def scenario(name, hybrid, factor, host_blocks=64, gpu_blocks=96, prompts=8, asy
             done.mark_completed(j)
         if not async_loads:
             recving |= {mv.load_jobs[j].req_id for j in mv.load_jobs}
-        ids = list(out.num_scheduled_tokens)
-        sched.update_from_output(out, ModelRunnerOutput(
-            req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-            sampled_token_ids=[[7] for _ in ids],
-            kv_connector_output=KVConnectorOutput(finished_recving=recving or None,
-                                                  kv_connector_worker_meta=done)))
+        fake_model_step(sched, out, recving, done)
         if not waiting and not sched.has_unfinished_requests() and not late:
             break
     stats = ours._sched.stats()

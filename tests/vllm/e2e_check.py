@@ -79,6 +79,17 @@ def make_setup(hybrid, factor, prefix_caching):
     return vc, kcc, layers
 
 
+def fake_model_step(sched, out, recving, worker_meta):
+    """The model ran `out`: one sampled token (7) per scheduled request, the loads of
+    `recving` finished, the workers' metadata reported."""
+    ids = list(out.num_scheduled_tokens)
+    sched.update_from_output(out, ModelRunnerOutput(
+        req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=[[7] for _ in ids],
+        kv_connector_output=KVConnectorOutput(finished_recving=recving or None,
+                                              kv_connector_worker_meta=worker_meta)))
+
+
 def page_of(token_ids):
     """The KV page the fake model writes for a block holding these tokens."""
     t = torch.tensor(token_ids, dtype=torch.float32)
