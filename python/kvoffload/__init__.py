@@ -33,6 +33,7 @@ from ._kvoffload import (  # noqa: F401  (re-exported)
     _Worker,
     built_with_cuda,
     cuda_device_count,
+    merge_rank_scans,
 )
 from ._kvoffload import _check_derivation
 from ._kvoffload import _parse_bytes  # noqa: F401  (vllm.py reads byte sizes with it)
@@ -66,6 +67,7 @@ __all__ = [
     "built_with_cuda",
     "derive_worker_config",
     "cuda_device_count",
+    "merge_rank_scans",
     "stream_handle",
     "tensor_of",
 ]

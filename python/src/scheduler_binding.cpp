@@ -18,6 +18,7 @@
 #include "kvoffload/error.hpp"
 #include "kvoffload/metrics_text.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/tiers/disk_tier.hpp"
 #include "kvoffload/tiers/shared_presence.hpp"
 
 namespace nb = nanobind;
@@ -108,6 +109,21 @@ nb::list scan_to_list(const std::vector<std::optional<Key>>& scan) {
 
 namespace {
 
+/// A scan from Python: per slot, None or a (hash, group) key; `what` names the caller.
+std::vector<std::optional<Key>> list_to_scan(const nb::list& slots, std::string_view what) {
+  std::vector<std::optional<Key>> keys(slots.size());
+  for (std::size_t i = 0; i < slots.size(); ++i) {
+    if (slots[i].is_none()) continue;
+    const auto pair = nb::cast<std::pair<nb::bytes, std::uint32_t>>(slots[i]);
+    keys[i] = Key{to_hash(pair.first, what, i), pair.second};
+  }
+  return keys;
+}
+
+}  // namespace
+
+namespace {
+
 void bind_tier_job(nb::module_& m) {
   using TierState = std::tuple<JobId, std::string, std::uint32_t, std::string,
                                std::vector<std::pair<nb::bytes, std::uint32_t>>,
@@ -162,6 +178,17 @@ void bind_tier_job(nb::module_& m) {
 }  // namespace
 
 void bind_scheduler(nb::module_& m) {
+  m.def(
+      "merge_rank_scans",
+      [](const std::vector<nb::list>& ranks) {
+        std::vector<std::vector<std::optional<Key>>> scans;
+        scans.reserve(ranks.size());
+        for (const nb::list& r : ranks) scans.push_back(list_to_scan(r, "merge_rank_scans"));
+        return scan_to_list(merge_rank_scans(scans));
+      },
+      "ranks"_a,
+      "A disk tier's scans of several ranks (one list per rank, slot by slot) as one: a slot "
+      "holds a key only where every rank's slot holds that same key.");
   bind_tier_job(m);
   nb::class_<TransferJob>(m, "Job", "A load or store job, as the scheduler emitted it.")
       .def_ro("id", &TransferJob::id)
@@ -329,13 +356,7 @@ void bind_scheduler(nb::module_& m) {
       .def(
           "restore_tier",
           [](Scheduler& s, std::size_t t, const nb::list& slots) {
-            std::vector<std::optional<Key>> keys(slots.size());
-            for (std::size_t i = 0; i < slots.size(); ++i) {
-              if (slots[i].is_none()) continue;
-              const auto pair = nb::cast<std::pair<nb::bytes, std::uint32_t>>(slots[i]);
-              keys[i] = Key{to_hash(pair.first, "restore_tier", i), pair.second};
-            }
-            return s.restore_tier(t, keys);
+            return s.restore_tier(t, list_to_scan(slots, "restore_tier"));
           },
           "tier"_a, "slots"_a)
       .def_prop_ro("num_requests", &Scheduler::num_requests)

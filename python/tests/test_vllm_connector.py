@@ -183,6 +183,15 @@ class _RecordingWorker:
     def get_finished(self):
         return []
 
+    def tier_slots(self, t):
+        return len(self.scan)
+
+    def tier_scan(self, t):
+        return self.scan
+
+    def clear_tiers(self):
+        self.calls.append(("clear_tiers",))
+
 
 def _fake_vllm(extra, world=1, tp=1, calculate_kv_scales=False):
     """(vllm_config, kv_cache_config) of a one-layer full-attention model (model "org/m",
@@ -204,10 +213,11 @@ def _fake_vllm(extra, world=1, tp=1, calculate_kv_scales=False):
     return vllm_config, kv_cache_config
 
 
-def _worker_connector(monkeypatch, cuda, current_stream):
+def _worker_connector(monkeypatch, cuda, current_stream, extra=None, scan=()):
     """A worker-role KvoffloadConnector over one fake KV tensor of 8 blocks (on a "GPU" when
     ``cuda``), with kv.Worker and torch.cuda.current_stream faked; current_stream(device)
-    gives the handle of the engine's current stream."""
+    gives the handle of the engine's current stream; ``scan`` is what the fake worker's tiers
+    found at start."""
     import sys
     import types
 
@@ -219,8 +229,9 @@ def _worker_connector(monkeypatch, cuda, current_stream):
         current_stream=lambda device: types.SimpleNamespace(cuda_stream=current_stream(device)))
     monkeypatch.setitem(sys.modules, "torch", torch)
     monkeypatch.setattr(kv, "Worker", _RecordingWorker)
+    monkeypatch.setattr(_RecordingWorker, "scan", list(scan), raising=False)
     role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
-    vllm_config, kv_cache_config = _fake_vllm({"host_blocks": 4})
+    vllm_config, kv_cache_config = _fake_vllm(extra or {"host_blocks": 4})
     c = kvv.KvoffloadConnector(vllm_config, role.WORKER, kv_cache_config)
     cache = np.zeros((8, 256), dtype=np.uint8)
     c.register_kv_caches({"layer0": TorchLike(cache, cuda=cuda, device_index=1)})
@@ -328,6 +339,24 @@ def test_shared_tier_from_extra_config():
     assert (t.store.ttl_seconds, t.store_threshold) == (90, 2)
 
 
+def test_disk_tier_from_extra_config():
+    identity = kvv.model_identity("org/model", None, "bfloat16", 2)
+    extra = {"host_blocks": 64, "tiers": [
+        {"medium": "disk", "path": "/nvme/kv", "capacity_bytes": "500GiB", "store_threshold": 2,
+         "write_back": True, "io": "threads", "direct_io": False},
+        {"medium": "shared", "nodes": "127.0.0.1:7000"}]}
+    disk, shared = kvv.scheduler_config([("full_attention", 16, 0)], 16, 4096, extra,
+                                        identity=identity, tp_size=2).tiers
+    assert (disk.medium, disk.store_threshold, disk.write_back) == ("disk", 2, True)
+    assert disk.blocks == 1  # the workers' files say how many slots (the connector sets it)
+    s = disk.store
+    assert isinstance(s, kv.DiskTierConfig)
+    # The weights' identity names the directory; each rank's files are its own (tp_size 2).
+    assert (s.path, s.capacity_bytes, s.model, s.tp_size, s.io, s.direct_io) == (
+        "/nvme/kv", "500GiB", identity, 2, "threads", False)
+    assert shared.medium == "shared" and shared.store.name == identity
+
+
 @pytest.mark.parametrize("tier, message", [
     ({"medium": "shared", "nodes": "h:1", "password": "hunter2"},
      r"tiers\[0\]\.password: secrets never go in the config"),
@@ -339,7 +368,15 @@ def test_shared_tier_from_extra_config():
     ({"medium": "shared", "nodes": "h:1", "write_back": 1}, r"tiers\[0\]\.write_back: 1 is not a bool"),
     ({"medium": "shared", "nodes": "h:1", "blocks": True}, r"tiers\[0\]\.blocks: True is not a int"),
     ({"medium": "shared", "nodes": "h:1", "username": 7}, r"tiers\[0\]\.username: 7 is not a str"),
-    ({"medium": "disk", "path": "/x"}, r"tiers\[0\]: the disk tier is not in the vLLM connector"),
+    ({"medium": "disk", "capacity_bytes": "1GiB"}, r"tiers\[0\]\.path: required"),
+    ({"medium": "disk", "path": "/x"}, r"tiers\[0\]\.capacity_bytes: required"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": 1 << 30, "blocks": 9},
+     r"tiers\[0\]: unknown key\(s\) \['blocks'\] \(a disk tier's slots are what capacity_bytes"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": 1 << 30, "nodes": "h:1"},
+     r"tiers\[0\]: unknown key\(s\) \['nodes'\]"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": 1 << 30, "direct_io": "no"},
+     r"tiers\[0\]\.direct_io: 'no' is not a bool"),
+    ({"medium": "disk", "path": 5, "capacity_bytes": 1 << 30}, r"tiers\[0\]\.path: 5 is not a str"),
     ({"medium": "tape"}, r"tiers\[0\]\.medium: 'tape'"),
     ("shared", r"tiers\[0\]: expected an object"),
 ])
@@ -411,6 +448,81 @@ def test_tiers_refuse_what_would_mix_kv(connector_classes, monkeypatch):
         _scheduler_connector(monkeypatch, SHARED, calculate_kv_scales=True)
     # Without tiers neither matters.
     _scheduler_connector(monkeypatch, {"host_blocks": 8}, world=4, tp=2, calculate_kv_scales=True)
+
+
+def _disk(tmp_path):
+    return {"host_blocks": 8, "tiers": [{"medium": "disk", "path": str(tmp_path),
+                                         "capacity_bytes": "1MiB"}]}
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_a_disk_tier_is_restored_from_every_ranks_scan(connector_classes, monkeypatch, tmp_path,
+                                                       hashes):
+    """Lookups wait until every rank's scan is in; then the tier has the fewest slots any rank
+    has, and holds a key only where every rank's slot holds it (a rank missing a block's rows
+    would load a block half of which nobody wrote)."""
+    import types
+
+    _, WorkerMeta = connector_classes
+    c = _scheduler_connector(monkeypatch, _disk(tmp_path), world=2, tp=2)
+    h = hashes("disk-scan", 4)
+    rank0 = (10, [(0, (h[0], 0)), (1, (h[1], 0)), (2, (h[2], 0)), (9, (h[3], 0))])
+    rank1 = (9, [(0, (h[0], 0)), (1, (h[2], 0)), (2, (h[2], 0))])
+
+    def output(meta):
+        return types.SimpleNamespace(kv_connector_worker_meta=meta)
+
+    assert c.get_num_new_matched_tokens(object(), 0) == (None, False)
+    c.update_connector_output(output(None))  # a step without metadata: still waiting
+    c.update_connector_output(output(WorkerMeta(scans={0: {0: rank0}})))
+    assert c.get_num_new_matched_tokens(object(), 0) == (None, False)
+    before = c._sched
+    c.update_connector_output(output(WorkerMeta(scans={1: {0: rank1}})))
+    assert c._sched is not before and c._config.tiers[0].blocks == 9
+    assert c.restored_blocks == {0: 2}  # slots 0 and 2; slot 1 differs, slot 9 is past 9
+    # Both ranks' scans in one step's output (vLLM aggregates the workers' metadata) work too.
+    c = _scheduler_connector(monkeypatch, _disk(tmp_path), world=2, tp=2)
+    both = WorkerMeta(scans={0: {0: rank0}}).aggregate(WorkerMeta(scans={1: {0: rank1}}))
+    c.update_connector_output(output(both))
+    assert c.restored_blocks == {0: 2} and not c._awaiting_scans
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_a_reset_before_the_scans_restores_nothing_and_empties_the_disk(
+        connector_classes, monkeypatch, tmp_path, hashes):
+    import types
+
+    _, WorkerMeta = connector_classes
+    c = _scheduler_connector(monkeypatch, _disk(tmp_path))
+    c.reset_cache()
+    epoch = c._sched.epoch
+    ns = types.SimpleNamespace
+    meta = c.build_connector_meta(ns(
+        scheduled_new_reqs=[], num_scheduled_tokens={}, preempted_req_ids=set(),
+        scheduled_cached_reqs=ns(req_ids=[], num_computed_tokens=[], new_block_ids=[],
+                                 resumed_req_ids=set())))
+    assert meta.clear_tiers
+    h = hashes("disk-reset", 1)
+    c.update_connector_output(types.SimpleNamespace(
+        kv_connector_worker_meta=WorkerMeta(scans={0: {0: (4, [(0, (h[0], 0))])}})))
+    assert c.restored_blocks == {0: 0} and c._sched.epoch == epoch
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_a_worker_sends_its_disk_scan_once_and_empties_its_disk_after_the_flush(
+        connector_classes, monkeypatch, hashes):
+    Meta, _ = connector_classes
+    h = hashes("worker-scan", 2)
+    c = _worker_connector(monkeypatch, False, None,
+                          extra={"host_blocks": 4, "tiers": [
+                              {"medium": "disk", "path": "/unused", "capacity_bytes": "1MiB"}]},
+                          scan=[None, (h[0], 0), None, (h[1], 0)])
+    meta = c.build_connector_worker_meta()
+    assert meta.scans == {0: {0: (4, [(1, (h[0], 0)), (3, (h[1], 0))])}}
+    assert c.build_connector_worker_meta() is None  # sent once; nothing completed
+    c.bind_connector_metadata(Meta([], [], [7], clear_tiers=True))
+    c.start_load_kv(None)
+    assert c._worker.calls[1:] == [("start_step",), ("wait", [7]), ("clear_tiers",)]
 
 
 def test_an_unknown_tensor_parallel_rank_is_never_guessed(monkeypatch):

@@ -30,6 +30,11 @@ so the scheduler-side connector's kv.Scheduler stats can be read), several scena
              cached token, the same tenant all 256 (llama, factor 4)
   cap        vLLM's per-request kv_transfer_params {"max_load_tokens": 100}: B shares 256
              tokens with A and gets 64 (one host block of 64 fits) (llama, factor 2)
+  disk       the disk tier: engine 1 runs A, writes its blocks to disk and exits; engine 2, a
+             new process with a cold host cache on the same directory, restores the index from
+             the files and runs B sharing A's first 256 tokens (promoted from disk), then
+             reset_prefix_cache; engine 3, a restart after that reset, must restore and find
+             nothing. Tokens identical in all three
   shared     the shared tier over TLS with an ACL user and a fleet secret (a loopback Valkey
              cluster from scripts/valkey-cluster --tls --auth): engine 1 runs A and writes its
              blocks through to the cluster, then exits; engine 2, a new process with a cold host
@@ -179,6 +184,11 @@ def sc_shared_load(ctx):
         ctx.notes["tier"] = {k: after[k] - before[k] for k in ("hits", "promotions")}
 
 
+def sc_tick(ctx):
+    """One short request, less than a host block: a step that stores nothing."""
+    ctx.gen([("tick", toks(random.Random(17), 20))], max_tokens=2)
+
+
 def spy_on(ctx, jobs):
     """Records the jobs the scheduler-side connector sends."""
     if ctx.conn is None:
@@ -314,10 +324,10 @@ def sc_wrongload(ctx):
 
 SCENARIOS = {"prefix": sc_prefix, "straddle": sc_straddle, "evict": sc_evict,
              "preempt": sc_preempt, "wrongload": sc_wrongload,
-             "shared-store": sc_shared_store, "shared-load": sc_shared_load, "salt": sc_salt,
-             "cap": sc_cap}
-CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "shared",
-          "server"]
+             "shared-store": sc_shared_store, "shared-load": sc_shared_load,
+             "tick": sc_tick, "salt": sc_salt, "cap": sc_cap}
+CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "disk",
+          "shared", "server"]
 
 
 def engine_main(spec_path, out_path):
@@ -365,6 +375,8 @@ def engine_main(spec_path, out_path):
                   "blocks_stored", "evictions", "stores_skipped", "stores_without_room",
                   "failed_loads", "failed_stores", "partial_stores",
                   "partial_misses")} if after else {}
+        if conn is not None:  # the disk tiers' blocks found at start (after the first step)
+            ctx.notes["restored"] = dict(getattr(conn, "restored_blocks", {}))
         result["scenarios"][name] = {"outputs": ctx.outputs, "notes": ctx.notes,
                                      "stats": delta, "seconds": time.time() - t0}
         if conn is not None and name != spec["scenarios"][-1]:
@@ -437,8 +449,8 @@ def main(wanted):
         for kind in ("llama", "hybrid"):
             sc = [s for s in (["prefix", "evict", "preempt", "salt", "cap"] if kind == "llama"
                               else ["prefix", "straddle", "wrongload"]) if s in engine]
-            if kind == "llama" and "shared" in engine:
-                sc += ["shared-store", "shared-load"]
+            if kind == "llama" and ("shared" in engine or "disk" in engine):
+                sc += ["shared-store", "shared-load", "tick"]
             if sc:
                 base[kind] = run_engine(root, f"{kind}-base", {
                     "model": models[kind], "prefix_caching": False, "extra": None,
@@ -570,6 +582,8 @@ def main(wanted):
                     line(f"{label}: identical tokens and logprobs over {len(got)} requests "
                          f"(max |logprob diff| {worst:.3g}); {hits}{extra}")
 
+    if "disk" in engine:
+        disk_check(models["llama"], root, base["llama"], line)
     if "shared" in engine:
         shared_check(models["llama"], root, base["llama"], line)
     if "server" in wanted:
@@ -580,6 +594,59 @@ def main(wanted):
         import shutil
         shutil.rmtree(root, ignore_errors=True)
     return 1 if failed else 0
+
+
+# ---- the disk tier: three engines, one directory, one after the other ------------------------
+
+def disk_check(model, root, base, line):
+    extra = {"block_size": BLOCK * 2, "host_blocks": 64,
+             "tiers": [{"medium": "disk", "path": os.path.join(root, "disk"),
+                        "capacity_bytes": "64MiB"}]}
+
+    def engine(tag, scenarios):
+        r = run_engine(root, tag, {"model": model, "prefix_caching": False, "extra": extra,
+                                   "scenarios": scenarios})["scenarios"]
+        for name, res in r.items():
+            ok, diff, _ = compare(base[name]["outputs"], res["outputs"])
+            if not ok:
+                problems.append(f"{tag} {name}: outputs differ from the run without kvoffload: "
+                                f"{diff}")
+        return r
+
+    problems = []
+    try:
+        # The writer stores A in host memory, and through it on disk, then exits.
+        w = engine("disk-writer", ["shared-store"])["shared-store"]
+        written = w["notes"]["tier"]["blocks_written"]
+        if written < 4:
+            problems.append(f"the writer wrote {written} blocks to disk, not A's 4+")
+        # The reader, a new process with a cold host cache on the same directory, restores the
+        # index from the files and promotes B's shared prefix from disk. Then
+        # reset_prefix_cache (engine_main's, between scenarios) and a step that stores nothing
+        # (new blocks would overwrite the old slots and hide what the reset left there).
+        first = engine("disk-reader", ["shared-load", "tick"])["shared-load"]
+        restored = first["notes"]["restored"].get("0", 0)
+        t, got = first["notes"]["tier"], first["outputs"]["SB"][2]
+        if restored < 4 or t["promotions"] < 4 or got < 256:
+            problems.append(f"the reader restored {restored} blocks, promoted {t['promotions']} "
+                            f"and had {got} cached tokens (want 4+, 4+ and 256)")
+        # The reset emptied the files: a restart finds nothing of the old cache.
+        z = engine("disk-after-reset", ["shared-load"])["shared-load"]
+        restored_z = z["notes"]["restored"].get("0", 0)
+        tz, got_z = z["notes"]["tier"], z["outputs"]["SB"][2]
+        if restored_z or tz["promotions"] or got_z:
+            problems.append(f"after the reset and a restart: {restored_z} blocks restored, "
+                            f"{tz['promotions']} promoted, {got_z} cached tokens (want 0)")
+        summary = (f"writer wrote {written} blocks; reader restored {restored}, promoted "
+                   f"{t['promotions']}, {got} cached tokens, then reset; restart after the reset: "
+                   f"{restored_z} restored, {tz['promotions']} promoted, {got_z} cached tokens")
+    except RuntimeError as e:
+        problems.append(str(e))
+        summary = ""
+    if problems:
+        line(f"engine disk: FAILED: {'; '.join(problems)}; {summary}")
+    else:
+        line(f"engine disk: identical tokens and logprobs in three engines; {summary}")
 
 
 # ---- the shared tier: three engines, one TLS cluster ------------------------------------------
