@@ -166,6 +166,8 @@ def shared_prompts():
 
 def sc_shared_store(ctx):
     a, _, fillers = shared_prompts()
+    if ctx.conn is not None and ctx.conn._events:
+        count_events(ctx)
     ctx.gen([("SA", a)])
     # Tier writes start in the steps after A's stores complete: a few unrelated requests
     # drive those steps (an idle engine runs none).
@@ -177,6 +179,8 @@ def sc_shared_store(ctx):
 
 def sc_shared_load(ctx):
     _, b, _ = shared_prompts()
+    if ctx.conn is not None and ctx.conn._events:
+        count_events(ctx)
     before = ctx.conn._sched.tier_stats(0) if ctx.conn is not None else {}
     ctx.gen([("SB", b)])
     if ctx.conn is not None:
@@ -208,10 +212,11 @@ def spy_on(ctx, jobs):
 
 
 def count_events(ctx):
-    """Counts the block hashes the connector publishes as vLLM's KV events, and keeps the
-    stored ones."""
+    """Counts the block hashes the connector publishes as vLLM's KV events, in all and per
+    kind and medium ("stored STORAGE"), and keeps the stored ones."""
     take = ctx.conn.take_events
     counts = ctx.notes.setdefault("events", {"stored": 0, "removed": 0, "cleared": 0})
+    media = ctx.notes.setdefault("event_media", {})
     stored = ctx.notes.setdefault("published", [])
 
     def counting():
@@ -222,6 +227,8 @@ def count_events(ctx):
                 continue
             removed = type(ev).__name__ == "BlockRemoved"
             counts["removed" if removed else "stored"] += len(ev.block_hashes)
+            kind = f"{'removed' if removed else 'stored'} {ev.medium}"
+            media[kind] = media.get(kind, 0) + len(ev.block_hashes)
             if not removed:
                 stored.extend((bytes(h).hex(), ev.group_idx) for h in ev.block_hashes)
         return events
@@ -605,7 +612,7 @@ def disk_check(model, root, base, line):
 
     def engine(tag, scenarios):
         r = run_engine(root, tag, {"model": model, "prefix_caching": False, "extra": extra,
-                                   "scenarios": scenarios})["scenarios"]
+                                   "scenarios": scenarios, "events": True})["scenarios"]
         for name, res in r.items():
             ok, diff, _ = compare(base[name]["outputs"], res["outputs"])
             if not ok:
@@ -620,6 +627,11 @@ def disk_check(model, root, base, line):
         written = w["notes"]["tier"]["blocks_written"]
         if written < 4:
             problems.append(f"the writer wrote {written} blocks to disk, not A's 4+")
+        # KV events for routers: vLLM's media, host memory "CPU", the disk "STORAGE".
+        media_w = w["notes"].get("event_media", {})
+        if media_w.get("stored CPU", 0) < 4 or media_w.get("stored STORAGE", 0) != written:
+            problems.append(f"the writer's KV events {media_w}: want 4+ stored CPU and "
+                            f"{written} stored STORAGE")
         # The reader, a new process with a cold host cache on the same directory, restores the
         # index from the files and promotes B's shared prefix from disk. Then
         # reset_prefix_cache (engine_main's, between scenarios) and a step that stores nothing
@@ -630,6 +642,12 @@ def disk_check(model, root, base, line):
         if restored < 4 or t["promotions"] < 4 or got < 256:
             problems.append(f"the reader restored {restored} blocks, promoted {t['promotions']} "
                             f"and had {got} cached tokens (want 4+, 4+ and 256)")
+        # The restored index is published (a router learns what the disk holds after a
+        # restart), and the promoted blocks as host memory's.
+        media_r = first["notes"].get("event_media", {})
+        if media_r.get("stored STORAGE", 0) != restored or media_r.get("stored CPU", 0) < 4:
+            problems.append(f"the reader's KV events {media_r}: want {restored} stored STORAGE "
+                            "and 4+ stored CPU")
         # The reset emptied the files: a restart finds nothing of the old cache.
         z = engine("disk-after-reset", ["shared-load"])["shared-load"]
         restored_z = z["notes"]["restored"].get("0", 0)
@@ -637,9 +655,10 @@ def disk_check(model, root, base, line):
         if restored_z or tz["promotions"] or got_z:
             problems.append(f"after the reset and a restart: {restored_z} blocks restored, "
                             f"{tz['promotions']} promoted, {got_z} cached tokens (want 0)")
-        summary = (f"writer wrote {written} blocks; reader restored {restored}, promoted "
-                   f"{t['promotions']}, {got} cached tokens, then reset; restart after the reset: "
-                   f"{restored_z} restored, {tz['promotions']} promoted, {got_z} cached tokens")
+        summary = (f"writer wrote {written} blocks, KV events {media_w}; reader restored "
+                   f"{restored}, promoted {t['promotions']}, {got} cached tokens, KV events "
+                   f"{media_r}, then reset; restart after the reset: {restored_z} restored, "
+                   f"{tz['promotions']} promoted, {got_z} cached tokens")
     except RuntimeError as e:
         problems.append(str(e))
         summary = ""
