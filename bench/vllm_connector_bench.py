@@ -197,6 +197,8 @@ def main():
     p.add_argument("--runs", type=int, default=1, help="runs per connector, alternating")
     p.add_argument("--host-blocks", type=int, default=0, help="host cache size (default: "
                    "the running requests' blocks)")
+    p.add_argument("--only", choices=("vllm", "kvoffload"),
+                   help="run one connector (to profile it); no ratio")
     p.add_argument("--json")
     a = p.parse_args()
     import vllm
@@ -208,7 +210,7 @@ def main():
         steps = a.steps or max(30, min(200, 12800 // running))
         row = {"running": running, "runs": {"vllm": [], "kvoffload": []}}
         for r in range(a.runs):
-            for kind in ("vllm", "kvoffload"):
+            for kind in (a.only,) if a.only else ("vllm", "kvoffload"):
                 started = time.perf_counter()
                 res = run(kind, running, a.factor, a.hybrid, a.seed + r, steps, a.host_blocks)
                 row["runs"][kind].append(res)
@@ -217,6 +219,8 @@ def main():
                       f"{res['full_gcs']} full GCs, deferred {res['lookups_deferred']}, hits "
                       f"{res['lookups_hit']}, {res['load_jobs']} loads, {res['store_jobs']} stores "
                       f"({time.perf_counter() - started:.0f} s)", flush=True)
+        if a.only:
+            continue
         med = {k: statistics.median(x["step_ms_median"] for x in v) for k, v in row["runs"].items()}
         row["ratio_vllm_to_kvoffload"] = med["vllm"] / med["kvoffload"]
         row["metadata_bytes_ratio"] = (

@@ -373,6 +373,9 @@ class VllmBridge {
     bool window_valid = false;
     bool load_limited = false;     // a load limit was given (one less call when never)
     std::vector<BlockHash> given;  // the hashes the scheduler has, as it was given them
+    // hashes[given.size() - 1] when last read (a strong reference: the object stays what it
+    // was), so a step finds an unchanged list by one length and one pointer compare.
+    nb::object last_given;
     bool diverged = false;         // its hashes stopped extending what was given (sync_entry)
     std::int64_t local = 0;        // num_computed_tokens at the last lookup
   };
@@ -440,6 +443,17 @@ class VllmBridge {
 
   /// Whether the scheduler's view of the request changed (hashes or token count given).
   bool sync_entry(Entry& e, bool first, bool always) {
+    if (!always && !first && !e.diverged && e.hashes.is_valid() &&
+        PyList_CheckExact(e.hashes.ptr())) {
+      // Most of a step's requests: no new hash, the last one given still in its place (the
+      // same immutable object, so the same bytes; vLLM chains its hashes, so the ones before
+      // it are unchanged too). Anything else takes the full check below.
+      const Py_ssize_t len = PyList_GET_SIZE(e.hashes.ptr());
+      if (static_cast<std::size_t>(len) == e.given.size() &&
+          (len == 0 || PyList_GET_ITEM(e.hashes.ptr(), len - 1) == e.last_given.ptr())) {
+        return false;
+      }
+    }
     if (always || !e.hashes.is_valid()) e.hashes = get(e.request, n_.block_hashes);
     const nb::object& hashes = e.hashes;
     const Py_ssize_t len = PyList_CheckExact(hashes.ptr()) ? PyList_GET_SIZE(hashes.ptr())
@@ -461,11 +475,13 @@ class VllmBridge {
     const std::int64_t num_tokens = as_int(get(e.request, n_.num_tokens), "num_tokens");
     std::vector<BlockHash> fresh;
     fresh.reserve(n > g ? n - g : 0);
+    nb::object last = e.last_given;
     if (n > g || first) {
       const Fast items(hashes, "block_hashes");
       for (std::size_t i = first ? 0 : g; i < n; ++i) {
         fresh.push_back(to_block_hash(items[static_cast<Py_ssize_t>(i)], e.id, i));
       }
+      if (n > 0) last = nb::borrow(items[static_cast<Py_ssize_t>(n - 1)]);
     }
     if (first) {
       s_.update_request(e.id, num_tokens, fresh);
@@ -473,6 +489,7 @@ class VllmBridge {
       s_.extend_request(e.id, num_tokens, fresh);
     }
     e.given.insert(e.given.end(), fresh.begin(), fresh.end());
+    e.last_given = std::move(last);
     e.window_valid = false;
     return true;
   }

@@ -9,6 +9,7 @@ import hashlib
 import os
 import random
 import types
+import warnings
 
 import pytest
 
@@ -260,3 +261,35 @@ def test_hashes_that_stop_extending_what_was_given_stop_stores_and_loads():
     other = ns(request_id="o", block_hashes=list(req.block_hashes[:3]), num_tokens=49,
                kv_transfer_params=None)
     assert bridge.lookup(other, 0) == 48
+
+
+def cached_step(bridge, rid, computed, n):
+    """A step scheduling running request `rid` (vLLM's scheduled_cached_reqs), no new block."""
+    return bridge.build_step(ns(
+        scheduled_new_reqs=[], num_scheduled_tokens={rid: n}, preempted_req_ids=set(),
+        scheduled_cached_reqs=ns(req_ids=[rid], num_computed_tokens=[computed],
+                                 new_block_ids=[None], resumed_req_ids=set())))
+
+
+def test_a_running_requests_last_hash_replaced_in_place_is_seen():
+    """A step reads a running request's hashes by the list's length and its last given hash
+    object: a hash replaced by another of other bytes at the same length (no new hash) must
+    still be seen as diverged; one replaced by an equal copy is no change."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK])
+    tokens = list(range(100, 100 + 3 * BLOCK))
+    req = ns(request_id="r", block_hashes=[], num_tokens=0, kv_transfer_params=None)
+    session_rehash(req, tokens)
+    assert bridge.lookup(req, 0) == 0
+    bridge.allocated("r", blocks_of([1, 2, 3, 4]), 0)
+    _, stores, _, _ = session_step(bridge, "r", 0, [1, 2, 3, 4], 3 * BLOCK - 1)
+    s.on_completed([kv.JobReport(j.id) for j in stores])
+    req.block_hashes[-1] = bytes(bytearray(req.block_hashes[-1]))  # equal bytes, new object
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cached_step(bridge, "r", 3 * BLOCK - 1, 1)
+    req.block_hashes[-1] = hashlib.sha256(b"other tokens").digest()[:16]
+    with pytest.warns(RuntimeWarning, match='"r": its block hashes changed'):
+        _, stores, _, _ = cached_step(bridge, "r", 3 * BLOCK, 1)
+    assert all(k[0] != req.block_hashes[-1] for j in stores for k in j.keys)
