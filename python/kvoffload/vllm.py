@@ -26,7 +26,8 @@ each rank's), named by the weights' identity and the KV layout, so a restart fin
 run stored: each worker scans its files when it registers its KV caches and sends the scan with
 its first step's output; the scheduler answers lookups "retry later" until every rank's scan is
 in (one step with nothing scheduled), then restores the tier's index from them (a block only
-where every rank holds it) and starts serving. ``reset_prefix_cache`` empties the disk too.
+where every rank holds it) and starts serving. ``reset_prefix_cache`` has the workers empty
+the disk at the next step. With data parallelism each engine uses ``path``/dp<rank>.
 
 A shared tier, e.g. {"medium": "shared", "nodes": "10.0.0.5:6379", "tls": true,
 "tls_ca_file": "/etc/kv/ca.crt", "username": "kvoffload", "password_file": "/etc/kv/password",
@@ -34,11 +35,11 @@ A shared tier, e.g. {"medium": "shared", "nodes": "10.0.0.5:6379", "tls": true,
 (secret_env, default KVOFFLOAD_SHARED_SECRET; password_env, default KVOFFLOAD_SHARED_PASSWORD),
 never from the config itself: a "password" or "secret" key is refused. Every tier keys
 blocks by the weights' identity, from vLLM's config (``model_identity``: model, revision, dtype,
-KV-cache dtype, quantization, config overrides, tensor-parallel size), or from the extra
-config's "weights" (a checkpoint digest, say: give it where the derived one cannot tell weights
-apart, as for a local path whose files change, or to share blocks between engines serving the
-same weights from different paths). A shared tier's "name" (its namespace) defaults to that
-identity. ``reset_prefix_cache`` moves every tier to a new, random epoch: nothing stored before
+KV-cache dtype, quantization, config overrides, tensor-parallel size); the extra config's
+"weights" (a checkpoint digest, say) stands in for model and revision: give it where the derived
+one cannot tell weights apart, as for a local path whose files change, or to share blocks
+between engines serving the same weights from different paths. A shared tier's "name" (its
+namespace) defaults to that identity. ``reset_prefix_cache`` moves every tier to a new, random epoch: nothing stored before
 it is found again, by this engine or any other. Tiers need pipeline-parallel size 1 and fixed
 KV scales (no ``calculate_kv_scales``).
 
@@ -55,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import os
 import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -215,11 +217,14 @@ TIER_INDEX_KEYS = ("blocks", "policy", "store_threshold", "write_queue_blocks", 
 
 def model_identity(model: str, revision: Optional[str], dtype: Any, tp_size: int,
                    kv_cache_dtype: Any = "auto", quantization: Optional[str] = None,
-                   overrides: Any = None) -> str:
+                   overrides: Any = None, weights: Optional[str] = None) -> str:
     """The weights' identity from vLLM's config (SchedulerConfig.weights, the shared
-    namespace): blocks of another model, revision, dtype, KV-cache dtype, quantization, config
-    overrides (RoPE scaling, say) or tensor-parallel split are never found."""
-    text = (f"vllm:{model}@{revision or 'default'}:{str(dtype).replace('torch.', '')}"
+    namespace, the disk tier's directory): blocks of another model, revision, dtype, KV-cache
+    dtype, quantization, config overrides (RoPE scaling, say) or tensor-parallel split are
+    never found. ``weights`` (the extra config's) stands for model and revision; the rest
+    still comes from the config, since it changes the KV's bytes but not their size."""
+    what = weights if weights is not None else f"vllm:{model}@{revision or 'default'}"
+    text = (f"{what}:{str(dtype).replace('torch.', '')}"
             f":kv-{kv_cache_dtype}:q-{quantization or 'none'}:tp{tp_size}")
     if overrides:
         text += ":ov-" + hashlib.sha256(repr(overrides).encode()).hexdigest()[:16]
@@ -238,11 +243,12 @@ def _typed(value: Any, kind: type, field: str) -> Any:
     return kind(value)
 
 
-def tier_configs(tiers: Any, identity: str, tp_size: int,
-                 host_blocks: int) -> List[kv.TierConfig]:
+def tier_configs(tiers: Any, identity: str, tp_size: int, host_blocks: int,
+                 dp_rank: Optional[int] = None) -> List[kv.TierConfig]:
     """The extra config's "tiers" as kv.TierConfig objects, nearest first. A disk tier's
     ``blocks`` is 1 here: its slots are what the workers' files hold (the connector sets it
-    from their scans)."""
+    from their scans). ``dp_rank``: this engine's data-parallel rank where there are several
+    (each keeps its disk tier under ``path``/dp<rank>: a directory belongs to one engine)."""
     if not isinstance(tiers, (list, tuple)):
         raise kv.InvalidArgument(f"tiers: expected a list of tier objects, got {tiers!r}")
     out = []
@@ -271,11 +277,17 @@ def tier_configs(tiers: Any, identity: str, tp_size: int,
                 if not spec.get(key):
                     raise kv.InvalidArgument(f"{where}.{key}: required for a disk tier (e.g. "
                                              '"path": "/nvme/kv", "capacity_bytes": "500GiB")')
+            path = _typed(spec["path"], str, f"{where}.path")
+            if dp_rank is not None:
+                path = os.path.join(path, f"dp{dp_rank}")
+            if spec.get("io", "auto") not in ("auto", "io_uring", "threads"):
+                raise kv.InvalidArgument(f"{where}.io: {spec['io']!r} (auto, io_uring or threads)")
             # The identity names the files' directory: another model, dtype or TP split never
             # reads them (the worker's rank is given to it by the Worker).
-            store = kv.DiskTierConfig(path=_typed(spec["path"], str, f"{where}.path"),
-                                      capacity_bytes=spec["capacity_bytes"], model=identity,
-                                      tp_size=tp_size)
+            store = kv.DiskTierConfig(
+                path=path, capacity_bytes=parse_bytes(spec["capacity_bytes"],
+                                                      f"{where}.capacity_bytes"),
+                model=identity, tp_size=tp_size)
         else:
             if not spec.get("nodes"):
                 raise kv.InvalidArgument(f"{where}.nodes: the cluster's \"host:port[,host:port]\"")
@@ -299,7 +311,8 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
                      bytes_per_gpu_block: int, extra: Dict[str, Any],
                      num_workers: int = 1, enable_events: bool = True,
                      identity: str = "", tp_size: int = 1,
-                     prefix_caching: bool = True) -> kv.SchedulerConfig:
+                     prefix_caching: bool = True,
+                     dp_rank: Optional[int] = None) -> kv.SchedulerConfig:
     """The kv.SchedulerConfig for vLLM's KV-cache groups ((kind, gpu block size, sliding
     window in tokens) each) and the connector's extra config; ``identity`` is the weights'
     (model_identity), ``tp_size`` the tensor-parallel size, ``prefix_caching`` vLLM's
@@ -336,7 +349,7 @@ def scheduler_config(groups: Sequence[Tuple[str, int, int]], hash_block_size: in
         num_workers=num_workers, prefix_caching=prefix_caching, policy=policy,
         store_threshold=int(extra.get("store_threshold", 0)), enable_events=enable_events,
         block_bytes=max(0, bytes_per_gpu_block * factor),  # the byte counters of the stats
-        tiers=tier_configs(extra.get("tiers", []), identity, tp_size, host_blocks),
+        tiers=tier_configs(extra.get("tiers", []), identity, tp_size, host_blocks, dp_rank),
         weights=identity)
 
 
@@ -523,15 +536,17 @@ def _define_classes() -> None:
             events = vllm_config.kv_events_config
             self._events = bool(events is not None and events.enable_kv_cache_events)
             mc, cc = vllm_config.model_config, vllm_config.cache_config
+            weights = None
             if "weights" in extra:
-                self._identity = _typed(extra["weights"], str, "weights")
-                if not self._identity:
+                weights = _typed(extra["weights"], str, "weights")
+                if not weights:
                     raise kv.InvalidArgument("weights: empty (name the weights, or leave it out)")
-            else:
-                self._identity = model_identity(
-                    mc.model, getattr(mc, "revision", None), mc.dtype, tp_size,
-                    getattr(cc, "cache_dtype", "auto"), getattr(mc, "quantization", None),
-                    getattr(mc, "hf_overrides", None))
+            self._identity = model_identity(
+                mc.model, getattr(mc, "revision", None), mc.dtype, tp_size,
+                getattr(cc, "cache_dtype", "auto"), getattr(mc, "quantization", None),
+                getattr(mc, "hf_overrides", None), weights=weights)
+            pc = vllm_config.parallel_config
+            dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
             if extra.get("tiers"):
                 # A tier's key names a block by tensor-parallel rank only: pipeline stages (and
                 # context-parallel ranks) would share names for different layers' KV.
@@ -544,11 +559,22 @@ def _define_classes() -> None:
                 if getattr(cc, "calculate_kv_scales", False):
                     raise kv.InvalidArgument("tiers: calculate_kv_scales gives each engine its "
                                              "own fp8 KV scales; blocks would not be portable")
+                # A disk tier's scheduler waits for every rank's scan; under torchrun's
+                # external launcher each engine hears only its own worker.
+                if (tp_size > 1 and getattr(pc, "distributed_executor_backend", None) ==
+                        "external_launcher" and any(isinstance(t, dict) and
+                                                    t.get("medium") == "disk"
+                                                    for t in extra["tiers"])):
+                    raise kv.InvalidArgument("tiers: a disk tier with tensor parallelism needs "
+                                             "an executor that gathers every rank's output "
+                                             "(not external_launcher)")
             self._config = scheduler_config(groups, hash_block_size(vllm_config, kv_cache_config),
                                             per_block, extra, num_workers=world,
                                             enable_events=self._events,
                                             identity=self._identity, tp_size=tp_size,
-                                            prefix_caching=bool(cc.enable_prefix_caching))
+                                            prefix_caching=bool(cc.enable_prefix_caching),
+                                            dp_rank=(int(getattr(pc, "data_parallel_rank", 0))
+                                                     if dp_size > 1 else None))
             self._tp_size = tp_size
             self._stats_seen: Dict[str, Any] = {}
             media = [t.medium for t in self._config.tiers]
@@ -566,6 +592,7 @@ def _define_classes() -> None:
                 self._scans: Dict[int, Dict[int, Tuple[int, List[Any]]]] = {}
                 self._awaiting_scans = bool(self._disk_tiers)
                 self._restore = True  # False after a reset while awaiting them
+                self._scan_waits = 0
                 self.restored_blocks: Dict[int, int] = {}  # per disk tier, at start
             else:
                 self._scans_to_send = None
@@ -589,6 +616,12 @@ def _define_classes() -> None:
             then lookups wait, so nothing was stored or looked up in the scheduler replaced."""
             self._scans.update(getattr(meta, "scans", None) or {})
             if len(self._scans) < self._world:
+                self._scan_waits += 1
+                if self._scan_waits == 100:  # vLLM brings every rank's output each step
+                    logger.warning("kvoffload: 100 steps without the disk scans of ranks %s "
+                                   "(have %s): lookups wait for them", sorted(
+                                       set(range(self._world)) - set(self._scans)),
+                                   sorted(self._scans))
                 return
             restored: Dict[int, List[Any]] = {}
             for t in self._disk_tiers:

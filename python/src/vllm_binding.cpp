@@ -376,8 +376,8 @@ class VllmBridge {
     // hashes[given.size() - 1] when last read (a strong reference: the object stays what it
     // was), so a step finds an unchanged list by one length and one pointer compare.
     nb::object last_given;
-    bool diverged = false;         // its hashes stopped extending what was given (sync_entry)
-    std::int64_t local = 0;        // num_computed_tokens at the last lookup
+    bool diverged = false;   // its hashes stopped extending what was given (sync_entry)
+    std::int64_t local = 0;  // num_computed_tokens at the last lookup
   };
 
   ScheduledRequest& next_entry(std::size_t G) {
@@ -471,17 +471,18 @@ class VllmBridge {
       diverge(e, hashes, n);
       return true;
     }
-    if (!first && !always && n <= g) return false;
+    if (!first && !always && n <= g) {  // n == g: nothing new (equal bytes, another object?)
+      remember_last(e, hashes, n);
+      return false;
+    }
     const std::int64_t num_tokens = as_int(get(e.request, n_.num_tokens), "num_tokens");
     std::vector<BlockHash> fresh;
     fresh.reserve(n > g ? n - g : 0);
-    nb::object last = e.last_given;
     if (n > g || first) {
       const Fast items(hashes, "block_hashes");
       for (std::size_t i = first ? 0 : g; i < n; ++i) {
         fresh.push_back(to_block_hash(items[static_cast<Py_ssize_t>(i)], e.id, i));
       }
-      if (n > 0) last = nb::borrow(items[static_cast<Py_ssize_t>(n - 1)]);
     }
     if (first) {
       s_.update_request(e.id, num_tokens, fresh);
@@ -489,9 +490,17 @@ class VllmBridge {
       s_.extend_request(e.id, num_tokens, fresh);
     }
     e.given.insert(e.given.end(), fresh.begin(), fresh.end());
-    e.last_given = std::move(last);
+    remember_last(e, hashes, n);
     e.window_valid = false;
     return true;
+  }
+
+  /// e.last_given = hashes[n - 1], the object of the last hash given (given.size() == n):
+  /// what the fast path of sync_entry compares with.
+  static void remember_last(Entry& e, const nb::object& hashes, std::size_t n) {
+    e.last_given = n == 0
+                       ? nb::object()
+                       : nb::borrow(Fast(hashes, "block_hashes")[static_cast<Py_ssize_t>(n - 1)]);
   }
 
   static bool same_hash(nb::handle h, const BlockHash& known) {

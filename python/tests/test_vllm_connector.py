@@ -192,6 +192,9 @@ class _RecordingWorker:
     def clear_tiers(self):
         self.calls.append(("clear_tiers",))
 
+    def submit_tier(self, job):
+        self.calls.append((job.kind, job.id))
+
 
 def _fake_vllm(extra, world=1, tp=1, calculate_kv_scales=False):
     """(vllm_config, kv_cache_config) of a one-layer full-attention model (model "org/m",
@@ -353,8 +356,12 @@ def test_disk_tier_from_extra_config():
     assert isinstance(s, kv.DiskTierConfig)
     # The weights' identity names the directory; each rank's files are its own (tp_size 2).
     assert (s.path, s.capacity_bytes, s.model, s.tp_size, s.io, s.direct_io) == (
-        "/nvme/kv", "500GiB", identity, 2, "threads", False)
+        "/nvme/kv", 500 << 30, identity, 2, "threads", False)
     assert shared.medium == "shared" and shared.store.name == identity
+    # Data parallel engines: a directory each (one directory belongs to one engine).
+    disk, _ = kvv.scheduler_config([("full_attention", 16, 0)], 16, 4096, extra,
+                                   identity=identity, tp_size=2, dp_rank=3).tiers
+    assert disk.store.path == "/nvme/kv/dp3"
 
 
 @pytest.mark.parametrize("tier, message", [
@@ -377,6 +384,13 @@ def test_disk_tier_from_extra_config():
     ({"medium": "disk", "path": "/x", "capacity_bytes": 1 << 30, "direct_io": "no"},
      r"tiers\[0\]\.direct_io: 'no' is not a bool"),
     ({"medium": "disk", "path": 5, "capacity_bytes": 1 << 30}, r"tiers\[0\]\.path: 5 is not a str"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": "lots"}, r"tiers\[0\]\.capacity_bytes"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": True},
+     r"tiers\[0\]\.capacity_bytes: expected bytes"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": -5},
+     r"tiers\[0\]\.capacity_bytes: -5 is not a positive size"),
+    ({"medium": "disk", "path": "/x", "capacity_bytes": "1GiB", "io": "fast"},
+     r"tiers\[0\]\.io: 'fast' \(auto, io_uring or threads\)"),
     ({"medium": "tape"}, r"tiers\[0\]\.medium: 'tape'"),
     ("shared", r"tiers\[0\]: expected an object"),
 ])
@@ -395,12 +409,14 @@ def test_a_shared_tier_without_a_secret_is_refused(monkeypatch):
         kv.Scheduler(c)
 
 
-def _scheduler_connector(monkeypatch, extra, world=1, tp=1, calculate_kv_scales=False):
+def _scheduler_connector(monkeypatch, extra, world=1, tp=1, calculate_kv_scales=False,
+                         executor=None):
     """A scheduler-role KvoffloadConnector over a fake vLLM config (a real kv.Scheduler)."""
     import sys
 
     role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
     vllm_config, kv_cache_config = _fake_vllm(extra, world, tp, calculate_kv_scales)
+    vllm_config.parallel_config.distributed_executor_backend = executor
     monkeypatch.setenv("KVOFFLOAD_SHARED_SECRET", "a fleet secret for the test")
     return kvv.KvoffloadConnector(vllm_config, role.SCHEDULER, kv_cache_config)
 
@@ -431,7 +447,11 @@ def test_tiers_take_their_identity_from_vllm_or_the_config(connector_classes, mo
     assert c._config.weights == c._identity == c._config.tiers[0].store.name
     assert c._config.tiers[0].store.tp_size == 2
     c = _scheduler_connector(monkeypatch, dict(SHARED, weights="sha256:1234"))
-    assert (c._config.weights, c._config.tiers[0].store.name) == ("sha256:1234", "sha256:1234")
+    # The digest stands for model and revision; what changes the KV's bytes but not their
+    # size (dtype, KV-cache dtype, quantization, overrides, TP) still comes from the config.
+    assert c._identity == "sha256:1234:bfloat16:kv-auto:q-none:tp1"
+    assert (c._config.weights, c._config.tiers[0].store.name) == (c._identity, c._identity)
+    assert kvv.model_identity("a", None, "float16", 1, weights="sha256:1234") != c._identity
     for bad, message in ((dict(SHARED, weights=""), "weights: empty"),
                          (dict(SHARED, weights=7), "weights: 7 is not a str")):
         with pytest.raises(kv.InvalidArgument, match=message):
@@ -446,6 +466,10 @@ def test_tiers_refuse_what_would_mix_kv(connector_classes, monkeypatch):
     # Per-engine fp8 scales: another engine's blocks would be read under other scales.
     with pytest.raises(kv.InvalidArgument, match="calculate_kv_scales"):
         _scheduler_connector(monkeypatch, SHARED, calculate_kv_scales=True)
+    # A disk tier's scans come from every rank: torchrun's launcher brings only this one's.
+    with pytest.raises(kv.InvalidArgument, match="external_launcher"):
+        _scheduler_connector(monkeypatch, _disk("/unused"), world=2, tp=2,
+                             executor="external_launcher")
     # Without tiers neither matters.
     _scheduler_connector(monkeypatch, {"host_blocks": 8}, world=4, tp=2, calculate_kv_scales=True)
 
@@ -480,6 +504,17 @@ def test_a_disk_tier_is_restored_from_every_ranks_scan(connector_classes, monkey
     c.update_connector_output(output(WorkerMeta(scans={1: {0: rank1}})))
     assert c._sched is not before and c._config.tiers[0].blocks == 9
     assert c.restored_blocks == {0: 2}  # slots 0 and 2; slot 1 differs, slot 9 is past 9
+    # A restored block is found: the lookup waits for its promotion from slot 0.
+    req = types.SimpleNamespace(request_id="r", block_hashes=[h[0]], num_tokens=17,
+                                kv_transfer_params=None)
+    assert c.get_num_new_matched_tokens(req, 0) == (None, False)
+    ns = types.SimpleNamespace
+    meta = c.build_connector_meta(ns(
+        scheduled_new_reqs=[], num_scheduled_tokens={}, preempted_req_ids=set(),
+        scheduled_cached_reqs=ns(req_ids=[], num_computed_tokens=[], new_block_ids=[],
+                                 resumed_req_ids=set())))
+    assert [(j.kind, list(j.slots), j.keys) for j in meta.tier_jobs] == [
+        ("promote", [0], [(h[0], 0)])]
     # Both ranks' scans in one step's output (vLLM aggregates the workers' metadata) work too.
     c = _scheduler_connector(monkeypatch, _disk(tmp_path), world=2, tp=2)
     both = WorkerMeta(scans={0: {0: rank0}}).aggregate(WorkerMeta(scans={1: {0: rank1}}))
@@ -520,9 +555,12 @@ def test_a_worker_sends_its_disk_scan_once_and_empties_its_disk_after_the_flush(
     meta = c.build_connector_worker_meta()
     assert meta.scans == {0: {0: (4, [(1, (h[0], 0)), (3, (h[1], 0))])}}
     assert c.build_connector_worker_meta() is None  # sent once; nothing completed
-    c.bind_connector_metadata(Meta([], [], [7], clear_tiers=True))
+    c.bind_connector_metadata(Meta([], [], [7], tier_jobs=[_job("write", 8)], clear_tiers=True))
     c.start_load_kv(None)
-    assert c._worker.calls[1:] == [("start_step",), ("wait", [7]), ("clear_tiers",)]
+    # Emptied once the flush set (every job in flight at the reset) finished, before this
+    # step's own tier jobs.
+    assert c._worker.calls[1:] == [("start_step",), ("wait", [7]), ("clear_tiers",),
+                                   ("write", 8)]
 
 
 def test_an_unknown_tensor_parallel_rank_is_never_guessed(monkeypatch):
