@@ -13,8 +13,9 @@
     host_blocks       the number of host blocks instead
     eviction_policy   "lru" (default) or "arc"
     store_threshold   store a block only after this many lookups (default 0: always)
-    weights           the weights' identity every tier keys blocks by (default: derived from
-                      vLLM's config, ``model_identity``)
+    weights           the weights' name (a checkpoint digest), standing in for model and
+                      revision in the identity every tier keys blocks by (default: both from
+                      vLLM's config; dtypes, quantization and TP always are: ``model_identity``)
     tiers             tiers below host memory, nearest first: a list of objects, each with
                       "medium": "disk" (local files; see DISK_TIER_KEYS) or "shared" (a
                       Valkey/Redis cluster shared by a fleet; see SHARED_TIER_KEYS), and any of
@@ -27,7 +28,8 @@ run stored: each worker scans its files when it registers its KV caches and send
 its first step's output; the scheduler answers lookups "retry later" until every rank's scan is
 in (one step with nothing scheduled), then restores the tier's index from them (a block only
 where every rank holds it) and starts serving. ``reset_prefix_cache`` has the workers empty
-the disk at the next step. With data parallelism each engine uses ``path``/dp<rank>.
+the disk at the next step. With data parallelism each engine (but rank 0 of a dense model's)
+uses ``path``/dp<rank>: a directory belongs to one engine.
 
 A shared tier, e.g. {"medium": "shared", "nodes": "10.0.0.5:6379", "tls": true,
 "tls_ca_file": "/etc/kv/ca.crt", "username": "kvoffload", "password_file": "/etc/kv/password",
@@ -39,9 +41,9 @@ KV-cache dtype, quantization, config overrides, tensor-parallel size); the extra
 "weights" (a checkpoint digest, say) stands in for model and revision: give it where the derived
 one cannot tell weights apart, as for a local path whose files change, or to share blocks
 between engines serving the same weights from different paths. A shared tier's "name" (its
-namespace) defaults to that identity. ``reset_prefix_cache`` moves every tier to a new, random epoch: nothing stored before
-it is found again, by this engine or any other. Tiers need pipeline-parallel size 1 and fixed
-KV scales (no ``calculate_kv_scales``).
+namespace) defaults to that identity. ``reset_prefix_cache`` moves every tier to a new,
+random epoch: nothing stored before it is found again, by this engine or any other. Tiers
+need pipeline-parallel size 1 and fixed KV scales (no ``calculate_kv_scales``).
 
 The scheduler role maps vLLM's calls onto ``kv.Scheduler`` and the worker role onto
 ``kv.Worker`` (the CUDA backend when the KV caches are CUDA tensors, with the engine's current
@@ -391,6 +393,18 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
                              "(full attention, sliding window, mamba)")
 
 
+def _dp_rank(pc: Any) -> Optional[int]:
+    """This engine's data-parallel rank where there are several engines, else None. vLLM
+    resets data_parallel_size and data_parallel_rank to 1 and 0 inside each engine of a dense
+    model (independent engines); data_parallel_index keeps the rank (0.21 and 0.33)."""
+    index = getattr(pc, "data_parallel_index", None)
+    if index is None:
+        index = getattr(pc, "data_parallel_rank", 0)
+    index = int(index or 0)
+    size = int(getattr(pc, "data_parallel_size", 1) or 1)
+    return index if size > 1 or index > 0 else None
+
+
 def _tp_rank(tp_size: int) -> int:
     """This worker's tensor-parallel rank (the rows of each block it writes to the tiers).
     Never guessed: two ranks writing the same rows would read each other's KV."""
@@ -546,7 +560,6 @@ def _define_classes() -> None:
                 getattr(cc, "cache_dtype", "auto"), getattr(mc, "quantization", None),
                 getattr(mc, "hf_overrides", None), weights=weights)
             pc = vllm_config.parallel_config
-            dp_size = int(getattr(pc, "data_parallel_size", 1) or 1)
             if extra.get("tiers"):
                 # A tier's key names a block by tensor-parallel rank only: pipeline stages (and
                 # context-parallel ranks) would share names for different layers' KV.
@@ -573,8 +586,7 @@ def _define_classes() -> None:
                                             enable_events=self._events,
                                             identity=self._identity, tp_size=tp_size,
                                             prefix_caching=bool(cc.enable_prefix_caching),
-                                            dp_rank=(int(getattr(pc, "data_parallel_rank", 0))
-                                                     if dp_size > 1 else None))
+                                            dp_rank=_dp_rank(pc))
             self._tp_size = tp_size
             self._stats_seen: Dict[str, Any] = {}
             media = [t.medium for t in self._config.tiers]

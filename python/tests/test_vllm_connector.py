@@ -459,6 +459,23 @@ def test_tiers_take_their_identity_from_vllm_or_the_config(connector_classes, mo
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_each_data_parallel_engine_has_a_disk_directory_of_its_own(connector_classes):
+    """A disk directory belongs to one engine (its lock, its stale-layout sweep). Independent
+    engines of a dense model: vLLM sets their size and rank to 1 and 0 and keeps the rank as
+    data_parallel_index."""
+    import sys
+
+    role = sys.modules["vllm.distributed.kv_transfer.kv_connector.v1.base"].KVConnectorRole
+    for pc, want in (({}, "/d"), ({"data_parallel_size": 1, "data_parallel_index": 2}, "/d/dp2"),
+                     ({"data_parallel_size": 4, "data_parallel_rank": 1}, "/d/dp1"),
+                     ({"data_parallel_size": 2, "data_parallel_index": 0}, "/d/dp0")):
+        vllm_config, kv_cache_config = _fake_vllm(_disk("/d"))
+        vars(vllm_config.parallel_config).update(pc)
+        c = kvv.KvoffloadConnector(vllm_config, role.SCHEDULER, kv_cache_config)
+        assert c._config.tiers[0].store.path == want, pc
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
 def test_tiers_refuse_what_would_mix_kv(connector_classes, monkeypatch):
     # Pipeline stages would share key names for different layers' KV.
     with pytest.raises(kv.InvalidArgument, match=r"pipeline.*world size 4, tensor-parallel size 2"):
