@@ -196,6 +196,8 @@ def parse_bytes(value: Any, field: str = "host_bytes") -> int:
     if isinstance(value, bool):
         raise kv.InvalidArgument(f"{field}: expected bytes, got a bool")
     if isinstance(value, (int, float)):
+        if value != value or value in (float("inf"), float("-inf")):  # JSON's NaN, Infinity
+            raise kv.InvalidArgument(f"{field}: {value!r} is not a size")
         n = int(value)
     else:
         # The library's one byte-size grammar (kvoffload/byte_size.hpp), the same as

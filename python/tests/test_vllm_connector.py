@@ -16,7 +16,7 @@ def test_bytes_in_config():
     assert kvv.parse_bytes("64GiB") == 64 << 30
     assert kvv.parse_bytes("1.5 MiB") == 3 << 19
     assert kvv.parse_bytes("2e9") == 2_000_000_000
-    for bad in ("lots", "-1", 0, True, "12 parsecs"):
+    for bad in ("lots", "-1", 0, True, "12 parsecs", float("nan"), float("inf"), "nan", "inf"):
         with pytest.raises(kv.InvalidArgument, match="host_bytes"):
             kvv.parse_bytes(bad)
 
