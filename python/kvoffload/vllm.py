@@ -59,6 +59,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -395,6 +396,18 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
                              "(full attention, sliding window, mamba)")
 
 
+def session_cut_tokens(vllm_version: str, num_speculative_tokens: int = 0) -> int:
+    """For VllmBridge: how many sampled tokens vLLM may drop at a streaming session's next
+    turn while keeping the block hashes over them. vLLM 0.21 (and every release before 0.32,
+    read as unknown) keeps them (Scheduler._update_request_as_session cuts the tokens past
+    num_computed_tokens, not block_hashes): up to the sampled token and its accepted drafts.
+    vLLM 0.32 and later drop those hashes too: 0."""
+    m = re.match(r"(\d+)\.(\d+)", str(vllm_version))
+    if m and (int(m[1]), int(m[2])) >= (0, 32):
+        return 0
+    return 1 + max(0, int(num_speculative_tokens or 0))
+
+
 def _dp_rank(pc: Any) -> Optional[int]:
     """This engine's data-parallel rank where there are several engines, else None. vLLM
     resets data_parallel_size and data_parallel_rank to 1 and 0 inside each engine of a dense
@@ -599,6 +612,12 @@ def _define_classes() -> None:
             self._disk_tiers = [t for t, c in enumerate(self._config.tiers) if c.medium == "disk"]
             if role == KVConnectorRole.SCHEDULER:
                 self._world = world
+                import vllm
+
+                spec = getattr(vllm_config, "speculative_config", None)
+                self._session_cut = session_cut_tokens(
+                    getattr(vllm, "__version__", ""),
+                    getattr(spec, "num_speculative_tokens", 0) if spec is not None else 0)
                 self._start_scheduler()
                 self._cleared = False  # reset_cache since the last take_events
                 self._clear_tiers = False  # the same, for the workers' disk tiers
@@ -621,7 +640,8 @@ def _define_classes() -> None:
             self._sched = kv.Scheduler(self._config)
             # Per-request loops over vLLM's objects run in C++ (python/src/vllm_binding.cpp).
             self._bridge = _kvoffload.VllmBridge(
-                self._sched._s, [g.gpu_block_size for g in self._config.groups])
+                self._sched._s, [g.gpu_block_size for g in self._config.groups],
+                self._session_cut)
 
         def _take_scans(self, meta):
             """The workers' disk scans, as their first step's outputs bring them; once every

@@ -60,7 +60,7 @@ struct StringHash {
 struct Names {
   nb::object request_id, block_hashes, num_tokens, blocks, block_id, is_null, block_hash,
       num_scheduled_tokens, scheduled_new_reqs, scheduled_cached_reqs, req_id, req_ids,
-      num_computed_tokens, block_ids, new_block_ids, resumed_req_ids, preempted_req_ids;
+      num_computed_tokens, block_ids, new_block_ids, resumed_req_ids, preempted_req_ids, resumable;
   Names() {
     const auto intern = [](const char* s) { return nb::steal(PyUnicode_InternFromString(s)); };
     request_id = intern("request_id");
@@ -80,6 +80,7 @@ struct Names {
     new_block_ids = intern("new_block_ids");
     resumed_req_ids = intern("resumed_req_ids");
     preempted_req_ids = intern("preempted_req_ids");
+    resumable = intern("resumable");
   }
 };
 
@@ -158,8 +159,12 @@ BlockHash to_block_hash(nb::handle h, std::string_view request, std::size_t i) {
 
 class VllmBridge {
  public:
-  VllmBridge(Scheduler& s, std::vector<std::int64_t> gpu_block_sizes)
-      : s_(s), sizes_(std::move(gpu_block_sizes)) {}
+  /// `session_cut_tokens`: how many sampled tokens a vLLM before 0.32 may drop at a
+  /// streaming session's next turn while keeping the hashes over them (1 + draft tokens);
+  /// 0 for a vLLM that drops those hashes too (check_session_turn).
+  VllmBridge(Scheduler& s, std::vector<std::int64_t> gpu_block_sizes,
+             std::int64_t session_cut_tokens = 0)
+      : s_(s), sizes_(std::move(gpu_block_sizes)), session_cut_(session_cut_tokens) {}
 
   /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
   /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup;
@@ -244,16 +249,21 @@ class VllmBridge {
     for (nb::handle nr : new_reqs) {
       nb::object rid = get(nr, n_.req_id);
       const std::string_view id = as_str(rid, "req_id");
+      const std::int64_t computed_tokens =
+          as_int(get(nr, n_.num_computed_tokens), "num_computed_tokens");
+      const std::int64_t scheduled_tokens = num_scheduled(rid);
       if (Entry* e = known(id)) {
+        check_session_turn(*e);  // before its new hashes are read
         sync_entry(*e, false, false);
+        e->scheduled_end = computed_tokens + scheduled_tokens;
         passed_.push_back(e);
       }
       // A new request's block_ids are its whole block table: the scheduler's list starts over
       // (resumed). A request the scheduler knows can come back this way: a resumable
       // session's next turn (vLLM re-queues it with its table and no lookup), or a preempted
       // one under vLLM 0.33's model runner; appending would store other blocks' bytes.
-      fill(next_entry(G), id, as_int(get(nr, n_.num_computed_tokens), "num_computed_tokens"),
-           num_scheduled(rid), get(nr, n_.block_ids), true, "block_ids");
+      fill(next_entry(G), id, computed_tokens, scheduled_tokens, get(nr, n_.block_ids), true,
+           "block_ids");
     }
     const Fast id_col(ids, "req_ids");
     const Fast computed_col(computed, "num_computed_tokens");
@@ -279,6 +289,7 @@ class VllmBridge {
         const bool grew = sync_entry(*e, false, false);
         // Most of a decode step: nothing new for the scheduler, which would find it idle.
         const std::int64_t x = computed_tokens + scheduled_tokens;
+        e->scheduled_end = x;
         if (!grew && !was_resumed && fresh.is_none() && e->window_valid && x >= e->window.lo &&
             x < e->window.hi) {
           ++skipped_;
@@ -376,8 +387,9 @@ class VllmBridge {
     // hashes[given.size() - 1] when last read (a strong reference: the object stays what it
     // was), so a step finds an unchanged list by one length and one pointer compare.
     nb::object last_given;
-    bool diverged = false;   // its hashes stopped extending what was given (sync_entry)
-    std::int64_t local = 0;  // num_computed_tokens at the last lookup
+    bool diverged = false;            // its hashes stopped extending what was given (sync_entry)
+    std::int64_t local = 0;           // num_computed_tokens at the last lookup
+    std::int64_t scheduled_end = -1;  // computed + scheduled tokens of its last step
   };
 
   ScheduledRequest& next_entry(std::size_t G) {
@@ -419,6 +431,7 @@ class VllmBridge {
     const std::string_view id = as_str(rid, "request_id");
     auto it = requests_.find(id);
     const bool first = it == requests_.end();
+    if (!first) check_session_turn(it->second);  // a lookup after it was scheduled
     if (first) {
       it = requests_.emplace(std::string(id), Entry{std::string(id), nb::borrow(request)}).first;
     } else if (!it->second.request.is(request)) {
@@ -520,7 +533,29 @@ class VllmBridge {
            same_hash(items[static_cast<Py_ssize_t>(keep)], e.given[keep])) {
       ++keep;
     }
-    const std::int64_t keep_tokens = static_cast<std::int64_t>(keep) * s_.config().hash_block_size;
+    diverge_at(e, static_cast<std::int64_t>(keep) * s_.config().hash_block_size);
+  }
+
+  /// vLLM before 0.32 starts a streaming session's next turn by dropping the tokens sampled
+  /// past the computed ones (the last turn's end, scheduled_end) but keeps any block hash
+  /// computed over them, and chains the next turn's hashes from it: those name tokens the
+  /// request no longer has, and its own checks cannot tell. When the dropped tokens may have
+  /// completed a block, a resumable request stores nothing past its computed whole blocks and
+  /// loads nothing from then on.
+  void check_session_turn(Entry& e) {
+    const std::int64_t end = e.scheduled_end;
+    const std::int64_t hbs = s_.config().hash_block_size;
+    if (session_cut_ <= 0 || e.diverged || end < 0 || (end + session_cut_) / hbs == end / hbs) {
+      return;
+    }
+    const int resumable = PyObject_IsTrue(get_or_none(e.request, n_.resumable).ptr());
+    if (resumable < 0) throw nb::python_error();
+    if (resumable == 0) return;
+    diverge_at(e, end / hbs * hbs);
+  }
+
+  /// Stores nothing past `keep_tokens`, loads nothing from now on, reads no more hashes.
+  void diverge_at(Entry& e, std::int64_t keep_tokens) {
     s_.limit_stores(e.id, keep_tokens);
     s_.limit_loads(e.id, 0);
     e.diverged = true;
@@ -531,6 +566,7 @@ class VllmBridge {
   Names n_;
   Scheduler& s_;
   std::vector<std::int64_t> sizes_;  // each group's GPU block size
+  std::int64_t session_cut_ = 0;     // check_session_turn
   std::unordered_map<std::string, Entry, StringHash, std::equal_to<>> requests_;
   // build_step's entries: the first used_ are this step's. Kept between steps, so a step
   // reuses their strings' and vectors' memory instead of allocating per request.
@@ -547,8 +583,8 @@ void bind_vllm(nb::module_& m) {
   nb::class_<VllmBridge>(m, "VllmBridge",
                          "The vLLM connector's scheduler-side calls, reading vLLM's objects "
                          "in C++ (python/src/vllm_binding.cpp).")
-      .def(nb::init<Scheduler&, std::vector<std::int64_t>>(), "scheduler"_a, "gpu_block_sizes"_a,
-           nb::keep_alive<1, 2>())
+      .def(nb::init<Scheduler&, std::vector<std::int64_t>, std::int64_t>(), "scheduler"_a,
+           "gpu_block_sizes"_a, "session_cut_tokens"_a = 0, nb::keep_alive<1, 2>())
       .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a, "load_limit"_a = -1,
            "store_limit"_a = -1)
       .def("allocated", &VllmBridge::allocated, "request_id"_a, "blocks"_a, "num_external_tokens"_a)

@@ -293,3 +293,52 @@ def test_a_running_requests_last_hash_replaced_in_place_is_seen():
     with pytest.warns(RuntimeWarning, match='"r": its block hashes changed'):
         _, stores, _, _ = cached_step(bridge, "r", 3 * BLOCK, 1)
     assert all(k[0] != req.block_hashes[-1] for j in stores for k in j.keys)
+
+
+@pytest.mark.parametrize("cut", [0, 1])
+def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_hash(cut):
+    """vLLM 0.21 starts a streaming session's next turn by dropping the sampled token past the
+    computed ones but keeps the block hash computed over it, and chains the next turn's
+    hashes from it. Block 3's hash then names a token the request no longer has: with the
+    bridge told so (session_cut_tokens 1), nothing from block 3 on is stored or loaded; told
+    nothing (0, vLLM 0.32+ behaviour, which drops those hashes), the stale keys are stored
+    (the check is what the guard prevents)."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], cut)
+    tokens = list(range(100, 163))  # 63 prompt tokens
+    req = ns(request_id="t", block_hashes=[], num_tokens=0, kv_transfer_params=None,
+             resumable=True)
+    session_rehash(req, tokens)
+    assert bridge.lookup(req, 0) == 0
+    bridge.allocated("t", blocks_of([1, 2, 3, 4]), 0)
+    _, first, _, _ = session_step(bridge, "t", 0, [1, 2, 3, 4], 63)
+    s.on_completed([kv.JobReport(j.id) for j in first])
+    tokens.append(777)  # the turn's last sampled token completes block 3: its hash appears
+    session_rehash(req, tokens)
+    stale = req.block_hashes[3]
+    del tokens[63:]  # vLLM 0.21: the sampled token is dropped, block_hashes is not cut
+    tokens += list(range(600, 650))
+    session_rehash(req, tokens)  # hashes 4.. chain from the stale hash 3
+    assert req.block_hashes[3] == stale
+    bridge.allocated("t", blocks_of(range(1, 9)), 0)
+    if cut:
+        with pytest.warns(RuntimeWarning, match='"t": its block hashes changed'):
+            _, stores, _, _ = session_step(bridge, "t", 63, list(range(1, 9)), 50)
+    else:
+        _, stores, _, _ = session_step(bridge, "t", 63, list(range(1, 9)), 50)
+    stored = {bytes(h) for j in stores for h, _ in j.keys}
+    assert (stale in stored) == (cut == 0)
+    if cut:
+        assert stored == set()  # nothing past block 2 (blocks 0-2 were stored in turn 1)
+        assert bridge.lookup(req, 48) == 0
+
+
+def test_session_cut_follows_the_vllm_version():
+    from kvoffload.vllm import session_cut_tokens
+
+    assert session_cut_tokens("0.21.0") == 1
+    assert session_cut_tokens("0.21.0", 3) == 4
+    assert session_cut_tokens("0.32.0+cpu") == 0 and session_cut_tokens("0.33.0", 2) == 0
+    assert session_cut_tokens("1.0.0") == 0
+    assert session_cut_tokens("") == 1  # unknown: the safe side
