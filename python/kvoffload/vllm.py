@@ -396,16 +396,13 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
                              "(full attention, sliding window, mamba)")
 
 
-def session_cut_tokens(vllm_version: str, num_speculative_tokens: int = 0) -> int:
-    """For VllmBridge: how many sampled tokens vLLM may drop at a streaming session's next
-    turn while keeping the block hashes over them. vLLM 0.21 (and every release before 0.32,
-    read as unknown) keeps them (Scheduler._update_request_as_session cuts the tokens past
-    num_computed_tokens, not block_hashes): up to the sampled token and its accepted drafts.
-    vLLM 0.32 and later drop those hashes too: 0."""
+def stale_session_hashes(vllm_version: str) -> bool:
+    """For VllmBridge: whether this vLLM keeps the block hashes over the tokens a streaming
+    session's next turn drops. vLLM 0.21 does (Scheduler._update_request_as_session cuts the
+    tokens past num_computed_tokens, not block_hashes), as does every release before 0.32,
+    read as unknown; 0.32 and later cut them too. An unparsable version: True (the safe side)."""
     m = re.match(r"(\d+)\.(\d+)", str(vllm_version))
-    if m and (int(m[1]), int(m[2])) >= (0, 32):
-        return 0
-    return 1 + max(0, int(num_speculative_tokens or 0))
+    return not (m and (int(m[1]), int(m[2])) >= (0, 32))
 
 
 def _dp_rank(pc: Any) -> Optional[int]:
@@ -614,10 +611,8 @@ def _define_classes() -> None:
                 self._world = world
                 import vllm
 
-                spec = getattr(vllm_config, "speculative_config", None)
-                self._session_cut = session_cut_tokens(
-                    getattr(vllm, "__version__", ""),
-                    getattr(spec, "num_speculative_tokens", 0) if spec is not None else 0)
+                self._stale_session_hashes = stale_session_hashes(
+                    getattr(vllm, "__version__", ""))
                 self._start_scheduler()
                 self._cleared = False  # reset_cache since the last take_events
                 self._clear_tiers = False  # the same, for the workers' disk tiers
@@ -641,7 +636,7 @@ def _define_classes() -> None:
             # Per-request loops over vLLM's objects run in C++ (python/src/vllm_binding.cpp).
             self._bridge = _kvoffload.VllmBridge(
                 self._sched._s, [g.gpu_block_size for g in self._config.groups],
-                self._session_cut)
+                self._stale_session_hashes)
 
         def _take_scans(self, meta):
             """The workers' disk scans, as their first step's outputs bring them; once every

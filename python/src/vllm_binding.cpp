@@ -159,12 +159,11 @@ BlockHash to_block_hash(nb::handle h, std::string_view request, std::size_t i) {
 
 class VllmBridge {
  public:
-  /// `session_cut_tokens`: how many sampled tokens a vLLM before 0.32 may drop at a
-  /// streaming session's next turn while keeping the hashes over them (1 + draft tokens);
-  /// 0 for a vLLM that drops those hashes too (check_session_turn).
+  /// `stale_session_hashes`: the engine is a vLLM before 0.32, whose streaming sessions keep
+  /// the block hashes over the tokens a next turn drops (check_session_turn).
   VllmBridge(Scheduler& s, std::vector<std::int64_t> gpu_block_sizes,
-             std::int64_t session_cut_tokens = 0)
-      : s_(s), sizes_(std::move(gpu_block_sizes)), session_cut_(session_cut_tokens) {}
+             bool stale_session_hashes = false)
+      : s_(s), sizes_(std::move(gpu_block_sizes)), stale_session_hashes_(stale_session_hashes) {}
 
   /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
   /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup;
@@ -253,7 +252,7 @@ class VllmBridge {
           as_int(get(nr, n_.num_computed_tokens), "num_computed_tokens");
       const std::int64_t scheduled_tokens = num_scheduled(rid);
       if (Entry* e = known(id)) {
-        check_session_turn(*e);  // before its new hashes are read
+        check_session_turn(*e, computed_tokens);  // before its new hashes are read
         sync_entry(*e, false, false);
         e->scheduled_end = computed_tokens + scheduled_tokens;
         passed_.push_back(e);
@@ -431,7 +430,6 @@ class VllmBridge {
     const std::string_view id = as_str(rid, "request_id");
     auto it = requests_.find(id);
     const bool first = it == requests_.end();
-    if (!first) check_session_turn(it->second);  // a lookup after it was scheduled
     if (first) {
       it = requests_.emplace(std::string(id), Entry{std::string(id), nb::borrow(request)}).first;
     } else if (!it->second.request.is(request)) {
@@ -536,22 +534,24 @@ class VllmBridge {
     diverge_at(e, static_cast<std::int64_t>(keep) * s_.config().hash_block_size);
   }
 
-  /// vLLM before 0.32 starts a streaming session's next turn by dropping the tokens sampled
-  /// past the computed ones (the last turn's end, scheduled_end) but keeps any block hash
-  /// computed over them, and chains the next turn's hashes from it: those name tokens the
-  /// request no longer has, and its own checks cannot tell. When the dropped tokens may have
-  /// completed a block, a resumable request stores nothing past its computed whole blocks and
-  /// loads nothing from then on.
-  void check_session_turn(Entry& e) {
+  /// vLLM before 0.32 starts a streaming session's next turn by dropping the tokens past the
+  /// computed ones (`computed`, this turn's num_computed_tokens: the sampled token, and with
+  /// speculative decoding what the last step scheduled past it) but keeps any block hash over
+  /// them, and chains the next turn's hashes from it: those name tokens the request no longer
+  /// has, and the content check of sync_entry cannot tell (the list only grew). If a block
+  /// boundary lies among the tokens it may have dropped (up to the last step's end and the
+  /// sampled token after it), a resumable request stores nothing past its computed whole
+  /// blocks and loads nothing from then on. vLLM 0.32 and later cut those hashes and derive
+  /// them again, which sync_entry checks.
+  void check_session_turn(Entry& e, std::int64_t computed) {
     const std::int64_t end = e.scheduled_end;
     const std::int64_t hbs = s_.config().hash_block_size;
-    if (session_cut_ <= 0 || e.diverged || end < 0 || (end + session_cut_) / hbs == end / hbs) {
-      return;
-    }
+    if (!stale_session_hashes_ || e.diverged || end < 0) return;
+    if ((std::max(computed, end) + 1) / hbs == computed / hbs) return;  // no block boundary
     const int resumable = PyObject_IsTrue(get_or_none(e.request, n_.resumable).ptr());
     if (resumable < 0) throw nb::python_error();
     if (resumable == 0) return;
-    diverge_at(e, end / hbs * hbs);
+    diverge_at(e, computed / hbs * hbs);
   }
 
   /// Stores nothing past `keep_tokens`, loads nothing from now on, reads no more hashes.
@@ -565,8 +565,8 @@ class VllmBridge {
 
   Names n_;
   Scheduler& s_;
-  std::vector<std::int64_t> sizes_;  // each group's GPU block size
-  std::int64_t session_cut_ = 0;     // check_session_turn
+  std::vector<std::int64_t> sizes_;    // each group's GPU block size
+  bool stale_session_hashes_ = false;  // check_session_turn
   std::unordered_map<std::string, Entry, StringHash, std::equal_to<>> requests_;
   // build_step's entries: the first used_ are this step's. Kept between steps, so a step
   // reuses their strings' and vectors' memory instead of allocating per request.
@@ -583,8 +583,8 @@ void bind_vllm(nb::module_& m) {
   nb::class_<VllmBridge>(m, "VllmBridge",
                          "The vLLM connector's scheduler-side calls, reading vLLM's objects "
                          "in C++ (python/src/vllm_binding.cpp).")
-      .def(nb::init<Scheduler&, std::vector<std::int64_t>, std::int64_t>(), "scheduler"_a,
-           "gpu_block_sizes"_a, "session_cut_tokens"_a = 0, nb::keep_alive<1, 2>())
+      .def(nb::init<Scheduler&, std::vector<std::int64_t>, bool>(), "scheduler"_a,
+           "gpu_block_sizes"_a, "stale_session_hashes"_a = false, nb::keep_alive<1, 2>())
       .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a, "load_limit"_a = -1,
            "store_limit"_a = -1)
       .def("allocated", &VllmBridge::allocated, "request_id"_a, "blocks"_a, "num_external_tokens"_a)

@@ -295,17 +295,17 @@ def test_a_running_requests_last_hash_replaced_in_place_is_seen():
     assert all(k[0] != req.block_hashes[-1] for j in stores for k in j.keys)
 
 
-@pytest.mark.parametrize("cut", [0, 1])
-def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_hash(cut):
+@pytest.mark.parametrize("guard", [False, True])
+def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_hash(guard):
     """vLLM 0.21 starts a streaming session's next turn by dropping the sampled token past the
     computed ones but keeps the block hash computed over it, and chains the next turn's
     hashes from it. Block 3's hash then names a token the request no longer has: with the
-    bridge told so (session_cut_tokens 1), nothing from block 3 on is stored or loaded; told
-    nothing (0, vLLM 0.32+ behaviour, which drops those hashes), the stale keys are stored
-    (the check is what the guard prevents)."""
+    bridge told so (stale_session_hashes), nothing from block 3 on is stored or loaded; told
+    nothing (vLLM 0.32+, which drops those hashes), the stale key is stored: what the guard
+    prevents."""
     s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
                                         host_blocks=64))
-    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], cut)
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], guard)
     tokens = list(range(100, 163))  # 63 prompt tokens
     req = ns(request_id="t", block_hashes=[], num_tokens=0, kv_transfer_params=None,
              resumable=True)
@@ -314,6 +314,8 @@ def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_ha
     bridge.allocated("t", blocks_of([1, 2, 3, 4]), 0)
     _, first, _, _ = session_step(bridge, "t", 0, [1, 2, 3, 4], 63)
     s.on_completed([kv.JobReport(j.id) for j in first])
+    # A lookup after it was scheduled (a preemption's) is not a new turn: nothing is limited.
+    assert bridge.lookup(req, 0) == 48
     tokens.append(777)  # the turn's last sampled token completes block 3: its hash appears
     session_rehash(req, tokens)
     stale = req.block_hashes[3]
@@ -322,23 +324,53 @@ def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_ha
     session_rehash(req, tokens)  # hashes 4.. chain from the stale hash 3
     assert req.block_hashes[3] == stale
     bridge.allocated("t", blocks_of(range(1, 9)), 0)
-    if cut:
+    if guard:
         with pytest.warns(RuntimeWarning, match='"t": its block hashes changed'):
             _, stores, _, _ = session_step(bridge, "t", 63, list(range(1, 9)), 50)
     else:
         _, stores, _, _ = session_step(bridge, "t", 63, list(range(1, 9)), 50)
     stored = {bytes(h) for j in stores for h, _ in j.keys}
-    assert (stale in stored) == (cut == 0)
-    if cut:
+    assert (stale in stored) == (not guard)
+    if guard:
         assert stored == set()  # nothing past block 2 (blocks 0-2 were stored in turn 1)
         assert bridge.lookup(req, 48) == 0
 
 
-def test_session_cut_follows_the_vllm_version():
-    from kvoffload.vllm import session_cut_tokens
+def test_a_session_turn_after_rejected_drafts_is_caught_too():
+    """Speculative decoding under vLLM 0.21: the last step scheduled 14..16 (end 17), both
+    drafts were rejected, so vLLM computed 15 tokens and the bonus token at 15 completed
+    block 0; the next turn drops it and keeps block 0's hash. The boundary (16) lies between
+    the new turn's computed tokens and the last end: nothing is stored from block 0 on."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], True)
+    tokens = list(range(100, 114))  # 14 prompt tokens
+    req = ns(request_id="d", block_hashes=[], num_tokens=0, kv_transfer_params=None,
+             resumable=True)
+    session_rehash(req, tokens)
+    assert bridge.lookup(req, 0) == 0
+    bridge.allocated("d", blocks_of([1, 2]), 0)
+    session_step(bridge, "d", 0, [1, 2], 14)
+    tokens.append(500)  # sampled at 14
+    session_rehash(req, tokens)
+    cached_step(bridge, "d", 14, 3)  # 14 and two drafts: end 17
+    tokens.append(501)  # drafts rejected; the bonus token at 15 completes block 0
+    session_rehash(req, tokens)
+    stale = req.block_hashes[0]
+    del tokens[15:]  # the next turn drops the token past the 15 computed ones
+    tokens += list(range(700, 740))
+    session_rehash(req, tokens)
+    assert req.block_hashes[0] == stale
+    bridge.allocated("d", blocks_of(range(1, 5)), 0)
+    with pytest.warns(RuntimeWarning, match='"d": its block hashes changed'):
+        _, stores, _, _ = session_step(bridge, "d", 15, list(range(1, 5)), 40)
+    assert stores == []
 
-    assert session_cut_tokens("0.21.0") == 1
-    assert session_cut_tokens("0.21.0", 3) == 4
-    assert session_cut_tokens("0.32.0+cpu") == 0 and session_cut_tokens("0.33.0", 2) == 0
-    assert session_cut_tokens("1.0.0") == 0
-    assert session_cut_tokens("") == 1  # unknown: the safe side
+
+def test_stale_session_hashes_follow_the_vllm_version():
+    from kvoffload.vllm import stale_session_hashes
+
+    assert stale_session_hashes("0.21.0") and stale_session_hashes("0.21.1.dev3+gabc")
+    assert not stale_session_hashes("0.32.0+cpu") and not stale_session_hashes("0.33.0")
+    assert not stale_session_hashes("1.0.0")
+    assert stale_session_hashes("")  # unknown: the safe side
