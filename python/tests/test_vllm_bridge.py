@@ -295,6 +295,21 @@ def test_a_running_requests_last_hash_replaced_in_place_is_seen():
     assert all(k[0] != req.block_hashes[-1] for j in stores for k in j.keys)
 
 
+def session_start(rid, prompt, guard):
+    """A scheduler, a bridge (stale_session_hashes `guard`) and a resumable request of
+    `prompt`, looked up and allocated one GPU block per started block."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                        host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], guard)
+    req = ns(request_id=rid, block_hashes=[], num_tokens=0, kv_transfer_params=None,
+             resumable=True)
+    session_rehash(req, prompt)
+    assert bridge.lookup(req, 0) == 0
+    blocks = list(range(1, (len(prompt) + BLOCK - 1) // BLOCK + 2))
+    bridge.allocated(rid, blocks_of(blocks), 0)
+    return s, bridge, req, blocks
+
+
 @pytest.mark.parametrize("guard", [False, True])
 def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_hash(guard):
     """vLLM 0.21 starts a streaming session's next turn by dropping the sampled token past the
@@ -303,16 +318,9 @@ def test_a_session_turn_under_vllm_0_21_never_stores_under_the_dropped_tokens_ha
     bridge told so (stale_session_hashes), nothing from block 3 on is stored or loaded; told
     nothing (vLLM 0.32+, which drops those hashes), the stale key is stored: what the guard
     prevents."""
-    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
-                                        host_blocks=64))
-    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], guard)
     tokens = list(range(100, 163))  # 63 prompt tokens
-    req = ns(request_id="t", block_hashes=[], num_tokens=0, kv_transfer_params=None,
-             resumable=True)
-    session_rehash(req, tokens)
-    assert bridge.lookup(req, 0) == 0
-    bridge.allocated("t", blocks_of([1, 2, 3, 4]), 0)
-    _, first, _, _ = session_step(bridge, "t", 0, [1, 2, 3, 4], 63)
+    s, bridge, req, blocks = session_start("t", tokens, guard)
+    _, first, _, _ = session_step(bridge, "t", 0, blocks, 63)
     s.on_completed([kv.JobReport(j.id) for j in first])
     # A lookup after it was scheduled (a preemption's) is not a new turn: nothing is limited.
     assert bridge.lookup(req, 0) == 48
@@ -341,16 +349,9 @@ def test_a_session_turn_after_rejected_drafts_is_caught_too():
     drafts were rejected, so vLLM computed 15 tokens and the bonus token at 15 completed
     block 0; the next turn drops it and keeps block 0's hash. The boundary (16) lies between
     the new turn's computed tokens and the last end: nothing is stored from block 0 on."""
-    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
-                                        host_blocks=64))
-    bridge = _kvoffload.VllmBridge(s._s, [BLOCK], True)
     tokens = list(range(100, 114))  # 14 prompt tokens
-    req = ns(request_id="d", block_hashes=[], num_tokens=0, kv_transfer_params=None,
-             resumable=True)
-    session_rehash(req, tokens)
-    assert bridge.lookup(req, 0) == 0
-    bridge.allocated("d", blocks_of([1, 2]), 0)
-    session_step(bridge, "d", 0, [1, 2], 14)
+    _, bridge, req, blocks = session_start("d", tokens, True)
+    session_step(bridge, "d", 0, blocks, 14)
     tokens.append(500)  # sampled at 14
     session_rehash(req, tokens)
     cached_step(bridge, "d", 14, 3)  # 14 and two drafts: end 17
