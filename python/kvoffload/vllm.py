@@ -533,10 +533,10 @@ def _define_classes() -> None:
     class KvoffloadWorkerMetadata(KVConnectorWorkerMetadata):
         """Workers -> scheduler: finished job ids with a count and whether all succeeded;
         once, in a worker's first step, what its disk tiers found at start (``scans``: rank ->
-        tier -> (slots, [(slot, key)])."""
+        tier -> Worker.tier_scan, a key or None per slot)."""
 
         def __init__(self, completed: Optional[Dict[int, Tuple[int, bool]]] = None,
-                     scans: Optional[Dict[int, Dict[int, Tuple[int, List[Any]]]]] = None):
+                     scans: Optional[Dict[int, Dict[int, List[Any]]]] = None):
             self.completed: Dict[int, Tuple[int, bool]] = dict(completed or {})
             self.scans = dict(scans or {})
 
@@ -584,15 +584,6 @@ def _define_classes() -> None:
                 if getattr(cc, "calculate_kv_scales", False):
                     raise kv.InvalidArgument("tiers: calculate_kv_scales gives each engine its "
                                              "own fp8 KV scales; blocks would not be portable")
-                # A disk tier's scheduler waits for every rank's scan; under torchrun's
-                # external launcher each engine hears only its own worker.
-                if (tp_size > 1 and getattr(pc, "distributed_executor_backend", None) ==
-                        "external_launcher" and any(isinstance(t, dict) and
-                                                    t.get("medium") == "disk"
-                                                    for t in extra["tiers"])):
-                    raise kv.InvalidArgument("tiers: a disk tier with tensor parallelism needs "
-                                             "an executor that gathers every rank's output "
-                                             "(not external_launcher)")
             self._config = scheduler_config(groups, hash_block_size(vllm_config, kv_cache_config),
                                             per_block, extra, num_workers=world,
                                             enable_events=self._events,
@@ -607,6 +598,13 @@ def _define_classes() -> None:
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             self._disk_tiers = [t for t, c in enumerate(self._config.tiers) if c.medium == "disk"]
+            # A disk tier's scheduler waits for every rank's scan; under torchrun's external
+            # launcher each engine hears only its own worker.
+            if (self._disk_tiers and tp_size > 1 and
+                    getattr(pc, "distributed_executor_backend", None) == "external_launcher"):
+                raise kv.InvalidArgument("tiers: a disk tier with tensor parallelism needs an "
+                                         "executor that gathers every rank's output (not "
+                                         "external_launcher)")
             if role == KVConnectorRole.SCHEDULER:
                 self._world = world
                 import vllm
@@ -617,7 +615,7 @@ def _define_classes() -> None:
                 self._cleared = False  # reset_cache since the last take_events
                 self._clear_tiers = False  # the same, for the workers' disk tiers
                 # Disk tiers: lookups wait for every rank's scan (_take_scans).
-                self._scans: Dict[int, Dict[int, Tuple[int, List[Any]]]] = {}
+                self._scans: Dict[int, Dict[int, List[Any]]] = {}
                 self._awaiting_scans = bool(self._disk_tiers)
                 self._restore = True  # False after a reset while awaiting them
                 self._scan_waits = 0
@@ -654,17 +652,11 @@ def _define_classes() -> None:
                 return
             restored: Dict[int, List[Any]] = {}
             for t in self._disk_tiers:
-                slots = min(rank[t][0] for rank in self._scans.values())
+                slots = min(len(rank[t]) for rank in self._scans.values())
                 if slots <= 0:
                     raise kv.InvalidArgument(f"tiers[{t}]: the disk tier holds no slot "
                                              "(capacity_bytes below one host block)")
-                ranks = []
-                for _, rank in sorted(self._scans.items()):
-                    scan: List[Any] = [None] * slots
-                    for slot, key in rank[t][1]:
-                        if slot < slots:
-                            scan[slot] = key
-                    ranks.append(scan)
+                ranks = [rank[t][:slots] for _, rank in sorted(self._scans.items())]
                 restored[t] = kv.merge_rank_scans(ranks) if self._restore else []
                 self._config.tiers[t].blocks = slots
             self._start_scheduler()
@@ -842,10 +834,7 @@ def _define_classes() -> None:
                 tp_rank=_tp_rank(self._tp_size) if self._config.tiers else 0)))
             if self._disk_tiers:  # for the scheduler's restore (_take_scans), sent once
                 self._scans_to_send = {_tp_rank(self._tp_size): {
-                    t: (self._worker.tier_slots(t),
-                        [(slot, key) for slot, key in enumerate(self._worker.tier_scan(t))
-                         if key is not None])
-                    for t in self._disk_tiers}}
+                    t: self._worker.tier_scan(t) for t in self._disk_tiers}}
 
         def _follow_stream(self):
             """Before a step's jobs are submitted: the engine's current stream becomes the

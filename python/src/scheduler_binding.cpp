@@ -120,10 +120,6 @@ std::vector<std::optional<Key>> list_to_scan(const nb::list& slots, std::string_
   return keys;
 }
 
-}  // namespace
-
-namespace {
-
 void bind_tier_job(nb::module_& m) {
   using TierState = std::tuple<JobId, std::string, std::uint32_t, std::string,
                                std::vector<std::pair<nb::bytes, std::uint32_t>>,

@@ -183,9 +183,6 @@ class _RecordingWorker:
     def get_finished(self):
         return []
 
-    def tier_slots(self, t):
-        return len(self.scan)
-
     def tier_scan(self, t):
         return self.scan
 
@@ -507,8 +504,8 @@ def test_a_disk_tier_is_restored_from_every_ranks_scan(connector_classes, monkey
     _, WorkerMeta = connector_classes
     c = _scheduler_connector(monkeypatch, _disk(tmp_path), world=2, tp=2)
     h = hashes("disk-scan", 4)
-    rank0 = (10, [(0, (h[0], 0)), (1, (h[1], 0)), (2, (h[2], 0)), (9, (h[3], 0))])
-    rank1 = (9, [(0, (h[0], 0)), (1, (h[2], 0)), (2, (h[2], 0))])
+    rank0 = [(h[0], 0), (h[1], 0), (h[2], 0)] + [None] * 6 + [(h[3], 0)]  # 10 slots
+    rank1 = [(h[0], 0), (h[2], 0), (h[2], 0)] + [None] * 6  # 9 slots
 
     def output(meta):
         return types.SimpleNamespace(kv_connector_worker_meta=meta)
@@ -556,7 +553,7 @@ def test_a_reset_before_the_scans_restores_nothing_and_empties_the_disk(
     assert meta.clear_tiers
     h = hashes("disk-reset", 1)
     c.update_connector_output(types.SimpleNamespace(
-        kv_connector_worker_meta=WorkerMeta(scans={0: {0: (4, [(0, (h[0], 0))])}})))
+        kv_connector_worker_meta=WorkerMeta(scans={0: {0: [(h[0], 0), None, None, None]}})))
     assert c.restored_blocks == {0: 0} and c._sched.epoch == epoch
 
 
@@ -570,7 +567,7 @@ def test_a_worker_sends_its_disk_scan_once_and_empties_its_disk_after_the_flush(
                               {"medium": "disk", "path": "/unused", "capacity_bytes": "1MiB"}]},
                           scan=[None, (h[0], 0), None, (h[1], 0)])
     meta = c.build_connector_worker_meta()
-    assert meta.scans == {0: {0: (4, [(1, (h[0], 0)), (3, (h[1], 0))])}}
+    assert meta.scans == {0: {0: [None, (h[0], 0), None, (h[1], 0)]}}
     assert c.build_connector_worker_meta() is None  # sent once; nothing completed
     c.bind_connector_metadata(Meta([], [], [7], tier_jobs=[_job("write", 8)], clear_tiers=True))
     c.start_load_kv(None)
