@@ -58,6 +58,12 @@ struct WorkerConfig {
   /// holds the tiers for all ranks). 0: each store's own tp_rank; otherwise a store's tp_rank
   /// must be 0 or this (a conflict is refused: ranks would share slots or keys).
   int tp_rank = 0;
+  /// What else makes two engines' pages of equal size incompatible: the order of a page's
+  /// dimensions (an attention backend's NHD or HND), its dtype. Part of layout_description,
+  /// so a disk tier's files and a shared tier's values written under another note are
+  /// misses, never read as this layout. The vLLM connector gives each KV tensor's page shape,
+  /// strides and dtype.
+  std::string layout_note;
 };
 
 /// A worker's configuration with what it shares with its scheduler taken from the
@@ -143,6 +149,7 @@ class KVOFFLOAD_EXPORT Worker {
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
   std::string weights_;  // the weights its disk tiers restored (WorkerConfig::weights)
+  std::string layout_note_;  // WorkerConfig::layout_note
   std::vector<std::unique_ptr<Tier>> tiers_;  // destroyed first: they read the pool
 };
 

@@ -430,6 +430,9 @@ class WorkerConfig:
     # The weights' identity (SchedulerConfig.weights; derive_worker_config copies it): a disk
     # tier restores only the slots written under it.
     weights: str = ""
+    # What else makes pages of equal size incompatible (dimension order, dtype): part of the
+    # layout tiers are keyed by (WorkerConfig::layout_note).
+    layout_note: str = ""
 
 
 def derive_worker_config(scheduler: SchedulerConfig, worker: WorkerConfig) -> WorkerConfig:
@@ -528,6 +531,11 @@ class Worker:
         read_misses, bad_values, read_errors, writes, write_errors, bytes_read,
         bytes_written."""
         return self._w.shared_tier_stats(tier)
+
+    def layout_description(self) -> str:
+        """What the tiers' layout digest is made of: the factor, block and page bytes, and
+        WorkerConfig.layout_note. Disk files and shared values of another layout are misses."""
+        return self._w.layout_description()
 
     def tier_scan(self, tier: int = 0) -> List[Optional[Key]]:
         """What tier ``tier`` found when the worker opened it: a key or None per slot."""

@@ -95,6 +95,7 @@ void bind_worker(nb::module_& m) {
       .def("submit", &Worker::submit, "job"_a)
       .def("submit_tier", &Worker::submit_tier, "job"_a)
       .def("clear_tiers", &Worker::clear_tiers)
+      .def("layout_description", &Worker::layout_description)
       .def_prop_ro("num_tiers", &Worker::num_tiers)
       .def(
           "tier_scan",

@@ -25,6 +25,7 @@ class TorchLike:
         self.device = types.SimpleNamespace(type="cuda" if cuda else "cpu",
                                             index=device_index if cuda else None)
         self.shape = array.shape
+        self.dtype = f"torch.{array.dtype}"  # what kvoffload.vllm.page_note prints
 
     def data_ptr(self) -> int:
         return self._a.__array_interface__["data"][0]

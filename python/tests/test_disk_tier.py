@@ -12,7 +12,7 @@ from conftest import block_hashes
 F, PAGE = 2, 4096
 
 
-def engine(tmp_path, gpu):
+def engine(tmp_path, gpu, layout_note=""):
     """One description (the scheduler's config, the tier's store in it); the worker derives
     its factor, pool and tier from it, and the tier's blocks are the slots it opened."""
     store = kv.DiskTierConfig(path=str(tmp_path), capacity_bytes="1MiB", model="pytest-model",
@@ -20,7 +20,8 @@ def engine(tmp_path, gpu):
     sc = kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", 16)], host_blocks=8,
                             block_size_factor=F, tiers=[kv.TierConfig(blocks=1, store=store)])
     w = kv.Worker(kv.derive_worker_config(sc, kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, PAGE)]],
-                                                              threads=1)))
+                                                              threads=1,
+                                                              layout_note=layout_note)))
     assert w.num_host_blocks == 8  # the pool the C++ worker allocated, from the description
     sc.tiers[0].blocks = w.tier_slots()
     s = kv.Scheduler(sc)
@@ -91,6 +92,25 @@ def test_written_through_then_promoted_after_a_restart(tmp_path):
     assert np.array_equal(gpu[second], original)
     stats = s.tier_stats(0)
     assert stats["promotions"] == 2 and stats["hits"] == 2
+
+
+def test_blocks_written_under_another_page_layout_are_not_restored(tmp_path):
+    """Pages of equal bytes in another dimension order (WorkerConfig.layout_note: an attention
+    backend's NHD against HND) must not be read as this one: another note finds nothing on
+    the same directory; the writer's own note finds its blocks."""
+    nhd, hnd = "bfloat16[16, 8, 128]/[1024, 128, 1]", "bfloat16[16, 8, 128]/[128, 2048, 1]"
+    gpu = np.ones((32, PAGE), dtype=np.uint8)
+    s, w, _ = engine(tmp_path, gpu, nhd)
+    assert w.layout_description().endswith(" note=" + nhd)
+    s.update_request("a", 64, block_hashes("note", 4))
+    s.lookup("a")
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    run(s, w, s.build_step([kv.ScheduledRequest("a", 0, 64, [[1, 2, 3, 4]])]))
+    run(s, w, s.build_step([]))  # the write-through
+    assert s.tier_stats(0)["blocks_written"] == 2
+    del s, w
+    assert engine(tmp_path, gpu, nhd)[2] == 2  # the same layout finds them
+    assert engine(tmp_path, gpu, hnd)[2] == 0  # (and, bounding the disk, drops them)
 
 
 def test_bad_disk_tier_configs_name_the_field(tmp_path):

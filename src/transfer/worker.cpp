@@ -71,6 +71,7 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
   check_config(c);
   KVOFFLOAD_EXPECTS(c.host_blocks > 0, "worker: host_blocks is {} (must be > 0)", c.host_blocks);
   weights_ = c.weights;
+  layout_note_ = c.layout_note;
   if (backend == nullptr && c.backend == BackendKind::cuda && c.runtime == nullptr &&
       !CudaBackend::available()) {
     throw unsupported(
@@ -149,6 +150,7 @@ std::string Worker::layout_description() const {
       d += fmt::format("{}:{},", t.tensor, t.page_bytes);
     d += "]";
   }
+  if (!layout_note_.empty()) d += " note=" + layout_note_;
   return d;
 }
 

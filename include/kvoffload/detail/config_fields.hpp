@@ -88,4 +88,5 @@
   X(loads_wait_for_compute)               \
   X(copy_mode)                            \
   X(tp_rank)                              \
-  X(weights)
+  X(weights)                              \
+  X(layout_note)
