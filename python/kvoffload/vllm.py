@@ -405,6 +405,36 @@ def stale_session_hashes(vllm_version: str) -> bool:
     return not (m and (int(m[1]), int(m[2])) >= (0, 32))
 
 
+def page_note(t: Any) -> str:
+    """A KV tensor's page (everything after the block dimension): dtype, shape and strides.
+    Attention backends with pages of equal bytes order them differently (NHD, HND); the
+    worker's layout_note keeps such engines from reading each other's tier blocks."""
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape[1:])}/{list(t.stride()[1:])}"
+
+
+def load_tiers_allow_all(raw: Any, media: Sequence[Tuple[str, str]]) -> bool:
+    """vLLM 0.33's per-request kv_load_tiers ([{"medium": .., "locality": ..}]), read as its
+    OffloadingConnector reads it (not a list, or no valid entry: every tier; [] none): True if
+    it allows every (medium, locality) in `media`. The lookup cannot leave one tier out, so a
+    request whose filter leaves any out loads nothing (its tokens are recomputed)."""
+    if not isinstance(raw, list):
+        return True
+    matchers = []
+    for entry in raw:
+        if not isinstance(entry, dict):
+            continue
+        m, loc = entry.get("medium"), entry.get("locality")
+        m = m.upper() if isinstance(m, str) else m
+        loc = loc.upper() if isinstance(loc, str) else loc
+        if m not in (None, "CPU", "STORAGE") or loc not in (None, "LOCAL", "REMOTE"):
+            continue  # vLLM skips an unknown medium or locality
+        matchers.append((m, loc))
+    if not matchers:
+        return bool(raw)  # [] asks for nothing; only invalid entries mean every tier
+    return all(any(m in (None, medium) and loc in (None, locality) for m, loc in matchers)
+               for medium, locality in media)
+
+
 def _dp_rank(pc: Any) -> Optional[int]:
     """This engine's data-parallel rank where there are several engines, else None. vLLM
     resets data_parallel_size and data_parallel_rank to 1 and 0 inside each engine of a dense
@@ -593,6 +623,8 @@ def _define_classes() -> None:
             self._tp_size = tp_size
             self._stats_seen: Dict[str, Any] = {}
             media = [t.medium for t in self._config.tiers]
+            # Where a load can come from, as vLLM's kv_load_tiers names media.
+            self._load_media = [EVENT_MEDIA[m] for m in ["host"] + media]
             self._tier_labels = [m if media.count(m) == 1 else f"{m}{t}"
                                  for t, m in enumerate(media)]
             self._sched: Optional[kv.Scheduler] = None
@@ -671,12 +703,17 @@ def _define_classes() -> None:
             """vLLM's per-request kv_transfer_params, read as its own offloading connector
             reads them (a non-negative int, else ignored): max_load_tokens limits the hit
             inside the lookup (it ends at a host block, every group checked there),
-            max_offload_tokens what is stored."""
+            max_offload_tokens what is stored. kv_load_tiers (vLLM 0.33) is honoured whole or
+            not at all: a filter that leaves out any medium this connector loads from (host
+            memory, a disk or a shared tier) loads nothing."""
             if self._awaiting_scans:
                 return None, False  # retry later: the disk tiers' index is not in yet
             params = getattr(request, "kv_transfer_params", None)
-            hit = self._bridge.lookup(request, num_computed_tokens,
-                                      token_param(params, "max_load_tokens"),
+            load_limit = token_param(params, "max_load_tokens")
+            if (isinstance(params, dict) and params.get("kv_load_tiers") is not None and
+                    not load_tiers_allow_all(params["kv_load_tiers"], self._load_media)):
+                load_limit = 0  # its filter leaves out a tier a hit could come from
+            hit = self._bridge.lookup(request, num_computed_tokens, load_limit,
                                       token_param(params, "max_offload_tokens"))
             if hit is None:
                 return None, False
@@ -790,7 +827,7 @@ def _define_classes() -> None:
             import torch
 
             num_blocks = self._kv_cache_config.num_blocks
-            tensors, index = [], {}
+            tensors, index, notes = [], {}, {}
 
             def add(t):
                 key = (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
@@ -815,6 +852,7 @@ def _define_classes() -> None:
                     for p in parts:
                         i = add(p)
                         members.append((i, tensors[i].page_bytes))
+                        notes.setdefault(i, page_note(p))
                 groups.append(members)
             first = next(iter(kv_caches.values()))
             cuda = first.is_cuda
@@ -831,7 +869,8 @@ def _define_classes() -> None:
                 backend="cuda" if cuda else "host", threads=0 if cuda else 2,
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
                 compute_stream=self._stream,
-                tp_rank=_tp_rank(self._tp_size) if self._config.tiers else 0)))
+                tp_rank=_tp_rank(self._tp_size) if self._config.tiers else 0,
+                layout_note=" ".join(notes[i] for i in sorted(notes)))))
             if self._disk_tiers:  # for the scheduler's restore (_take_scans), sent once
                 self._scans_to_send = {_tp_rank(self._tp_size): {
                     t: self._worker.tier_scan(t) for t in self._disk_tiers}}

@@ -692,6 +692,55 @@ def test_max_load_tokens_caps_a_hit_at_a_host_block(connector_classes, monkeypat
         assert ask(f"g{i}", bad) == full
 
 
+def test_load_tiers_filter_read_as_vllm_reads_it():
+    from kvoffload.vllm import load_tiers_allow_all
+
+    host = [("CPU", "LOCAL")]
+    fleet = [("CPU", "LOCAL"), ("STORAGE", "LOCAL"), ("STORAGE", "REMOTE")]
+    assert load_tiers_allow_all("CPU", fleet)  # not a list: vLLM ignores it (every tier)
+    assert not load_tiers_allow_all([], host)  # []: nothing
+    assert load_tiers_allow_all([{"medium": "floppy"}, 3], host)  # no valid entry: every tier
+    assert load_tiers_allow_all([{}], fleet)  # a matcher of nothing in particular matches all
+    assert load_tiers_allow_all([{"medium": "cpu"}], host)
+    assert not load_tiers_allow_all([{"medium": "cpu"}], fleet)
+    assert not load_tiers_allow_all([{"locality": "local"}], fleet)
+    assert not load_tiers_allow_all([{"medium": "STORAGE"}], host)
+    assert load_tiers_allow_all([{"medium": "CPU"}, {"medium": "STORAGE"}], fleet)
+    assert load_tiers_allow_all([{"locality": "LOCAL"}, {"medium": "storage",
+                                                         "locality": "remote"}], fleet)
+    assert not load_tiers_allow_all([{"medium": 5}, {"medium": "CPU"}], fleet)
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_kv_load_tiers_leaving_out_host_memory_loads_nothing(connector_classes, monkeypatch):
+    """vLLM 0.33's kv_load_tiers: a request whose filter leaves out host memory gets no hit
+    from it; one that allows it, or a malformed filter, gets the hit."""
+    import types
+
+    from conftest import block_hashes
+
+    c = _scheduler_connector(monkeypatch, {"host_blocks": 8})
+    s = c._sched
+    h = block_hashes("tiers", 2)
+    s.update_request("a", 32, h)
+    assert s.lookup("a", 0) == 0
+    s.on_allocated("a", [kv.AllocatedGroup([])], 0)
+    step = s.build_step([kv.ScheduledRequest("a", 0, 32, [[1, 2]])])
+    s.on_completed([kv.JobReport(j.id) for j in step.store_jobs])
+    s.on_finished("a")
+
+    def ask(rid, params):
+        req = types.SimpleNamespace(request_id=rid, num_tokens=32, block_hashes=h,
+                                    kv_transfer_params=params)
+        return c.get_num_new_matched_tokens(req, 0)[0]
+
+    assert ask("b", {"kv_load_tiers": [{"medium": "STORAGE"}]}) == 0
+    assert ask("c", {"kv_load_tiers": []}) == 0
+    assert ask("d", {"kv_load_tiers": [{"medium": "CPU", "locality": "LOCAL"}]}) == 32
+    assert ask("e", {"kv_load_tiers": "CPU"}) == 32
+    assert ask("f", None) == 32
+
+
 @pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
 def test_max_offload_tokens_stores_nothing_past_it(connector_classes, monkeypatch):
     """vLLM's per-request kv_transfer_params {"max_offload_tokens": N}: nothing past the first
