@@ -148,7 +148,7 @@ class KVOFFLOAD_EXPORT Worker {
   std::unique_ptr<KvLayout> layout_;
   std::unique_ptr<PinnedHostPool> pool_;
   std::unique_ptr<TransferEngine> engine_;
-  std::string weights_;  // the weights its disk tiers restored (WorkerConfig::weights)
+  std::string weights_;      // the weights its disk tiers restored (WorkerConfig::weights)
   std::string layout_note_;  // WorkerConfig::layout_note
   std::vector<std::unique_ptr<Tier>> tiers_;  // destroyed first: they read the pool
 };
