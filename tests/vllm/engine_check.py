@@ -689,9 +689,10 @@ def shared_check(model, root, base, line):
                 "username": "kvoffload", "password_file": os.path.join(cluster_dir, "password")}
         extra = {"block_size": BLOCK * 2, "host_blocks": 64, "tiers": [tier]}
 
-        def engine(tag, scenarios, secret):
+        def engine(tag, scenarios, secret, events=False):
             spec = {"model": model, "prefix_caching": False, "extra": extra,
-                    "scenarios": scenarios, "env": {"KVOFFLOAD_SHARED_SECRET": secret}}
+                    "scenarios": scenarios, "env": {"KVOFFLOAD_SHARED_SECRET": secret},
+                    "events": events}
             out = []
             for name, r in run_engine(root, tag, spec)["scenarios"].items():
                 ok, diff, _ = compare(base[name]["outputs"], r["outputs"])
@@ -702,8 +703,15 @@ def shared_check(model, root, base, line):
         # The writer stores A, then (after the reset engine_main does between scenarios, which
         # moves every tier to a new epoch) asks for B: nothing may come back from any tier.
         w, ok_w, diff_w, wr, ok_wr, diff_wr = engine(
-            "shared-writer", ["shared-store", "shared-load"], "fleet-secret-one")
+            "shared-writer", ["shared-store", "shared-load"], "fleet-secret-one", events=True)
         written = w["notes"]["tier"]["blocks_written"]
+        # KV events for routers: the cluster's copies as vLLM's medium "STORAGE" (locality
+        # REMOTE where vLLM has the field), host memory's as "CPU"; counted over the writer's
+        # life (after the reset its second scenario stores B again).
+        media_w = w["notes"].get("event_media", {})
+        if media_w.get("stored CPU", 0) < 4 or media_w.get("stored STORAGE", 0) < written:
+            problems.append(f"the writer's KV events {media_w}: want 4+ stored CPU and "
+                            f"{written}+ stored STORAGE")
         if not ok_w or not ok_wr:
             problems.append(f"the writer's outputs differ: {diff_w or diff_wr}")
         if written < 4:
@@ -728,7 +736,8 @@ def shared_check(model, root, base, line):
         if to["promotions"] or to["hits"] or o["outputs"]["SB"][2]:
             problems.append(f"another secret found the blocks: {to['hits']} hits, "
                             f"{to['promotions']} promotions")
-        summary = (f"writer wrote {written} blocks over TLS as an ACL user; after its reset: tier "
+        summary = (f"writer wrote {written} blocks over TLS as an ACL user, KV events {media_w}; "
+                   f"after its reset: tier "
                    f"hits, promotions, cached tokens {after_reset}; reader promoted "
                    f"{t['promotions']} blocks, {got} cached tokens; another secret: "
                    f"{to['hits']} hits, {to['promotions']} promotions")
