@@ -11,6 +11,10 @@
 #include "kvoffload/backend.hpp"
 
 namespace kvoffload {
+namespace detail {
+template <class Task>
+class CopyTaskQueue;
+}  // namespace detail
 
 struct HostBackendConfig {
   int threads = 0;  ///< copy threads (0: all cores)
@@ -18,12 +22,17 @@ struct HostBackendConfig {
   /// big job spreads over every thread and a queue lock is taken once per task, not per
   /// descriptor.
   std::uint64_t task_bytes = std::uint64_t{4} << 20;
+  /// Threads take queued load tasks before store tasks (false: one queue in submission
+  /// order, the behaviour before issue 30; kvoffload-bench loads measures both).
+  bool loads_first = true;
 };
 
 /// A real backend for machines without a GPU (and for CPU-side KV caches): worker threads run
 /// each plan's descriptors with memcpy over ordinary memory. Results per direction come out
-/// in submission order. A plan with a null or overlapping descriptor fails instead of copying.
-/// Thread-safety: as Backend (submit, poll and wait from any threads; one lock inside).
+/// in submission order. Loads run ahead of stores: a thread takes every queued load task
+/// before any store task, so a load waits only for the store tasks already running. A plan with a
+/// null or overlapping descriptor fails instead of copying. Thread-safety: as Backend (submit, poll
+/// and wait from any threads; one lock inside).
 class KVOFFLOAD_EXPORT HostBackend final : public Backend {
  public:
   explicit HostBackend(const HostBackendConfig& config = {});
@@ -54,8 +63,8 @@ class KVOFFLOAD_EXPORT HostBackend final : public Backend {
   std::mutex mutex_;
   std::condition_variable work_ready_;
   std::condition_variable job_done_;
-  std::deque<Task> tasks_;
-  std::deque<std::unique_ptr<Job>> in_order_[2];  // per direction, submission order
+  std::unique_ptr<detail::CopyTaskQueue<Task>> tasks_;  // loads before stores
+  std::deque<std::unique_ptr<Job>> in_order_[2];        // per direction, submission order
   Ticket next_ticket_ = 1;
   bool stopping_ = false;
   std::vector<std::thread> workers_;

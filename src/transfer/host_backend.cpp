@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/expects.hpp"
+#include "transfer/copy_task_queue.hpp"
 
 namespace kvoffload {
 
@@ -39,7 +40,8 @@ std::string invalid_descriptor(const CopyPlan& plan) {
 
 }  // namespace
 
-HostBackend::HostBackend(const HostBackendConfig& config) : config_(config) {
+HostBackend::HostBackend(const HostBackendConfig& config)
+    : config_(config), tasks_(std::make_unique<detail::CopyTaskQueue<Task>>()) {
   KVOFFLOAD_EXPECTS(config.threads >= 0, "threads must not be negative, got {}", config.threads);
   KVOFFLOAD_EXPECTS(config.task_bytes >= 4096, "task_bytes must be at least 4096, got {}",
                     config.task_bytes);
@@ -75,11 +77,13 @@ Ticket HostBackend::submit(CopyPlan plan) {
   // Cut into tasks of about task_bytes: whole descriptors grouped, big ones sliced.
   const std::vector<CopyDescriptor>& d = j->plan.descriptors;
   const std::uint64_t target = config_.task_bytes;
+  // Without loads_first every task joins the one (store) queue: submission order.
+  const JobKind queue_kind = config_.loads_first ? j->plan.kind : JobKind::store;
   std::size_t i = 0;
   while (i < d.size()) {
     if (d[i].bytes >= target) {
       for (std::uint64_t off = 0; off < d[i].bytes; off += target) {
-        tasks_.push_back({j, i, i + 1, off, std::min(target, d[i].bytes - off)});
+        tasks_->push(queue_kind, {j, i, i + 1, off, std::min(target, d[i].bytes - off)});
         ++j->tasks_left;
       }
       ++i;
@@ -91,7 +95,7 @@ Ticket HostBackend::submit(CopyPlan plan) {
       bytes += d[end++].bytes;
     }
     if (end == i) ++end;
-    tasks_.push_back({j, i, end, 0, 0});
+    tasks_->push(queue_kind, {j, i, end, 0, 0});
     ++j->tasks_left;
     i = end;
   }
@@ -109,10 +113,10 @@ void HostBackend::run_worker() {
     Task task{};
     {
       std::unique_lock lock(mutex_);
-      work_ready_.wait(lock, [this] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;  // stopping, nothing left
-      task = tasks_.front();
-      tasks_.pop_front();
+      work_ready_.wait(lock, [this] { return stopping_ || !tasks_->empty(); });
+      std::optional<Task> next = tasks_->pop();  // loads first
+      if (!next) return;                         // stopping, nothing left
+      task = *next;
     }
     const std::vector<CopyDescriptor>& d = task.job->plan.descriptors;
     if (task.last == task.first + 1 && task.length > 0) {
@@ -175,12 +179,11 @@ void HostBackend::shutdown(bool drain) {
     }
     stopping_ = true;
     // Tasks still queued never run: their plans fail.
-    for (const Task& t : tasks_) {
+    tasks_->drain([](const Task& t) {
       t.job->ok = false;
       t.job->error = "cancelled: the backend was shut down";
       if (--t.job->tasks_left == 0) t.job->done = true;
-    }
-    tasks_.clear();
+    });
   }
   work_ready_.notify_all();
   for (std::thread& w : workers_) {
