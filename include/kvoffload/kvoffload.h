@@ -375,11 +375,15 @@ typedef struct kvoffload_scheduler_stats {
   /* Blocks stored without their leading (null) sub-blocks, and key lookups that found such a
    * block but missed because the answer needed an unwritten sub-block (never loaded). */
   uint64_t partial_stores, partial_misses;
+  /* Added after 0.5.0: blocks not stored because the workers reported store back-pressure
+   * (kvoffload_scheduler_set_store_pressure). A caller built against 0.5.0 passes the smaller
+   * struct_size and gets the fields it knows. */
+  uint64_t pressure_skips;
 } kvoffload_scheduler_stats_t;
 #define KVOFFLOAD_SCHEDULER_STATS_INIT                                                            \
   {                                                                                               \
     sizeof(kvoffload_scheduler_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0                                                                                \
+        0, 0, 0, 0, 0                                                                             \
   }
 
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_create(
@@ -449,6 +453,11 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_event_media(kvoffload_sch
 /* stats->struct_size must be set (KVOFFLOAD_SCHEDULER_STATS_INIT). */
 KVOFFLOAD_C_API kvoffload_status_t
 kvoffload_scheduler_get_stats(kvoffload_scheduler_t scheduler, kvoffload_scheduler_stats_t* stats);
+/* Back-pressure (Scheduler::set_store_pressure): while `on` is non-zero, steps build no store
+ * jobs and count the blocks they skip in pressure_skips. Set it before each build_step from the
+ * workers' latest kvoffload_worker_store_pressure (any worker's). */
+KVOFFLOAD_C_API kvoffload_status_t
+kvoffload_scheduler_set_store_pressure(kvoffload_scheduler_t scheduler, int on);
 
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_num_jobs(kvoffload_step_t step,
                                                            kvoffload_job_kind_t kind,
@@ -541,6 +550,10 @@ typedef struct kvoffload_worker_config {
   uintptr_t compute_stream;
   int loads_wait_for_compute; /* default 1 */
   int tp_rank; /* this worker's tensor-parallel rank: its tiers' stores run as that rank */
+  /* Added after 0.5.0 (a struct ending at tp_rank is still accepted): back-pressure, the bytes
+   * of stores held at once (0: no bound). A store past it is not copied and finishes failed;
+   * kvoffload_worker_store_pressure turns on at half of it. */
+  uint64_t max_store_bytes_in_flight;
 } kvoffload_worker_config_t;
 /* kvoffload::WorkerConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_WORKER_CONFIG_INIT                                       \
@@ -558,7 +571,8 @@ typedef struct kvoffload_worker_config {
         0,                             /* has_compute_stream */            \
         0,                             /* compute_stream */                \
         1,                             /* loads_wait_for_compute */        \
-        0                              /* tp_rank */                       \
+        0,                             /* tp_rank */                       \
+        0                              /* max_store_bytes_in_flight */     \
   }
 
 typedef struct kvoffload_finished_transfer {
@@ -611,6 +625,10 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t
                                                               const kvoffload_key_t** keys,
                                                               const uint8_t** present,
                                                               size_t* num_slots);
+/* *on = 1 while the stores the worker holds reach half of max_store_bytes_in_flight: pass it
+ * (any worker's) to kvoffload_scheduler_set_store_pressure before the next build_step. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_store_pressure(kvoffload_worker_t worker,
+                                                                   int* on);
 /* Empties the worker's disk tiers: after kvoffload_scheduler_reset_cache, once the flush set
  * has finished, so the old cache's blocks do not come back after a restart. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_clear_tiers(kvoffload_worker_t worker);

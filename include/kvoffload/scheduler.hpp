@@ -79,6 +79,7 @@ struct SchedulerStats {
   std::uint64_t failed_stores = 0;   ///< store jobs
   std::uint64_t partial_stores = 0;  ///< blocks stored without their leading sub-blocks
   std::uint64_t partial_misses = 0;  ///< present keys refused: a sub-block needed was not written
+  std::uint64_t pressure_skips = 0;  ///< blocks not stored: the workers' stores were behind
 };
 
 /// One tier's counters (Scheduler::tier_stats): its index and the jobs the scheduler made.
@@ -142,6 +143,9 @@ struct CacheStats {
   /// would have needed one of its unwritten sub-blocks.
   std::uint64_t partial_stores = 0;
   std::uint64_t partial_misses = 0;
+  /// Blocks a step did not store because the workers reported store back-pressure
+  /// (set_store_pressure): never stored for that request, so a later lookup misses there.
+  std::uint64_t pressure_skips = 0;
 };
 
 /// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are
@@ -230,6 +234,14 @@ class KVOFFLOAD_EXPORT Scheduler {
     std::int64_t hi = 0;
   };
   [[nodiscard]] IdleWindow idle_window(std::string_view request_id) const;
+
+  /// Back-pressure from the workers (Worker::store_pressure(), any worker's): while on, steps
+  /// build no store jobs; the blocks they would have stored are skipped for good (counted in
+  /// pressure_skips) and the requests move on, so no step waits and no GPU block is held
+  /// for a store. Loads, lookups and tier jobs are unaffected. Off by default; the engine
+  /// sets it from its workers' latest report before each build_step.
+  void set_store_pressure(bool on) noexcept;
+  [[nodiscard]] bool store_pressure() const noexcept;
 
   /// The events since the last call: the host cache's, oldest first, then each tier's
   /// (ManagerEvent::medium), oldest first.

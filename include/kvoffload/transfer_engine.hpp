@@ -19,6 +19,12 @@ struct TransferEngineConfig {
   /// Submit a step's stores at the start of the next step (start_step), as vLLM does, so the
   /// offload copies begin after the step's own device-to-host copies (sampling).
   bool defer_stores = false;
+  /// Back-pressure (issue 30): the bytes of stores the engine holds at once (queued by
+  /// defer_stores or copying; 0: no bound). A store that would pass it is not copied: it
+  /// finishes failed at once ("skipped: store back-pressure", counted in stores_shed), so
+  /// its blocks never become hits and the GPU blocks it names are free at once. A store
+  /// alone is always taken, whatever its size. Loads are never bounded by it.
+  std::uint64_t max_store_bytes_in_flight = 0;
 };
 
 /// A job the engine (or, for a tier job, a tier) finished: the worker reports it to the
@@ -36,6 +42,7 @@ struct TransferStats {
   std::uint64_t store_jobs = 0, load_jobs = 0, failed_jobs = 0;
   std::uint64_t bytes_stored = 0, bytes_loaded = 0;
   double store_seconds = 0, load_seconds = 0;  ///< summed job durations
+  std::uint64_t stores_shed = 0;  ///< store jobs not copied: max_store_bytes_in_flight reached
   [[nodiscard]] double store_bytes_per_second() const {
     return store_seconds > 0 ? static_cast<double>(bytes_stored) / store_seconds : 0;
   }
@@ -74,6 +81,12 @@ class KVOFFLOAD_EXPORT TransferEngine {
   void wait(std::span<const JobId> jobs);
 
   [[nodiscard]] TransferStats stats() const;
+  /// The bytes of the stores held now (deferred or copying).
+  [[nodiscard]] std::uint64_t store_bytes_in_flight() const;
+  /// True while the stores held reach half of max_store_bytes_in_flight: the scheduler
+  /// should skip new stores (Scheduler::set_store_pressure) until it clears. Always false
+  /// without a bound.
+  [[nodiscard]] bool store_pressure() const;
   [[nodiscard]] Backend& backend() noexcept { return *backend_; }
 
  private:
@@ -89,7 +102,13 @@ class KVOFFLOAD_EXPORT TransferEngine {
   mutable std::mutex mutex_;
   std::vector<TransferJob> deferred_;
   std::vector<FinishedTransfer> start_failed_;  // deferred stores whose start threw
-  std::unordered_map<JobId, Ticket> tickets_;   // in flight
+  /// Sheds a store over the bound: reported failed by the next get_finished. True if shed.
+  bool shed_over_bound(const TransferJob& job, std::uint64_t bytes);
+  /// Forgets a store's held bytes (it finished, or its start failed).
+  void release_store(JobId job);
+  std::unordered_map<JobId, Ticket> tickets_;             // in flight
+  std::unordered_map<JobId, std::uint64_t> store_bytes_;  // stores held (deferred or copying)
+  std::uint64_t store_bytes_held_ = 0;                    // their sum
   std::vector<BackendResult> polled_;
   TransferStats stats_;
 };

@@ -32,6 +32,8 @@ struct WorkerConfig {
   int threads = 0;      ///< host backend copy threads (0: all cores)
   int cuda_device = 0;  ///< CUDA backend device
   bool defer_stores = false;
+  /// Back-pressure: the bytes of stores held at once (TransferEngineConfig; 0: no bound).
+  std::uint64_t max_store_bytes_in_flight = 0;
   /// CUDA backend: the engine's compute stream (a cudaStream_t's value; 0 is the legacy
   /// default stream, PyTorch's default). Stores, and loads unless loads_wait_for_compute is
   /// false, wait on the device for the work queued on it when they are submitted. Unset:
@@ -141,6 +143,9 @@ class KVOFFLOAD_EXPORT Worker {
   [[nodiscard]] std::int64_t num_host_blocks() const noexcept;
   [[nodiscard]] const KvLayout& layout() const noexcept { return *layout_; }
   [[nodiscard]] TransferStats stats() const;
+  /// The stores held reach half of max_store_bytes_in_flight: give it to the scheduler
+  /// (Scheduler::set_store_pressure, any worker's) before its next build_step.
+  [[nodiscard]] bool store_pressure() const;
 
  private:
   void init(const WorkerConfig& config, std::unique_ptr<Backend> backend);

@@ -268,6 +268,11 @@ class Scheduler:
         offloaded block (negative: no limit)."""
         self._s.limit_loads(request_id, max_tokens)
 
+    def set_store_pressure(self, on: bool) -> None:
+        """Back-pressure from the workers (Worker.store_pressure(), any worker's): while on,
+        steps build no store jobs; the blocks they skip are counted in pressure_skips."""
+        self._s.set_store_pressure(bool(on))
+
     def reset_cache(self, weights: Optional[str] = None) -> None:
         """Drops the host cache. ``weights``: the new weights' identity, needed with tiers:
         every tier's old blocks become unreachable in the same call, and blocks stored from
@@ -412,6 +417,9 @@ class WorkerConfig:
     threads: int = 0
     cuda_device: int = 0
     defer_stores: bool = False
+    # Back-pressure: the bytes of stores held at once (0: no bound); past it a store is not
+    # copied (it fails, counted in stats()["stores_shed"]).
+    max_store_bytes_in_flight: int = 0
     # CUDA backend: the engine's compute stream, as an int (a cudaStream_t's value; 0 is the
     # legacy default stream, PyTorch's default) or any object with a ``cuda_stream``
     # attribute, such as ``torch.cuda.Stream``. Stores, and loads unless
@@ -523,8 +531,14 @@ class Worker:
     def stats(self) -> dict:
         """This worker's copies: jobs, failed jobs, bytes and summed job seconds per direction
         (store_jobs, load_jobs, failed_jobs, bytes_stored, bytes_loaded, store_seconds,
-        load_seconds), since it started."""
+        load_seconds), since it started, and stores_shed (stores not copied: the bound on
+        store bytes held was reached)."""
         return self._w.stats()
+
+    def store_pressure(self) -> bool:
+        """The stores held reach half of max_store_bytes_in_flight: give it to the scheduler
+        (Scheduler.set_store_pressure) before its next step."""
+        return self._w.store_pressure()
 
     def shared_tier_stats(self, tier: int) -> dict:
         """Shared tier ``tier``'s counters (``tier`` indexes the scheduler's tiers): reads,

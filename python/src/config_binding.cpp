@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "bindings.hpp"
 #include "kvoffload/byte_size.hpp"
@@ -98,7 +99,9 @@ void read(nb::handle o, const char* n, std::uint64_t& out, const std::string& w)
   if (nb::isinstance<nb::bool_>(v)) throw invalid_argument(field + ": expected bytes, got a bool");
   if (nb::isinstance<nb::int_>(v)) {
     std::uint64_t bytes = 0;
-    if (!nb::try_cast<std::uint64_t>(v, bytes) || bytes == 0) {
+    // A bound whose 0 means "none" (WorkerConfig's back-pressure): 0 is its default.
+    const bool zero_is_none = std::string_view(n) == "max_store_bytes_in_flight";
+    if (!nb::try_cast<std::uint64_t>(v, bytes) || (bytes == 0 && !zero_is_none)) {
       throw invalid_argument(field + ": " + nb::cast<std::string>(nb::str(v)) +
                              " is not a positive size below 2^64");
     }

@@ -312,6 +312,8 @@ void bind_scheduler(nb::module_& m) {
       .def("on_finished", &Scheduler::on_finished, "request_id"_a)
       .def("limit_stores", &Scheduler::limit_stores, "request_id"_a, "max_tokens"_a)
       .def("limit_loads", &Scheduler::limit_loads, "request_id"_a, "max_tokens"_a)
+      .def("set_store_pressure", &Scheduler::set_store_pressure, "on"_a)
+      .def("store_pressure", &Scheduler::store_pressure)
       .def("reset_cache", [](Scheduler& s) { s.reset_cache(); })
       .def(
           "reset_weights", [](Scheduler& s, std::string_view w) { s.reset_cache(w); }, "weights"_a)

@@ -46,8 +46,10 @@ void bind_worker(nb::module_& m) {
              d["bytes_loaded"] = s.bytes_loaded;
              d["store_seconds"] = s.store_seconds;
              d["load_seconds"] = s.load_seconds;
+             d["stores_shed"] = s.stores_shed;
              return d;
            })
+      .def("store_pressure", &Worker::store_pressure)
       .def(
           "shared_tier_stats",
           [](const Worker& w, std::size_t t) {

@@ -1,5 +1,8 @@
 // The C API's scheduler and step handles (include/kvoffload/kvoffload.h).
 
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -310,13 +313,24 @@ kvoffload_status_t kvoffload_scheduler_get_stats(kvoffload_scheduler_t s,
     constexpr std::string_view fn = "kvoffload_scheduler_get_stats";
     require(s, fn, "scheduler");
     require(stats, fn, "stats");
-    require_struct_size(stats->struct_size, sizeof(kvoffload_scheduler_stats_t), fn, "stats",
+    // 0.5.0's struct ended before pressure_skips: such a caller gets the fields it has.
+    const std::size_t size = stats->struct_size;
+    require_struct_size(size, offsetof(kvoffload_scheduler_stats_t, pressure_skips), fn, "stats",
                         "KVOFFLOAD_SCHEDULER_STATS_INIT");
     const CacheStats c = s->scheduler.cache_stats();
-    kvoffload_scheduler_stats_t& o = *stats;
+    kvoffload_scheduler_stats_t o = KVOFFLOAD_SCHEDULER_STATS_INIT;
 #define KVOFFLOAD_COPY_FIELD(name) o.name = c.name;
     KVOFFLOAD_CACHE_STATS_FIELDS(KVOFFLOAD_COPY_FIELD)
 #undef KVOFFLOAD_COPY_FIELD
+    o.struct_size = size;
+    std::memcpy(stats, &o, std::min(size, sizeof o));
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_set_store_pressure(kvoffload_scheduler_t s, int on) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_set_store_pressure", "scheduler");
+    s->scheduler.set_store_pressure(on != 0);
   });
 }
 

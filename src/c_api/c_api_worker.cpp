@@ -68,7 +68,10 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     // 0.3 moved fields (the scheduler pointer replaced 0.2's factor, pool size and tier
     // arrays): a struct of any other size is from another header, and reading it would read
     // its fields at the wrong offsets.
-    if (c.struct_size != sizeof(kvoffload_worker_config_t)) {
+    // 0.5.0's struct ended at tp_rank: accepted, with max_store_bytes_in_flight 0.
+    constexpr std::size_t v050 = offsetof(kvoffload_worker_config_t, max_store_bytes_in_flight);
+    const bool old = c.struct_size == v050;
+    if (!old && c.struct_size != sizeof(kvoffload_worker_config_t)) {
       throw invalid_argument(fmt::format(
           "{}: config->struct_size is {}, but this library's kvoffload_worker_config_t is {} "
           "bytes: rebuild against its header and initialize with KVOFFLOAD_WORKER_CONFIG_INIT",
@@ -104,6 +107,7 @@ kvoffload_status_t kvoffload_worker_create(const kvoffload_worker_config_t* conf
     if (c.has_compute_stream != 0) wc.compute_stream = c.compute_stream;
     wc.loads_wait_for_compute = c.loads_wait_for_compute != 0;
     wc.tp_rank = c.tp_rank;
+    if (!old) wc.max_store_bytes_in_flight = c.max_store_bytes_in_flight;
     switch (raw_enum(c.backend)) {
       case KVOFFLOAD_BACKEND_HOST: wc.backend = BackendKind::host; break;
       case KVOFFLOAD_BACKEND_CUDA: wc.backend = BackendKind::cuda; break;
@@ -266,6 +270,15 @@ kvoffload_status_t kvoffload_worker_metrics_text(kvoffload_worker_t w, const cha
     w->metrics = std::move(rendered);
     *text = w->metrics.c_str();
     *length = w->metrics.size();
+  });
+}
+
+kvoffload_status_t kvoffload_worker_store_pressure(kvoffload_worker_t w, int* on) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_store_pressure";
+    require(w, fn, "worker");
+    require(on, fn, "on");
+    *on = w->worker.store_pressure() ? 1 : 0;
   });
 }
 

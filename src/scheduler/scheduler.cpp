@@ -237,6 +237,12 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   };
   StoreScratch& scratch = store_scratch;
   if (!collect_candidates(r, blocks, scratch)) return advance();
+  if (store_pressure) {
+    // The workers' stores are behind: these blocks are skipped for good (not retried), so the
+    // backlog shrinks and no GPU block waits for a store (issue 30, back-pressure).
+    stats.pressure_skips += scratch.candidates.size();
+    return advance();
+  }
   if (!manager.prepare_store(scratch.candidates, scratch.prepared)) {
     if (no_room_warnings++ % 1000 == 0) {
       detail::logger().warn(
@@ -484,6 +490,14 @@ void Scheduler::on_finished(std::string_view request_id) {
   }
 }
 
+void Scheduler::set_store_pressure(bool on) noexcept {
+  impl_->store_pressure = on;
+}
+
+bool Scheduler::store_pressure() const noexcept {
+  return impl_->store_pressure;
+}
+
 void Scheduler::reset_cache() {
   KVOFFLOAD_ONE_THREAD(*impl_, "reset_cache");
   // With tiers, dropping the index is not enough: their blocks outlive this process (a
@@ -596,6 +610,7 @@ CacheStats Scheduler::cache_stats() const noexcept {
   c.failed_stores = s.failed_stores;
   c.partial_stores = s.partial_stores;
   c.partial_misses = s.partial_misses;
+  c.pressure_skips = s.pressure_skips;
   return c;
 }
 

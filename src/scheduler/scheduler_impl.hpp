@@ -265,6 +265,7 @@ struct Scheduler::Impl {
   std::vector<Key> touch_keys;
   detail::FlatHashMap<JobId, std::int64_t, detail::IntHash> report_sums;
   std::uint64_t no_room_warnings = 0;
+  bool store_pressure = false;           // set_store_pressure: steps skip their stores
   detail::SingleThreadGuard one_thread;  // debug builds: concurrent calls throw
 };
 

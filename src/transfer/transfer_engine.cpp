@@ -33,13 +33,38 @@ void TransferEngine::submit(const TransferJob& job, JobKind kind) {
                     "transfer engine: job {} was already submitted", job.id);
   KVOFFLOAD_EXPECTS(job.kind == kind, "transfer engine: job {} is a {} job, given to submit_{}",
                     job.id, to_string(job.kind), to_string(kind));
-  if (kind == JobKind::store && config_.defer_stores) {
-    CopyPlan check;
-    planner_.plan(job, kind, check);  // refuse a bad job now, not a step later
+  if (kind == JobKind::load) return start(job, kind);
+  CopyPlan plan;
+  planner_.plan(job, kind, plan);  // refuse a bad job now, not a step later
+  const std::uint64_t bytes = plan.total_bytes;
+  if (shed_over_bound(job, bytes)) return;
+  if (config_.defer_stores) {
     deferred_.push_back(job);
-    return;
+  } else {
+    tickets_[job.id] = backend_->submit(std::move(plan));
   }
-  start(job, kind);
+  store_bytes_[job.id] = bytes;
+  store_bytes_held_ += bytes;
+}
+
+bool TransferEngine::shed_over_bound(const TransferJob& job, std::uint64_t bytes) {
+  const std::uint64_t bound = config_.max_store_bytes_in_flight;
+  if (bound == 0 || store_bytes_held_ == 0 || store_bytes_held_ + bytes <= bound) return false;
+  ++stats_.stores_shed;
+  start_failed_.push_back(
+      {job.id, JobKind::store, false,
+       fmt::format("job {}: skipped: store back-pressure ({} bytes of stores held, {} more, "
+                   "max_store_bytes_in_flight {})",
+                   job.id, store_bytes_held_, bytes, bound),
+       0, 0});
+  return true;
+}
+
+void TransferEngine::release_store(JobId job) {
+  const auto it = store_bytes_.find(job);
+  if (it == store_bytes_.end()) return;
+  store_bytes_held_ -= it->second;
+  store_bytes_.erase(it);
 }
 
 void TransferEngine::submit_store(const TransferJob& job) {
@@ -60,6 +85,7 @@ void TransferEngine::start_deferred(const TransferJob& job) noexcept {
     start(job, JobKind::store);
   } catch (const std::exception& e) {
     // Reported once, failed, like any job: the caller's step goes on with the others.
+    release_store(job.id);
     start_failed_.push_back({job.id, JobKind::store, false,
                              fmt::format("job {}: its store could not start: {}", job.id, e.what()),
                              0, 0});
@@ -81,6 +107,7 @@ std::vector<FinishedTransfer> TransferEngine::get_finished() {
   for (BackendResult& r : polled_) {
     tickets_.erase(r.job);
     const bool store = r.kind == JobKind::store;
+    if (store) release_store(r.job);
     if (!r.ok) ++stats_.failed_jobs;
     if (store) {
       ++stats_.store_jobs;
@@ -121,6 +148,17 @@ void TransferEngine::wait(std::span<const JobId> jobs) {
 TransferStats TransferEngine::stats() const {
   std::lock_guard lock(mutex_);
   return stats_;
+}
+
+std::uint64_t TransferEngine::store_bytes_in_flight() const {
+  std::lock_guard lock(mutex_);
+  return store_bytes_held_;
+}
+
+bool TransferEngine::store_pressure() const {
+  std::lock_guard lock(mutex_);
+  const std::uint64_t bound = config_.max_store_bytes_in_flight;
+  return bound > 0 && store_bytes_held_ >= bound - bound / 2;
 }
 
 }  // namespace kvoffload

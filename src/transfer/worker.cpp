@@ -106,6 +106,7 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
       static_cast<std::int64_t>(pool_->block_bytes()), pool_->blocks_per_registration()};
   TransferEngineConfig ec;
   ec.defer_stores = c.defer_stores;
+  ec.max_store_bytes_in_flight = c.max_store_bytes_in_flight;
   engine_ = std::make_unique<TransferEngine>(*layout_, region, std::move(backend), ec);
   const std::string layout = layout_description();
   auto host_block_of = [this](HostBlockId id) { return host_block(id); };
@@ -300,6 +301,10 @@ std::int64_t Worker::num_host_blocks() const noexcept {
 
 TransferStats Worker::stats() const {
   return engine_->stats();
+}
+
+bool Worker::store_pressure() const {
+  return engine_->store_pressure();
 }
 
 }  // namespace kvoffload

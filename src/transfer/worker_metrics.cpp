@@ -24,6 +24,7 @@ std::string metrics_text(const Worker& worker, std::span<const MetricLabel> labe
   w.single("kvoffload_worker_bytes_loaded_total", true, s.bytes_loaded);
   w.single("kvoffload_worker_store_seconds_total", true, s.store_seconds);
   w.single("kvoffload_worker_load_seconds_total", true, s.load_seconds);
+  w.single("kvoffload_worker_stores_shed_total", true, s.stores_shed);
 
   const std::size_t n = worker.num_tiers();
   if (n == 0) return w.take();

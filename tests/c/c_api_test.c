@@ -204,6 +204,19 @@ static void errors(void) {
   stats.struct_size = 4;
   FAILS_WITH(kvoffload_scheduler_get_stats(s, &stats), KVOFFLOAD_INVALID_ARGUMENT,
              "KVOFFLOAD_SCHEDULER_STATS_INIT");
+  /* A caller built against 0.5.0 (its struct ended before pressure_skips) gets its fields and
+   * nothing is written past them. */
+  stats.struct_size = offsetof(kvoffload_scheduler_stats_t, pressure_skips);
+  stats.pressure_skips = 777;
+  stats.blocks_total = -1;
+  OK(kvoffload_scheduler_get_stats(s, &stats));
+  CHECK(stats.blocks_total > 0 && stats.pressure_skips == 777);
+  CHECK(stats.struct_size == offsetof(kvoffload_scheduler_stats_t, pressure_skips));
+  stats.struct_size = sizeof(stats);
+  OK(kvoffload_scheduler_set_store_pressure(s, 1));
+  FAILS_WITH(kvoffload_scheduler_set_store_pressure(NULL, 1), KVOFFLOAD_INVALID_ARGUMENT,
+             "scheduler");
+  OK(kvoffload_scheduler_set_store_pressure(s, 0));
   OK(kvoffload_scheduler_destroy(s));
 
   /* Worker: bad layouts, jobs outside it, the CUDA backend without CUDA, a pool too large. */
@@ -275,6 +288,19 @@ static void errors(void) {
   wc.struct_size = sizeof(wc);
   OK(kvoffload_worker_create(&wc, &w));
   OK(kvoffload_worker_destroy(w));
+  /* 0.5.0's struct ended at tp_rank: still accepted, with no bound on store bytes. */
+  wc.struct_size = offsetof(kvoffload_worker_config_t, max_store_bytes_in_flight);
+  wc.max_store_bytes_in_flight = 1; /* past the old struct: never read */
+  OK(kvoffload_worker_create(&wc, &w));
+  {
+    int on = 1;
+    OK(kvoffload_worker_store_pressure(w, &on));
+    CHECK(on == 0);
+    FAILS_WITH(kvoffload_worker_store_pressure(w, NULL), KVOFFLOAD_INVALID_ARGUMENT, "on");
+  }
+  OK(kvoffload_worker_destroy(w));
+  wc.struct_size = sizeof(wc);
+  wc.max_store_bytes_in_flight = 0;
   {
     /* An array of tiers is read with this header's stride: elements of an older, shorter size
      * are refused (one alone is read field by field). */

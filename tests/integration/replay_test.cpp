@@ -216,6 +216,7 @@ TEST_CASE("Replay answers the stats op", "[replay]") {
                                {"failed_loads", 0},
                                {"failed_stores", 0},
                                {"partial_stores", 0},
-                               {"partial_misses", 0}};
+                               {"partial_misses", 0},
+                               {"pressure_skips", 0}};
   CHECK(lines[3] == want);
 }

@@ -47,6 +47,7 @@ TEST_CASE("KVOFFLOAD_WORKER_CONFIG_INIT has WorkerConfig's defaults", "[config][
   CHECK((c.has_compute_stream != 0) == cpp.compute_stream.has_value());
   CHECK((c.loads_wait_for_compute != 0) == cpp.loads_wait_for_compute);
   CHECK(c.tp_rank == cpp.tp_rank);
+  CHECK(c.max_store_bytes_in_flight == cpp.max_store_bytes_in_flight);
 }
 
 TEST_CASE(

@@ -85,6 +85,7 @@
   X(threads)                              \
   X(cuda_device)                          \
   X(defer_stores)                         \
+  X(max_store_bytes_in_flight)            \
   X(loads_wait_for_compute)               \
   X(copy_mode)                            \
   X(tp_rank)                              \

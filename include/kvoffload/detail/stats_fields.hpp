@@ -27,7 +27,8 @@
   X(failed_loads)                       \
   X(failed_stores)                      \
   X(partial_stores)                     \
-  X(partial_misses)
+  X(partial_misses)                     \
+  X(pressure_skips)
 
 // TierStats's fields (Scheduler::tier_stats), for the front ends likewise.
 #define KVOFFLOAD_TIER_STATS_FIELDS(X) \
