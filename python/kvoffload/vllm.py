@@ -13,6 +13,12 @@
     host_blocks       the number of host blocks instead
     eviction_policy   "lru" (default) or "arc"
     store_threshold   store a block only after this many lookups (default 0: always)
+    max_store_bytes_in_flight
+                      back-pressure: bytes of stores each worker holds at once (bytes or a
+                      string such as "2GiB"; default 0, no bound). From half of it the
+                      scheduler skips new stores (counted in pressure_skips) until the
+                      workers catch up; a store past it is not copied (copy_stores_shed).
+                      Loads are never held back by stores.
     weights           the weights' name (a checkpoint digest), standing in for model and
                       revision in the identity every tier keys blocks by (default: both from
                       vLLM's config; dtypes, quantization and TP always are: ``model_identity``)
@@ -91,11 +97,13 @@ METRICS = {
     "partial_stores": "Blocks stored without their leading sub-blocks (outside a sliding window).",
     "stores_skipped": "Blocks not stored: below the store threshold.",
     "stores_without_room": "Store attempts refused: no host block could be freed (retried).",
+    "pressure_skips": "Blocks not stored because the workers' stores were behind (back-pressure).",
     "copy_bytes_loaded": "Bytes the workers copied into GPU memory.",
     "copy_bytes_stored": "Bytes the workers copied out of GPU memory.",
     "copy_load_seconds": "Seconds the workers' load jobs took, summed over jobs.",
     "copy_store_seconds": "Seconds the workers' store jobs took, summed over jobs.",
     "copy_failed_jobs": "Copy jobs that failed on a worker.",
+    "copy_stores_shed": "Store jobs a worker did not copy: its bound on store bytes held was reached.",
     "tier_hits": "Keys missed in host memory and found in the tier.",
     "tier_misses": "Keys missed in host memory and in the tier.",
     "tier_promotions": "Blocks promoted from the tier into host memory.",
@@ -108,7 +116,7 @@ _SCHEDULER_COUNTERS = tuple(k for k in METRICS if not k.startswith(("copy_", "ti
 _TIER_COUNTERS = tuple(k[len("tier_"):] for k in METRICS if k.startswith("tier_"))
 _WORKER_COUNTERS = {"copy_bytes_loaded": "bytes_loaded", "copy_bytes_stored": "bytes_stored",
                     "copy_load_seconds": "load_seconds", "copy_store_seconds": "store_seconds",
-                    "copy_failed_jobs": "failed_jobs"}
+                    "copy_failed_jobs": "failed_jobs", "copy_stores_shed": "stores_shed"}
 
 
 def counters_since(now: Dict[str, Any], seen: Dict[str, Any]) -> Dict[str, Any]:
@@ -566,9 +574,11 @@ def _define_classes() -> None:
         tier -> Worker.tier_scan, a key or None per slot)."""
 
         def __init__(self, completed: Optional[Dict[int, Tuple[int, bool]]] = None,
-                     scans: Optional[Dict[int, Dict[int, List[Any]]]] = None):
+                     scans: Optional[Dict[int, Dict[int, List[Any]]]] = None,
+                     pressure: bool = False):
             self.completed: Dict[int, Tuple[int, bool]] = dict(completed or {})
             self.scans = dict(scans or {})
+            self.pressure = pressure  # the worker's stores are behind (Worker.store_pressure)
 
         def aggregate(self, other: "KVConnectorWorkerMetadata") -> "KVConnectorWorkerMetadata":
             merged = dict(self.completed)
@@ -576,7 +586,8 @@ def _define_classes() -> None:
                 c, o = merged.get(job, (0, True))
                 merged[job] = (c + count, o and ok)
             return KvoffloadWorkerMetadata(merged, {**self.scans,
-                                                    **(getattr(other, "scans", None) or {})})
+                                                    **(getattr(other, "scans", None) or {})},
+                                           self.pressure or getattr(other, "pressure", False))
 
     class KvoffloadConnector(KVConnectorBase_V1, SupportsHMA):
         def __init__(self, vllm_config, role, kv_cache_config):
@@ -630,6 +641,9 @@ def _define_classes() -> None:
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             self._disk_tiers = [t for t, c in enumerate(self._config.tiers) if c.medium == "disk"]
+            self._max_store_bytes = (parse_bytes(extra["max_store_bytes_in_flight"],
+                                                 "max_store_bytes_in_flight")
+                                     if "max_store_bytes_in_flight" in extra else 0)
             # A disk tier's scheduler waits for every rank's scan; under torchrun's external
             # launcher each engine hears only its own worker.
             if (self._disk_tiers and tp_size > 1 and
@@ -735,6 +749,9 @@ def _define_classes() -> None:
             if completed:
                 self._sched._s.on_completed([(job, count, ok) for job, (count, ok)
                                              in sorted(completed.items())])
+            # A worker under store back-pressure says so every step until it clears.
+            if self._sched is not None:
+                self._sched._s.set_store_pressure(bool(getattr(meta, "pressure", False)))
 
         def _finish(self, request):
             self._bridge.finished(request.request_id)
@@ -869,6 +886,7 @@ def _define_classes() -> None:
                 backend="cuda" if cuda else "host", threads=0 if cuda else 2,
                 cuda_device=(first.device.index or 0) if cuda else 0, defer_stores=True,
                 compute_stream=self._stream,
+                max_store_bytes_in_flight=self._max_store_bytes,
                 tp_rank=_tp_rank(self._tp_size) if self._config.tiers else 0,
                 layout_note=" ".join(notes[i] for i in sorted(notes)))))
             if self._disk_tiers:  # for the scheduler's restore (_take_scans), sent once
@@ -941,9 +959,10 @@ def _define_classes() -> None:
             return errors
 
         def build_connector_worker_meta(self):
-            if not self._completed and self._scans_to_send is None:
+            pressure = self._worker is not None and self._worker.store_pressure()
+            if not self._completed and self._scans_to_send is None and not pressure:
                 return None
-            meta = KvoffloadWorkerMetadata(self._completed, self._scans_to_send)
+            meta = KvoffloadWorkerMetadata(self._completed, self._scans_to_send, pressure)
             self._completed, self._scans_to_send = {}, None
             return meta
 

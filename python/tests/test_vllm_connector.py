@@ -183,6 +183,11 @@ class _RecordingWorker:
     def get_finished(self):
         return []
 
+    pressure = False
+
+    def store_pressure(self):
+        return self.pressure
+
     def tier_scan(self, t):
         return self.scan
 
@@ -534,6 +539,45 @@ def test_a_disk_tier_is_restored_from_every_ranks_scan(connector_classes, monkey
     both = WorkerMeta(scans={0: {0: rank0}}).aggregate(WorkerMeta(scans={1: {0: rank1}}))
     c.update_connector_output(output(both))
     assert c.restored_blocks == {0: 2} and not c._awaiting_scans
+
+
+@pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
+def test_store_back_pressure_travels_from_workers_to_the_scheduler(connector_classes,
+                                                                    monkeypatch, hashes):
+    """A worker whose stores are behind says so in its metadata every step (also with nothing
+    else to report); any rank's pressure reaches the scheduler, whose next step stores nothing
+    and counts the skipped blocks; a step's output without it clears it."""
+    import types
+
+    _, WorkerMeta = connector_classes
+    w = _worker_connector(monkeypatch, False, None,
+                          extra={"host_blocks": 4, "max_store_bytes_in_flight": "1MiB"})
+    assert w._worker.config.max_store_bytes_in_flight == 1 << 20
+    assert w.build_connector_worker_meta() is None
+    w._worker.pressure = True
+    assert w.build_connector_worker_meta().pressure
+    assert w.build_connector_worker_meta().pressure  # every step until it clears
+    merged = WorkerMeta().aggregate(WorkerMeta(pressure=True))
+    assert merged.pressure and not WorkerMeta().aggregate(WorkerMeta()).pressure
+
+    c = _scheduler_connector(monkeypatch, {"host_blocks": 8})
+    ns = types.SimpleNamespace
+    h = hashes("pressure", 2)
+    req = ns(request_id="a", block_hashes=h, num_tokens=32, kv_transfer_params=None)
+    assert c.get_num_new_matched_tokens(req, 0) == (0, False)
+    c.update_state_after_alloc(req, ns(blocks=([],)), 0)
+    c.update_connector_output(ns(kv_connector_worker_meta=merged))
+    new = ns(req_id="a", num_computed_tokens=0, block_ids=([1, 2],))
+    meta = c.build_connector_meta(ns(
+        scheduled_new_reqs=[new], num_scheduled_tokens={"a": 32}, preempted_req_ids=set(),
+        scheduled_cached_reqs=ns(req_ids=[], num_computed_tokens=[], new_block_ids=[],
+                                 resumed_req_ids=set())))
+    assert meta.store_jobs == [] and c._sched.stats()["pressure_skips"] == 2
+    c.update_connector_output(ns(kv_connector_worker_meta=None))
+    assert not c._sched._s.store_pressure()
+    with pytest.raises(kv.InvalidArgument, match="max_store_bytes_in_flight"):
+        _worker_connector(monkeypatch, False, None,
+                          extra={"host_blocks": 4, "max_store_bytes_in_flight": "lots"})
 
 
 @pytest.mark.skipif(HAVE_VLLM, reason="builds the connector over the stub of vLLM's base class")
