@@ -3,8 +3,11 @@
 // set from a thread on another device, and the device-table path behind a compute stream.
 // Each test passes with the backend as it is and fails under the mutation named in it.
 
+#include <chrono>
 #include <cstring>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/generators/catch_generators.hpp>
@@ -15,6 +18,7 @@
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/testing/sim_device.hpp"
 #include "kvoffload/transfer_engine.hpp"
+#include "testing/sim_device/sim_device_state.hpp"
 
 using namespace kvoffload;
 using Catch::Matchers::ContainsSubstring;
@@ -23,6 +27,7 @@ using kvtest::forward_pass;
 using kvtest::host_blocks_hold;
 using kvtest::sim_with;
 using kvtest::store_job;
+using namespace std::chrono_literals;
 
 namespace {
 
@@ -228,4 +233,28 @@ TEST_CASE("sim: after a compute stream switch, jobs still wait for the old strea
   CHECK(settled_violations(*sim).empty());
   REQUIRE(sim->stream_destroy(a) == dev::ok);
   REQUIRE(sim->stream_destroy(b) == dev::ok);
+}
+
+TEST_CASE("sim: the copy engine serves the waiting operation of the highest stream priority",
+          "[sim][ordering]") {
+  // The timing model behind loads-first (issue 30): the backend's load streams have CUDA's
+  // greatest priority (the lowest number). Fails if the gate admits in arrival order.
+  sim::ExecGate gate;
+  gate.enter(0);  // a store's copy is running
+  std::vector<int> order;
+  std::mutex order_mutex;
+  auto op = [&](int priority) {
+    sim::ExecGate::Hold hold(gate, priority);
+    std::lock_guard lock(order_mutex);
+    order.push_back(priority);
+  };
+  std::thread store(op, 0);  // queued first
+  for (int i = 0; i < 2000 && gate.waiting() < 1; ++i) std::this_thread::sleep_for(1ms);
+  std::thread load(op, -5);
+  for (int i = 0; i < 2000 && gate.waiting() < 2; ++i) std::this_thread::sleep_for(1ms);
+  REQUIRE(gate.waiting() == 2);
+  gate.leave();
+  store.join();
+  load.join();
+  CHECK(order == std::vector<int>{-5, 0});
 }

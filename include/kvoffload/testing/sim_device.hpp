@@ -33,6 +33,13 @@ struct SimConfig {
   int max_delay_us = 40;        ///< each operation waits a random 0..max_delay_us first
   bool batch_available = true;  ///< cuMemcpyBatchAsync present
   bool map_host_memory = true;  ///< registered host memory is device-accessible
+  /// The copy engine serves waiting operations by stream priority (false: in no particular
+  /// order; kvoffload-bench loads compares both).
+  bool honor_priority = true;
+  /// The copy engine's bandwidth in GB/s: an operation holds it at least (bytes written) /
+  /// copy_gbps, so timing follows bytes rather than the simulator's own bookkeeping (0: as
+  /// fast as memcpy, the tests' setting).
+  double copy_gbps = 0;
 };
 
 /// A byte range an operation touches.

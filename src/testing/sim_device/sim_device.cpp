@@ -108,12 +108,12 @@ int SimDevice::host_mapped(const void* ptr, std::size_t bytes, bool* yes) noexce
   return dev::ok;
 }
 
-int SimDevice::stream_create(int /*priority*/, StreamHandle* stream) noexcept {
+int SimDevice::stream_create(int priority, StreamHandle* stream) noexcept {
   std::lock_guard lock(s_->m);
   s_->need_context();
   if (s_->poisoned) return s_->sticky;
   if (const int e = s_->injected("stream_create")) return e;
-  State::Stream* st = s_->make_stream(s_->current_device());
+  State::Stream* st = s_->make_stream(s_->current_device(), priority);
   s_->live_streams[st->handle] = st;
   *stream = st->handle;
   return dev::ok;

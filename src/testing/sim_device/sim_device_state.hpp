@@ -52,6 +52,51 @@ inline SimAccess range(const void* p, std::size_t bytes, bool write) {
 
 enum class AllocKind : std::uint8_t { device, pinned, registered };
 
+/// The simulated device's one copy engine: an operation's bytes move while it holds the gate,
+/// and of the operations waiting, one of the highest stream priority (CUDA's numbering: lower
+/// is higher) enters first. This is the timing model behind the backend's loads-first rule:
+/// a load queued behind a flood of stores waits for the operation running, not for the queue.
+class ExecGate {
+ public:
+  /// Holds the gate for a scope (released if the operation throws).
+  class Hold {
+   public:
+    Hold(ExecGate& gate, int priority) : gate_(gate) { gate_.enter(priority); }
+    ~Hold() { gate_.leave(); }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    ExecGate& gate_;
+  };
+
+  void enter(int priority) {
+    std::unique_lock lock(m_);
+    const auto me = waiting_.insert(priority);
+    cv_.wait(lock, [&] { return !busy_ && *waiting_.begin() == priority; });
+    waiting_.erase(me);
+    busy_ = true;
+  }
+  void leave() {
+    {
+      std::lock_guard lock(m_);
+      busy_ = false;
+    }
+    cv_.notify_all();
+  }
+  /// Operations waiting to enter (for tests).
+  std::size_t waiting() {
+    std::lock_guard lock(m_);
+    return waiting_.size();
+  }
+
+ private:
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::multiset<int> waiting_;
+  bool busy_ = false;
+};
+
 inline std::atomic<std::uint64_t> next_instance{1};
 
 }  // namespace sim
@@ -80,6 +125,7 @@ struct SimDevice::State {
     StreamHandle handle = 0;
     std::size_t index = 0;  // in clocks
     int device = 0;
+    int priority = 0;  // stream_create's; the copy engine serves lower numbers first
     bool destroyed = false;
     bool stop = false;
     std::deque<Op> ops;
@@ -109,7 +155,7 @@ struct SimDevice::State {
   SimConfig config;
   std::uint64_t instance = sim::next_instance.fetch_add(1);
   mutable std::mutex m;
-  std::mutex exec_mutex;
+  sim::ExecGate exec_gate;
   std::condition_variable cv;
   std::vector<std::unique_ptr<Stream>> streams;  // all ever created (index = clock slot)
   std::unordered_map<StreamHandle, Stream*> live_streams;
@@ -244,8 +290,9 @@ struct SimDevice::State {
     return dev::ok;
   }
 
-  Stream* make_stream(int device) {
+  Stream* make_stream(int device, int priority = 0) {
     auto st = std::make_unique<Stream>();
+    st->priority = priority;
     st->handle = next_handle;
     next_handle += 16;
     st->index = streams.size();
@@ -350,6 +397,10 @@ struct SimDevice::State {
           check_races(st, op, acc);
           check_early_reads(st, op);
           acc.insert(acc.end(), op.early_reads.begin(), op.early_reads.end());
+          std::uint64_t written = 0;  // for the copy engine's bandwidth (copy_gbps)
+          for (const SimAccess& a : acc) {
+            if (a.write) written += a.end - a.begin;
+          }
           record(st, op, std::move(acc));
           if (op.run) {
             lock.unlock();
@@ -357,8 +408,14 @@ struct SimDevice::State {
               // One operation's bytes move at a time: a race between streams is found by the
               // vector clocks above, never by a real data race in this process (so the
               // simulator is clean under ThreadSanitizer even when the program is not).
-              std::lock_guard exec(exec_mutex);
+              sim::ExecGate::Hold exec(exec_gate, config.honor_priority ? st->priority : 0);
+              const auto start = std::chrono::steady_clock::now();
               op.run();
+              if (config.copy_gbps > 0) {
+                std::this_thread::sleep_until(
+                    start + std::chrono::nanoseconds(static_cast<std::int64_t>(
+                                static_cast<double>(written) / config.copy_gbps)));
+              }
             }
             lock.lock();
           }
