@@ -226,14 +226,26 @@ void DiskTier::run_uring() {
   std::vector<std::pair<unsigned, std::int64_t>> done;  // (buffer, bytes or -errno)
   std::vector<unsigned> cancelled;
   const auto busy = [&] { return ring.in_flight() + ring.queued(); };
+  // Promotions ahead of writes at the device too (issue 30): writes hold at most three
+  // quarters of the depth, so a promotion arriving behind a flood of writes goes to the
+  // kernel at once, and no new write is handed over while a promotion's reads are out.
+  const unsigned max_writes = std::max(1U, depth - depth / 4);
+  unsigned writes_out = 0, reads_out = 0;           // handed to the kernel, not finished
+  std::vector<std::uint8_t> counted(ring.depth());  // per buffer: 1 a write, 2 a read, out
   // Hands prepared operations to the kernel. What it does not take waits for the next call
   // while operations are in flight (short of resources: completions free some); otherwise,
   // the kernel refusing, those operations fail now: into `done` as failed completions, their
   // blocks finished and buffers freed like any other.
   const auto submit_ready = [&] {
     for (; busy() < depth && !ready.empty(); ready.pop_front()) {
-      if (!ring.queue(ready.front().buffer, ready.front().write, ready.front().io)) {
-        done.emplace_back(ready.front().buffer, -EBUSY);
+      const Prepared& p = ready.front();
+      // Reads are ahead of writes in `ready`: a write here means no read is waiting.
+      if (p.write && (writes_out >= max_writes || reads_out > 0)) break;
+      if (!ring.queue(p.buffer, p.write, p.io)) {
+        done.emplace_back(p.buffer, -EBUSY);
+      } else {
+        ++(p.write ? writes_out : reads_out);
+        counted[p.buffer] = p.write ? 1 : 2;
       }
     }
     if (ring.queued() == 0) return;
@@ -263,7 +275,13 @@ void DiskTier::run_uring() {
         const SlotIo io = write ? slots_.prepare_write(job.slots[i], job.keys[i], job.epoch,
                                                        host_bytes(job, i), ring.buffer(b))
                                 : slots_.prepare_read(job.slots[i]);
-        ready.push_back(Prepared{b, write, io});
+        // A promotion is what a waiting request needs: it goes to the kernel before the
+        // writes prepared earlier (behind the other reads), so it waits only for the writes
+        // already in flight (issue 30). The scheduler never reads and writes one slot at once.
+        const auto at = write ? ready.end()
+                              : std::find_if(ready.begin(), ready.end(),
+                                             [](const Prepared& p) { return p.write; });
+        ready.insert(at, Prepared{b, write, io});
       } catch (const std::exception& e) {
         detail::logger().error("tier job {}: slot {}: {}", job.id, job.slots[i], e.what());
         queue().done(t, false);
@@ -299,6 +317,10 @@ void DiskTier::run_uring() {
       } catch (const std::exception& e) {
         detail::logger().error("tier job {}: slot {}: {}", job.id, slot, e.what());
       }
+    }
+    if (counted[b] != 0) {
+      --(counted[b] == 1 ? writes_out : reads_out);
+      counted[b] = 0;
     }
     free_buffers.push_back(b);
     queue().done(owner[b], ok);
