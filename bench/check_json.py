@@ -16,6 +16,7 @@ REQUIRED = {
     "pool": ["results", "speedup_all_threads_vs_one"],
     "e2e": ["steps_per_second"],
     "disk": ["throughput", "lookup_to_loaded"],
+    "loads": ["host", "sim", "disk"],
 }
 REFERENCE = ["decode_step_median_us", "decode_step_min_us", "prefill_step_ms",
              "allocations_per_decode_step"]

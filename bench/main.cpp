@@ -69,6 +69,10 @@ int main(int argc, char** argv) {
                      "TLS to the cluster (the tier and the baseline), verified with this CA");
   shared->add_option("--user", shared_access.user, "the ACL user (AUTH)");
   shared->add_option("--password-file", shared_access.password_file, "the user's password");
+  std::string loads_dir = ".";
+  auto* loads = app.add_subcommand(
+      "loads", "load latency behind a flood of stores vs idle: host, simulated device, disk");
+  loads->add_option("--dir", loads_dir, "where the disk tier part writes")->capture_default_str();
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
@@ -103,6 +107,7 @@ int main(int argc, char** argv) {
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
     if (disk->parsed() || every) doc["disk"] = kvbench::run_disk(opt, disk_dir, disk_size);
+    if (loads->parsed() || every) doc["loads"] = kvbench::run_loads(opt, loads_dir);
     if (shared->parsed()) {
       doc["shared"] = kvbench::run_shared(opt, shared_nodes, shared_size, shared_access);
     }

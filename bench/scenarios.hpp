@@ -31,6 +31,7 @@ struct SharedAccess {
 };
 nlohmann::json run_shared(const Options& opt, const std::string& nodes, const std::string& size,
                           const SharedAccess& access);
+nlohmann::json run_loads(const Options& opt, const std::string& disk_dir);
 nlohmann::json run_soak(const Options& opt, std::int64_t steps, std::int64_t samples);
 
 }  // namespace kvbench
