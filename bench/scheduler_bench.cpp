@@ -1,6 +1,8 @@
 // kvoffload-bench scheduler: the cost of build_step (and lookup) for many running requests.
 // --preset reference runs exactly the reference workload of the benchmark issue.
 
+#include <malloc.h>
+
 #include <cstring>
 #include <random>
 
@@ -34,6 +36,9 @@ struct Workload {
   int requests = 256;
   std::int64_t prompt = 2048;
   int decode_steps = 64;
+  /// A host pool of the blocks the run stores (at host block granularity) rather than the
+  /// reference workload's one (a block per 16 tokens), so heap per block counts the blocks.
+  bool tight_pool = false;
 };
 
 struct WorkloadResult {
@@ -43,7 +48,17 @@ struct WorkloadResult {
   std::vector<double> decode_allocations_each;
   std::uint64_t prefill_keys = 0;
   double lookup_seconds = 0;  // all requests' lookups
+  double heap_bytes = 0;      // the scheduler's heap at the end of the run (mallinfo2)
+  double heap_empty = 0;      // ... right after its construction (the pool's own)
+  std::int64_t blocks_used = 0;
+  std::int64_t blocks_total = 0;
 };
+
+/// Bytes the allocator has handed out (glibc's mallinfo2: small blocks and mmapped ones).
+double heap_in_use() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
+}
 
 /// One run: requests looked up (misses), one prefill step, then decode steps; store jobs
 /// completed after every step. Only build_step is timed.
@@ -54,12 +69,13 @@ WorkloadResult run_workload(const Workload& w, std::uint64_t seed) {
   c.block_size_factor = w.factor;
   c.hash_block_size = 16;
   const std::int64_t max_tokens = w.prompt + w.decode_steps + 16;
+  const std::int64_t per_request =
+      w.tight_pool ? max_tokens / (16 * w.factor) + 2 : max_tokens / 16 + 2;
   c.manager.host_blocks = static_cast<std::int64_t>(w.requests) *
-                          static_cast<std::int64_t>(w.groups.size()) * (max_tokens / 16 + 2);
+                          static_cast<std::int64_t>(w.groups.size()) * per_request;
   // An engine knows its GPU block count; the workload uses fresh ids up to about this.
   c.gpu_blocks = static_cast<std::int64_t>(w.requests) *
                  static_cast<std::int64_t>(w.groups.size()) * (max_tokens / 16 + 2);
-  Scheduler s(c);
   const std::size_t G = w.groups.size();
   std::vector<std::string> ids;
   std::vector<std::vector<BlockHash>> hashes;
@@ -69,24 +85,31 @@ WorkloadResult run_workload(const Workload& w, std::uint64_t seed) {
   for (int r = 0; r < w.requests; ++r) {
     ids.push_back("req-" + std::to_string(r));
     hashes.push_back(random_hashes(rng, static_cast<std::size_t>(max_tokens / 16)));
-    s.update_request(ids.back(), w.prompt,
-                     std::span(hashes.back()).first(static_cast<std::size_t>(w.prompt / 16)));
+    ScheduledRequest& e = step[static_cast<std::size_t>(r)];
+    e.request_id = ids.back();
+    e.num_scheduled_tokens = w.prompt;
+    e.new_block_ids.resize(G);
+    for (std::size_t g = 0; g < G; ++g) {
+      const std::int64_t blocks = w.prompt / w.groups[g].gpu_block_size;
+      e.new_block_ids[g].reserve(static_cast<std::size_t>(blocks));
+      for (std::int64_t k = 0; k < blocks; ++k) e.new_block_ids[g].push_back(next++);
+    }
+  }
+  // What the scheduler holds: the heap from here to the end of the run (the workload's own
+  // data is made above; the prefill's job list, freed below, is not counted).
+  const double heap0 = heap_in_use();
+  Scheduler s(c);
+  out.heap_empty = heap_in_use() - heap0;
+  for (int r = 0; r < w.requests; ++r) {
+    s.update_request(ids[static_cast<std::size_t>(r)], w.prompt,
+                     std::span(hashes[static_cast<std::size_t>(r)])
+                         .first(static_cast<std::size_t>(w.prompt / 16)));
   }
   auto t0 = Clock::now();
   for (int r = 0; r < w.requests; ++r) (void)s.lookup(ids[static_cast<std::size_t>(r)], 0);
   out.lookup_seconds = seconds_since(t0);
   std::vector<AllocatedGroup> none(G);
-  for (int r = 0; r < w.requests; ++r) {
-    s.on_allocated(ids[static_cast<std::size_t>(r)], none, 0);
-    ScheduledRequest& e = step[static_cast<std::size_t>(r)];
-    e.request_id = ids[static_cast<std::size_t>(r)];
-    e.num_scheduled_tokens = w.prompt;
-    e.new_block_ids.resize(G);
-    for (std::size_t g = 0; g < G; ++g) {
-      const std::int64_t blocks = w.prompt / w.groups[g].gpu_block_size;
-      for (std::int64_t k = 0; k < blocks; ++k) e.new_block_ids[g].push_back(next++);
-    }
-  }
+  for (int r = 0; r < w.requests; ++r) s.on_allocated(ids[static_cast<std::size_t>(r)], none, 0);
   std::vector<JobReport> reports;
   auto complete = [&](const StepResult& res) {
     reports.clear();
@@ -126,6 +149,10 @@ WorkloadResult run_workload(const Workload& w, std::uint64_t seed) {
     complete(res);
   }
   out.decode_allocations = static_cast<double>(allocs) / std::max(1, w.decode_steps);
+  res = StepResult{};
+  out.heap_bytes = heap_in_use() - heap0;
+  out.blocks_used = s.cache_stats().blocks_used;
+  out.blocks_total = s.cache_stats().blocks_total;
   return out;
 }
 
@@ -136,6 +163,49 @@ std::vector<GroupConfig> model(int groups) {
   if (groups == 1) return {full};
   if (groups == 2) return {full, window};
   return {full, window, mamba};
+}
+
+/// Cost per running request (issue 30): the reference model (3 groups, factor 4, 2048-token
+/// prompts) at 256 to 16384 requests. Targets: the decode step's cost per request flat within
+/// 1.5x from the smallest to the largest, no allocation in a decode step, at most 100 bytes
+/// of scheduler heap per host block.
+nlohmann::json requests_sweep(const Options& opt) {
+  const std::vector<int> counts =
+      opt.quick ? std::vector<int>{64, 256} : std::vector<int>{256, 1024, 4096, 16384};
+  const std::size_t runs = opt.runs > 0 ? std::min<std::size_t>(opt.runs, 5) : (opt.quick ? 1 : 3);
+  nlohmann::json rows = nlohmann::json::array();
+  Progress progress("scheduler requests sweep", counts.size() * runs);
+  for (const int n : counts) {
+    Workload w;
+    w.groups = model(3);
+    w.requests = n;
+    w.decode_steps = opt.quick ? 8 : 64;
+    w.tight_pool = true;
+    std::vector<double> per_request, allocs, heap_per_block, empty_per_block;
+    for (std::size_t r = 0; r < runs; ++r) {
+      const WorkloadResult res = run_workload(w, 31 + r);
+      std::vector<double> d = res.decode_seconds;
+      per_request.push_back(summarize(d).median * 1e9 / n);
+      allocs.insert(allocs.end(), res.decode_allocations_each.begin(),
+                    res.decode_allocations_each.end());
+      heap_per_block.push_back(res.heap_bytes /
+                               static_cast<double>(std::max<std::int64_t>(res.blocks_used, 1)));
+      empty_per_block.push_back(res.heap_empty / static_cast<double>(res.blocks_total));
+      progress.step(std::to_string(n) + " requests");
+    }
+    rows.push_back({{"requests", n},
+                    {"decode_ns_per_request", to_json(summarize(per_request), "ns")},
+                    {"allocations_per_decode_step", summarize(allocs).median},
+                    {"allocations_per_decode_step_max", summarize(allocs).max},
+                    {"heap_bytes_per_host_block", summarize(heap_per_block).median},
+                    {"heap_bytes_per_pool_block_empty", summarize(empty_per_block).median}});
+  }
+  progress.done();
+  const double first = rows.front()["decode_ns_per_request"]["median_ns"].get<double>();
+  const double last = rows.back()["decode_ns_per_request"]["median_ns"].get<double>();
+  return {{"model", "full_attention, sliding_window 1024, mamba; factor 4; 2048-token prompts"},
+          {"rows", rows},
+          {"per_request_cost_largest_over_smallest", last / first}};
 }
 
 }  // namespace
@@ -229,6 +299,7 @@ nlohmann::json run_scheduler(const Options& opt, const std::string& preset) {
   }
   progress.done();
   out["sweep"] = sweep;
+  out["requests_sweep"] = requests_sweep(opt);
   // Lookup of a long prompt: 32k tokens, everything cached.
   {
     SchedulerConfig c;
