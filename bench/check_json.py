@@ -6,7 +6,7 @@ import sys
 
 REQUIRED = {
     "machine": ["cpu", "cores"],
-    "scheduler": ["reference", "sweep", "lookup_32k_tokens"],
+    "scheduler": ["reference", "sweep", "requests_sweep", "lookup_32k_tokens"],
     "manager": ["lru", "arc"],
     "copy_host": ["results", "threads"],
     "copy_cuda": ["backend"],
