@@ -19,11 +19,12 @@ struct TransferEngineConfig {
   /// Submit a step's stores at the start of the next step (start_step), as vLLM does, so the
   /// offload copies begin after the step's own device-to-host copies (sampling).
   bool defer_stores = false;
-  /// Back-pressure (issue 30): the bytes of stores the engine holds at once (queued by
-  /// defer_stores or copying; 0: no bound). A store that would pass it is not copied: it
-  /// finishes failed at once ("skipped: store back-pressure", counted in stores_shed), so
-  /// its blocks never become hits and the GPU blocks it names are free at once. A store
-  /// alone is always taken, whatever its size. Loads are never bounded by it.
+  /// Back-pressure (issue 30): the bytes of stores copying in the backend at once (0: no
+  /// bound). A store is judged when it starts (a deferred one at start_step or a flush): if
+  /// it would pass the bound while others copy, it is not copied but finishes failed at once
+  /// ("skipped: store back-pressure", counted in stores_shed, reported possibly before earlier
+  /// stores), so its blocks never become hits and the GPU blocks it names are free at once.
+  /// A store alone is always taken, whatever its size. Loads are never bounded by it.
   std::uint64_t max_store_bytes_in_flight = 0;
 };
 
@@ -81,9 +82,10 @@ class KVOFFLOAD_EXPORT TransferEngine {
   void wait(std::span<const JobId> jobs);
 
   [[nodiscard]] TransferStats stats() const;
-  /// The bytes of the stores held now (deferred or copying).
+  /// The bytes of the stores copying in the backend now (deferred ones not yet started are
+  /// not counted).
   [[nodiscard]] std::uint64_t store_bytes_in_flight() const;
-  /// True while the stores held reach half of max_store_bytes_in_flight: the scheduler
+  /// True while the stores copying reach half of max_store_bytes_in_flight: the scheduler
   /// should skip new stores (Scheduler::set_store_pressure) until it clears. Always false
   /// without a bound.
   [[nodiscard]] bool store_pressure() const;
@@ -107,7 +109,7 @@ class KVOFFLOAD_EXPORT TransferEngine {
   /// Forgets a store's held bytes (it finished, or its start failed).
   void release_store(JobId job);
   std::unordered_map<JobId, Ticket> tickets_;             // in flight
-  std::unordered_map<JobId, std::uint64_t> store_bytes_;  // stores held (deferred or copying)
+  std::unordered_map<JobId, std::uint64_t> store_bytes_;  // stores copying in the backend
   std::uint64_t store_bytes_held_ = 0;                    // their sum
   std::vector<BackendResult> polled_;
   TransferStats stats_;

@@ -14,11 +14,11 @@
     eviction_policy   "lru" (default) or "arc"
     store_threshold   store a block only after this many lookups (default 0: always)
     max_store_bytes_in_flight
-                      back-pressure: bytes of stores each worker holds at once (bytes or a
-                      string such as "2GiB"; default 0, no bound). From half of it the
+                      back-pressure: bytes of stores copying at once on each worker (bytes
+                      or a string such as "2GiB"; default 0, no bound). From half of it the
                       scheduler skips new stores (counted in pressure_skips) until the
-                      workers catch up; a store past it is not copied (copy_stores_shed).
-                      Loads are never held back by stores.
+                      workers catch up; a store starting past it is not copied
+                      (copy_stores_shed). Loads are never held back by stores.
     weights           the weights' name (a checkpoint digest), standing in for model and
                       revision in the identity every tier keys blocks by (default: both from
                       vLLM's config; dtypes, quantization and TP always are: ``model_identity``)
@@ -641,9 +641,9 @@ def _define_classes() -> None:
             self._sched: Optional[kv.Scheduler] = None
             self._worker: Optional[kv.Worker] = None
             self._disk_tiers = [t for t, c in enumerate(self._config.tiers) if c.medium == "disk"]
-            self._max_store_bytes = (parse_bytes(extra["max_store_bytes_in_flight"],
-                                                 "max_store_bytes_in_flight")
-                                     if "max_store_bytes_in_flight" in extra else 0)
+            bound = extra.get("max_store_bytes_in_flight", 0)
+            self._max_store_bytes = (0 if bound in (0, "0") else  # no bound
+                                     parse_bytes(bound, "max_store_bytes_in_flight"))
             # A disk tier's scheduler waits for every rank's scan; under torchrun's external
             # launcher each engine hears only its own worker.
             if (self._disk_tiers and tp_size > 1 and

@@ -240,7 +240,10 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   if (store_pressure) {
     // The workers' stores are behind: these blocks are skipped for good (not retried), so the
     // backlog shrinks and no GPU block waits for a store (issue 30, back-pressure).
-    stats.pressure_skips += scratch.candidates.size();
+    for (const Key& k : scratch.candidates) {  // those a store would have written
+      std::uint16_t valid_from = 0;
+      if (manager.peek(k, valid_from) == LookupResult::miss) ++stats.pressure_skips;
+    }
     return advance();
   }
   if (!manager.prepare_store(scratch.candidates, scratch.prepared)) {

@@ -22,7 +22,17 @@ void TransferEngine::start(const TransferJob& job, JobKind kind) {
   CopyPlan plan;
   planner_.plan(job, kind, plan);  // throws before anything is submitted
   const JobId id = job.id;
+  if (kind == JobKind::load) {
+    tickets_[id] = backend_->submit(std::move(plan));
+    return;
+  }
+  // The bound counts the stores copying in the backend, judged as each starts (a deferred one
+  // at start_step): a step's stores waiting for the next step are not a backlog.
+  const std::uint64_t bytes = plan.total_bytes;
+  if (shed_over_bound(job, bytes)) return;
   tickets_[id] = backend_->submit(std::move(plan));
+  store_bytes_[id] = bytes;
+  store_bytes_held_ += bytes;
 }
 
 void TransferEngine::submit(const TransferJob& job, JobKind kind) {
@@ -33,18 +43,13 @@ void TransferEngine::submit(const TransferJob& job, JobKind kind) {
                     "transfer engine: job {} was already submitted", job.id);
   KVOFFLOAD_EXPECTS(job.kind == kind, "transfer engine: job {} is a {} job, given to submit_{}",
                     job.id, to_string(job.kind), to_string(kind));
-  if (kind == JobKind::load) return start(job, kind);
-  CopyPlan plan;
-  planner_.plan(job, kind, plan);  // refuse a bad job now, not a step later
-  const std::uint64_t bytes = plan.total_bytes;
-  if (shed_over_bound(job, bytes)) return;
-  if (config_.defer_stores) {
+  if (kind == JobKind::store && config_.defer_stores) {
+    CopyPlan check;
+    planner_.plan(job, kind, check);  // refuse a bad job now, not a step later
     deferred_.push_back(job);
-  } else {
-    tickets_[job.id] = backend_->submit(std::move(plan));
+    return;
   }
-  store_bytes_[job.id] = bytes;
-  store_bytes_held_ += bytes;
+  start(job, kind);
 }
 
 bool TransferEngine::shed_over_bound(const TransferJob& job, std::uint64_t bytes) {
@@ -53,7 +58,7 @@ bool TransferEngine::shed_over_bound(const TransferJob& job, std::uint64_t bytes
   ++stats_.stores_shed;
   start_failed_.push_back(
       {job.id, JobKind::store, false,
-       fmt::format("job {}: skipped: store back-pressure ({} bytes of stores held, {} more, "
+       fmt::format("job {}: skipped: store back-pressure ({} bytes of stores copying, {} more, "
                    "max_store_bytes_in_flight {})",
                    job.id, store_bytes_held_, bytes, bound),
        0, 0});
@@ -84,8 +89,8 @@ void TransferEngine::start_deferred(const TransferJob& job) noexcept {
   try {
     start(job, JobKind::store);
   } catch (const std::exception& e) {
-    // Reported once, failed, like any job: the caller's step goes on with the others.
-    release_store(job.id);
+    // Reported once, failed, like any job: the caller's step goes on with the others (start
+    // holds its bytes only once the backend took it).
     start_failed_.push_back({job.id, JobKind::store, false,
                              fmt::format("job {}: its store could not start: {}", job.id, e.what()),
                              0, 0});

@@ -5,11 +5,13 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include <catch2/catch_test_macros.hpp>
 #include <catch2/matchers/catch_matchers_string.hpp>
 
+#include "kvoffload/backend.hpp"
 #include "kvoffload/host_backend.hpp"
 #include "kvoffload/transfer_engine.hpp"
 #include "support/kv_fixture.hpp"
@@ -31,6 +33,34 @@ TransferJob page_job(JobId id, JobKind kind, GpuBlockId gpu, HostBlockId host) {
   job.gpu = {{gpu}, {1}, {0}};
   return job;
 }
+
+/// A backend that holds every plan until release() (or a wait), then runs them: what is copying
+/// is whatever the test has not released. Single-threaded, like the tests that use it.
+class HeldBackend final : public Backend {
+ public:
+  Ticket submit(CopyPlan plan) override {
+    plans_.emplace_back(next_, std::move(plan));
+    return next_++;
+  }
+  void poll(std::vector<BackendResult>& finished) override {
+    if (!released_) return;
+    for (auto& [ticket, plan] : plans_) {
+      KvFixture::apply(plan);
+      finished.push_back({ticket, plan.job, plan.kind, true, {}, plan.total_bytes, 0});
+    }
+    plans_.clear();
+  }
+  void wait(Ticket /*ticket*/) override { released_ = true; }
+  void shutdown(bool /*drain*/) override { plans_.clear(); }
+  void release() { released_ = true; }
+  void hold() { released_ = false; }
+  [[nodiscard]] std::size_t held() const { return plans_.size(); }
+
+ private:
+  std::vector<std::pair<Ticket, CopyPlan>> plans_;
+  Ticket next_ = 1;
+  bool released_ = false;
+};
 
 }  // namespace
 
@@ -58,12 +88,11 @@ TEST_CASE("Stores past max_store_bytes_in_flight are shed, never copied; loads a
           "[engine][pressure]") {
   KvFixture fx({{16, 64, 64}}, {{{0, 64}}}, 1, 8);
   TransferEngineConfig c;
-  c.defer_stores = true;  // stores stay held until start_step: the test decides when they run
   c.max_store_bytes_in_flight = 3 * 64;
-  HostBackendConfig bc;
-  bc.threads = 1;
-  TransferEngine engine(*fx.layout, fx.host, std::make_unique<HostBackend>(bc), c);
-  for (GpuBlockId b = 1; b <= 5; ++b) fx.write_page(0, b, 64, 100 + b);
+  auto held = std::make_unique<HeldBackend>();
+  HeldBackend& backend = *held;
+  TransferEngine engine(*fx.layout, fx.host, std::move(held), c);
+  for (GpuBlockId b = 1; b <= 9; ++b) fx.write_page(0, b, 64, 100 + b);
   std::fill(fx.host_memory.begin(), fx.host_memory.end(), 0x5a);  // before any store
   const std::int64_t block = fx.layout->pool_block_bytes();       // a host block's stride
   const auto host_page = [&](HostBlockId h) {
@@ -79,47 +108,76 @@ TEST_CASE("Stores past max_store_bytes_in_flight are shed, never copied; loads a
   };
 
   engine.submit_store(page_job(1, JobKind::store, 1, 1));
-  CHECK_FALSE(engine.store_pressure());  // 64 of 192 held
+  CHECK_FALSE(engine.store_pressure());  // 64 of 192 copying
   engine.submit_store(page_job(2, JobKind::store, 2, 2));
   CHECK(engine.store_pressure());  // 128: half the bound reached
   engine.submit_store(page_job(3, JobKind::store, 3, 3));
   CHECK(engine.store_bytes_in_flight() == 192);
   engine.submit_store(page_job(4, JobKind::store, 4, 4));  // 256 > 192: shed
   CHECK(engine.store_bytes_in_flight() == 192);
-  // A load is not bounded: it runs although the stores are over the bound.
+  CHECK(backend.held() == 3);  // the shed store never reached the backend
+  // A load is not bounded: the backend takes it although the stores are over the bound.
   engine.submit_load(page_job(9, JobKind::load, 9, 7));
-  engine.wait(std::vector<JobId>{9});
+  CHECK(backend.held() == 4);
   std::vector<FinishedTransfer> done = engine.get_finished();
-  REQUIRE(done.size() == 2);
+  REQUIRE(done.size() == 1);  // the shed store, at once
   CHECK(done[0].job == 4);
   CHECK_FALSE(done[0].ok);
   CHECK_THAT(done[0].error, Catch::Matchers::ContainsSubstring("job 4: skipped: store "
                                                                "back-pressure"));
-  CHECK(done[1].job == 9);
-  CHECK(done[1].ok);
   CHECK(engine.stats().stores_shed == 1);
 
-  engine.start_step();
-  engine.wait(std::vector<JobId>{1, 2, 3});
+  backend.release();
   done = engine.get_finished();
-  CHECK(done.size() == 3);
+  CHECK(done.size() == 4);
+  CHECK(std::all_of(done.begin(), done.end(), [](const FinishedTransfer& f) { return f.ok; }));
   CHECK(engine.store_bytes_in_flight() == 0);
   CHECK_FALSE(engine.store_pressure());
   for (HostBlockId h = 1; h <= 3; ++h) CHECK(written(h, 100 + h));
-  // The shed store never wrote its host block.
-  CHECK(host_page(4) == std::vector<std::uint8_t>(64, 0x5a));
+  CHECK(host_page(4) == std::vector<std::uint8_t>(64, 0x5a));  // the shed store wrote nothing
 
-  // Nothing held: a store larger than the bound alone is taken (else it could never run).
+  // Nothing copying: a store larger than the bound alone is taken (else it could never run).
+  backend.hold();
   TransferJob big = page_job(5, JobKind::store, 5, 5);
   big.gpu = {{5, 6, 7, 8}, {4}, {0}};
   big.keys.resize(4, big.keys[0]);
   big.host_block_ids = {0, 5, 6, 7};
   engine.submit_store(big);
   CHECK(engine.store_bytes_in_flight() == 256);
-  engine.wait(std::vector<JobId>{5});
+  CHECK(backend.held() == 1);
+  backend.release();
   done = engine.get_finished();
   REQUIRE(done.size() == 1);
   CHECK(done[0].ok);
+}
+
+TEST_CASE("Deferred stores count against the bound only once they start copying",
+          "[engine][pressure]") {
+  // An engine deferring a step's stores to the next step's start holds them between steps:
+  // that is no backlog, so no pressure; at start_step each is judged as it starts.
+  KvFixture fx({{16, 64, 64}}, {{{0, 64}}}, 1, 8);
+  TransferEngineConfig c;
+  c.defer_stores = true;
+  c.max_store_bytes_in_flight = 3 * 64;
+  auto held = std::make_unique<HeldBackend>();
+  HeldBackend& backend = *held;
+  TransferEngine engine(*fx.layout, fx.host, std::move(held), c);
+  for (JobId id = 1; id <= 4; ++id) {
+    engine.submit_store(
+        page_job(id, JobKind::store, static_cast<GpuBlockId>(id), static_cast<HostBlockId>(id)));
+  }
+  CHECK(engine.store_bytes_in_flight() == 0);
+  CHECK_FALSE(engine.store_pressure());
+  engine.start_step();
+  CHECK(engine.store_bytes_in_flight() == 192);
+  CHECK(backend.held() == 3);
+  std::vector<FinishedTransfer> done = engine.get_finished();
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].job == 4);
+  CHECK_FALSE(done[0].ok);
+  backend.release();
+  CHECK(engine.get_finished().size() == 3);
+  CHECK_FALSE(engine.store_pressure());
 }
 
 TEST_CASE("Without a bound stores are never shed and pressure never turns on",

@@ -229,7 +229,7 @@ void DiskTier::run_uring() {
   // Promotions ahead of writes at the device too (issue 30): writes hold at most three
   // quarters of the depth, so a promotion arriving behind a flood of writes goes to the
   // kernel at once, and no new write is handed over while a promotion's reads are out.
-  const unsigned max_writes = std::max(1U, depth - depth / 4);
+  const unsigned max_writes = std::max(1U, depth - std::max(1U, depth / 4));
   unsigned writes_out = 0, reads_out = 0;           // handed to the kernel, not finished
   std::vector<std::uint8_t> counted(ring.depth());  // per buffer: 1 a write, 2 a read, out
   // Hands prepared operations to the kernel. What it does not take waits for the next call
