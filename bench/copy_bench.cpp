@@ -110,9 +110,10 @@ nlohmann::json run_copy_host(const Options& opt) {
   return {{"backend", "host"},
           {"threads", backend.threads()},
           {"total_bytes", total},
-          {"baseline", "one memcpy of the same total bytes, single thread; and the same bytes "
-                       "split over as many threads as the backend has (the all-core ceiling, "
-                       "issue 30: >= 0.9 from 64 KiB pieces, >= 0.8 at 4 KiB)"},
+          {"baseline",
+           "one memcpy of the same total bytes, single thread; and the same bytes "
+           "split over as many threads as the backend has (the all-core ceiling, "
+           "issue 30: >= 0.9 from 64 KiB pieces, >= 0.8 at 4 KiB)"},
           {"results", rows}};
 }
 
