@@ -22,8 +22,10 @@ int main(int argc, char** argv) {
 
   std::string preset = "all";
   auto* scheduler = app.add_subcommand("scheduler", "build_step and lookup cost");
-  scheduler->add_option("--preset", preset, "reference (the issue's workload) or all")
-      ->check(CLI::IsMember({"reference", "all"}));
+  scheduler
+      ->add_option("--preset", preset,
+                   "reference (the issue's workload), requests (the running-requests sweep) or all")
+      ->check(CLI::IsMember({"reference", "requests", "all"}));
   auto* manager = app.add_subcommand("manager", "host block manager throughput, LRU and ARC");
   std::string backend = "host";
   auto* copy = app.add_subcommand("copy", "copy bandwidth over piece sizes vs one large copy");

@@ -63,6 +63,22 @@ class RequestTable {
     return p == nullptr ? nullptr : *p;
   }
 
+  /// find() in stages, for a loop over many ids whose cache misses should overlap: hash(id),
+  /// then prefetch_slot(h) a few ids ahead, hint(h) (a likely match, to prefetch from) fewer
+  /// ids ahead, then find_hashed(id, h).
+  [[nodiscard]] static std::uint64_t hash(std::string_view id) noexcept {
+    return Index::hash_key(id);
+  }
+  void prefetch_slot(std::uint64_t h) const noexcept { index_.prefetch_hashed(h); }
+  [[nodiscard]] State* hint(std::uint64_t h) const noexcept {
+    State* const* p = index_.hint_hashed(h);
+    return p == nullptr ? nullptr : *p;
+  }
+  [[nodiscard]] State* find_hashed(std::string_view id, std::uint64_t h) const noexcept {
+    State* const* p = const_cast<Index&>(index_).find_hashed(id, h);
+    return p == nullptr ? nullptr : *p;
+  }
+
   /// Adds a request; its id must not be present.
   State& add(std::unique_ptr<State> state) {
     State& s = *state;
@@ -93,7 +109,8 @@ class RequestTable {
 
  private:
   std::vector<std::unique_ptr<State>> owned_;
-  detail::FlatHashMap<std::string_view, State*, IdHash> index_;
+  using Index = detail::FlatHashMap<std::string_view, State*, IdHash>;
+  Index index_;
 };
 
 }  // namespace kvoffload

@@ -135,6 +135,7 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
     }
     if (!r.remote_decode) r.groups[g].next_stored = n_off;
   }
+  refresh_idle(r);
   if (job.keys.empty()) return;  // every group had its blocks locally: nothing to load
 
   ++next_job;
@@ -234,6 +235,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   append_new_blocks(r, e);
   const auto advance = [&] {
     for (std::size_t g = 0; g < layouts.size(); ++g) r.groups[g].next_stored = blocks[g];
+    refresh_idle(r);
   };
   StoreScratch& scratch = store_scratch;
   if (!collect_candidates(r, blocks, scratch)) return advance();
@@ -373,6 +375,7 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
     auto r = std::make_unique<RequestState>();
     r->id = std::string(request_id);
     r->groups.resize(impl_->layouts.size());
+    impl_->refresh_idle(*r);
     found = &impl_->requests.add(std::move(r));
   } else {
     impl_->validate_hashes(*found, block_hashes);
@@ -554,6 +557,7 @@ void Scheduler::Impl::reset(std::uint64_t new_epoch) {
     r.jobs.clear();
     r.load_in_flight = false;
     for (GroupState& g : r.groups) g.next_stored = 0;
+    s.refresh_idle(r);
     if (r.finished) finished.push_back(&r);
   });
   for (RequestState* r : finished) s.requests.erase(*r);

@@ -32,26 +32,33 @@ struct GroupState {
 };
 
 struct RequestState {
+  // What a decode step reads of every scheduled request comes first, in its first 80 bytes
+  // (validate_step prefetches them): id, token counts, the step stamp, flags, idle window.
   std::string id;
   std::int64_t num_tokens = 0;
   // Tokens past this are never stored (limit_stores: vLLM's max_offload_tokens).
   std::int64_t store_limit = std::numeric_limits<std::int64_t>::max();
-  // At most this many tokens beyond the computed ones are loaded, ending at an offloaded
-  // block's end (limit_loads: vLLM's max_load_tokens); negative: no limit.
-  std::int64_t load_limit = -1;
-  std::vector<BlockHash> hashes;
-  bool remote_decode = false;
-  bool looked_up = false;  // "known" in SEMANTICS 4: state exists once looked up
+  std::uint64_t step_stamp = 0;  // the last build_step that validated this request
+  bool looked_up = false;        // "known" in SEMANTICS 4: state exists once looked up
   bool finished = false;
+  bool remote_decode = false;
   bool load_in_flight = false;
   bool skip_tiers = false;  // its promotion found no host room: the next lookup is host-only
   // The shared tiers' existence check of its keys: none yet, in flight, or answered (keys the
   // answer did not find are misses for the rest of the request's life).
   enum class SharedCheck : std::uint8_t { none, in_flight, done } shared_check = SharedCheck::none;
-  std::uint64_t step_stamp = 0;  // the last build_step that validated this request
-  std::size_t slot = 0;          // RequestTable's bookkeeping
-  std::int64_t num_local_tokens = 0;
+  // A step leaves the request idle (nothing to store) when it brings no new block and
+  // idle_lo <= min(computed + scheduled, num_tokens, store_limit) < idle_hi: the groups'
+  // next_stored, condensed (Impl::refresh_idle) so idle decode entries never read `groups`.
+  std::int64_t idle_lo = 0;
+  std::int64_t idle_hi = 0;
   std::vector<GroupState> groups;
+  // At most this many tokens beyond the computed ones are loaded, ending at an offloaded
+  // block's end (limit_loads: vLLM's max_load_tokens); negative: no limit.
+  std::int64_t load_limit = -1;
+  std::vector<BlockHash> hashes;
+  std::size_t slot = 0;  // RequestTable's bookkeeping
+  std::int64_t num_local_tokens = 0;
   std::vector<JobId> jobs;  // in flight: one load, or any number of stores
 };
 
@@ -102,13 +109,15 @@ struct StringHash {
 /// its groups' offloaded blocks complete after the step, and whether build_store would change
 /// nothing. Reused across steps (no allocation per decode step).
 struct StepPlan {
-  std::vector<RequestState*> requests;  // per entry
-  std::vector<std::int64_t> blocks;     // per entry, per group (entry * G + g)
-  std::vector<std::uint8_t> idle;       // per entry: 1 if the step changes nothing for it
+  std::vector<RequestState*> requests;   // per entry
+  std::vector<std::int64_t> blocks;      // per entry, per group (entry * G + g)
+  std::vector<std::uint8_t> idle;        // per entry: 1 if the step changes nothing for it
+  std::vector<std::uint64_t> id_hashes;  // per entry: its id's RequestTable::hash
   std::size_t num_groups = 0;
 
   void clear(std::size_t groups) {
     requests.clear();
+    id_hashes.clear();
     blocks.clear();
     idle.clear();
     num_groups = groups;
@@ -147,6 +156,8 @@ struct Scheduler::Impl {
   /// Checks a whole step and fills `plan` for build_step.
   void validate_step(std::span<const ScheduledRequest> scheduled,
                      std::span<const std::string> preempted, StepPlan& plan);
+  /// validate_step's check of one entry, its request found (hash h of its id).
+  void validate_entry(const ScheduledRequest& e, std::uint64_t h, StepPlan& plan);
   void validate_reports(std::span<const JobReport> reports);
 
   // scheduler_lookup.cpp
@@ -192,6 +203,19 @@ struct Scheduler::Impl {
   JobState& new_job(JobId id, JobKind kind);
   void retire_job(JobId id);
   void touch(const RequestState& r);
+  /// Recomputes r.idle_lo and idle_hi from its groups' next_stored: call after changing any.
+  void refresh_idle(RequestState& r) const noexcept {
+    std::int64_t lo = 0;
+    std::int64_t hi = std::numeric_limits<std::int64_t>::max();
+    for (std::size_t g = 0; g < layouts.size(); ++g) {
+      const std::int64_t obs = layouts[g].offloaded_block_size;
+      const std::int64_t next = r.groups[g].next_stored;
+      lo = std::max(lo, next * obs);
+      hi = std::min(hi, (next + 1) * obs);
+    }
+    r.idle_lo = lo;
+    r.idle_hi = hi;
+  }
   /// touch() right after prepare_store, reusing the blocks it found for the candidates.
   void touch_stored(RequestState& r, std::span<const std::int64_t> blocks, StoreScratch& scratch);
   void check(const TransferJob& job) const;

@@ -123,82 +123,131 @@ void Scheduler::Impl::validate_step(std::span<const ScheduledRequest> scheduled,
   // A request scheduled twice in one step would be validated against a state its first entry
   // changes: each request is stamped with the step being validated.
   ++step_stamp;
-  for (const ScheduledRequest& e : scheduled) {
-    RequestState& r = find_looked_up(e.request_id, "step");
-    KVOFFLOAD_EXPECTS(r.step_stamp != step_stamp, "step: request \"{}\" is scheduled twice", r.id);
-    r.step_stamp = step_stamp;
-    plan.requests.push_back(&r);
-    KVOFFLOAD_EXPECTS(e.num_computed_tokens >= 0 && e.num_scheduled_tokens >= 0,
-                      "step: request \"{}\": negative num_computed_tokens ({}) or "
-                      "num_scheduled_tokens ({})",
-                      r.id, e.num_computed_tokens, e.num_scheduled_tokens);
-    KVOFFLOAD_EXPECTS(e.new_block_ids.size() == G,
-                      "step: request \"{}\": new_block_ids has {} groups, the model has {}", r.id,
-                      e.new_block_ids.size(), G);
-    const std::int64_t offloadable =
-        std::min({e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens, r.store_limit});
-    bool idle = !e.resumed;  // no new block, nothing newly offloadable: build_store is a no-op
-    for (std::size_t g = 0; g < G; ++g) {
-      const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
-      if (!fresh.empty()) {
-        const GpuBlockId lowest = *std::min_element(fresh.begin(), fresh.end());
-        KVOFFLOAD_EXPECTS(lowest >= 0, "step: request \"{}\" group {}: negative block id {}", r.id,
-                          g, lowest);
-      }
-      const std::vector<GpuBlockId>& old = r.groups[g].block_ids;
-      const std::size_t base = e.resumed ? 0 : old.size();
-      // Offloaded blocks complete after this step; build_store reuses it (divisions are a
-      // large part of a decode step's cost).
-      const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
-      plan.blocks.push_back(n);
-      const std::int64_t s = r.groups[g].next_stored;
-      idle = idle && fresh.empty() && n == s;
-      if (n <= s) continue;
-      KVOFFLOAD_EXPECTS(num_keys(r, g) >= n,
-                        "step: request \"{}\" group {}: {} offloaded blocks are computed but "
-                        "only {} have block hashes",
-                        r.id, g, n, num_keys(r, g));
-      KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(base + fresh.size()) >= n * f,
-                        "step: request \"{}\" group {}: {} GPU blocks, {} offloaded blocks need {}",
-                        r.id, g, base + fresh.size(), n, n * f);
-      // Null blocks form a leading run (outside the window); a null after a real block would
-      // make the job copy a hole.
-      // The range [s * f, n * f) of the block list after the append, in its two parts.
-      const auto lo = static_cast<std::size_t>(s * f), hi = static_cast<std::size_t>(n * f);
-      const GpuBlockId* old_first = old.data() + std::min(lo, base);
-      const GpuBlockId* old_last = old.data() + std::min(hi, base);
-      const GpuBlockId* fresh_first = fresh.data() + (std::max(lo, base) - base);
-      const GpuBlockId* fresh_last = fresh.data() + (std::max(hi, base) - base);
-      auto real = [](GpuBlockId id) { return id != null_block; };
-      const GpuBlockId* first_real = std::find_if(old_first, old_last, real);
-      const GpuBlockId* null_after = nullptr;
-      if (first_real != old_last) {
-        null_after = std::find(first_real, old_last, null_block);
-        if (null_after == old_last) {
-          null_after = std::find(fresh_first, fresh_last, null_block);
-          if (null_after == fresh_last) null_after = nullptr;
-        }
-      } else {
-        first_real = std::find_if(fresh_first, fresh_last, real);
-        if (first_real != fresh_last) {
-          null_after = std::find(first_real, fresh_last, null_block);
-          if (null_after == fresh_last) null_after = nullptr;
-        }
-      }
-      if (null_after != nullptr) [[unlikely]] {
-        // Null blocks form a leading run (outside the window); a null after a real block
-        // would make the job copy a hole.
-        const auto p = null_after >= old.data() && null_after < old.data() + old.size()
-                           ? static_cast<std::int64_t>(null_after - old.data())
-                           : static_cast<std::int64_t>(
-                                 base + static_cast<std::size_t>(null_after - fresh.data()));
-        throw invalid_argument(fmt::format(
-            "step: request \"{}\" group {}: null GPU block at position {} after a non-null one",
-            r.id, g, p));
+  // A decode step reads a few cache lines per entry, each a likely miss with thousands of
+  // requests (the id's index slot, the request): a pipeline starts loading them
+  // kAhead entries apart, so the misses overlap instead of adding up (issue 30: cost per
+  // request flat in the number of requests). Prefetches only: the checks run in order.
+  constexpr std::size_t kAhead = 16;
+  const std::size_t n = scheduled.size();
+  plan.id_hashes.resize(n);
+  for (std::size_t i = 0; i < n + 2 * kAhead; ++i) {
+    if (i < n) {
+      const ScheduledRequest& e = scheduled[i];
+      const std::uint64_t h = RequestTable<RequestState>::hash(e.request_id);
+      plan.id_hashes[i] = h;
+      requests.prefetch_slot(h);
+      __builtin_prefetch(e.new_block_ids.data());
+    }
+    if (i >= kAhead && i - kAhead < n) {
+      if (const RequestState* r = requests.hint(plan.id_hashes[i - kAhead])) {
+        const char* p = reinterpret_cast<const char*>(r);
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + 79);  // up to the idle window's end (bytes 0 to 80)
       }
     }
-    plan.idle.push_back(idle ? 1 : 0);
+    if (i >= 2 * kAhead) {
+      const std::size_t k = i - 2 * kAhead;
+      validate_entry(scheduled[k], plan.id_hashes[k], plan);
+    }
   }
+}
+
+void Scheduler::Impl::validate_entry(const ScheduledRequest& e, std::uint64_t h, StepPlan& plan) {
+  const std::size_t G = layouts.size();
+  RequestState* found = requests.find_hashed(e.request_id, h);
+  KVOFFLOAD_EXPECTS(found != nullptr, "step: unknown request \"{}\"", e.request_id);
+  RequestState& r = *found;
+  KVOFFLOAD_EXPECTS(r.looked_up, "step: request \"{}\" was never looked up", r.id);
+  KVOFFLOAD_EXPECTS(!r.finished, "step: request \"{}\" is finished", r.id);
+  KVOFFLOAD_EXPECTS(r.step_stamp != step_stamp, "step: request \"{}\" is scheduled twice", r.id);
+  r.step_stamp = step_stamp;
+  plan.requests.push_back(&r);
+  KVOFFLOAD_EXPECTS(e.num_computed_tokens >= 0 && e.num_scheduled_tokens >= 0,
+                    "step: request \"{}\": negative num_computed_tokens ({}) or "
+                    "num_scheduled_tokens ({})",
+                    r.id, e.num_computed_tokens, e.num_scheduled_tokens);
+  KVOFFLOAD_EXPECTS(e.new_block_ids.size() == G,
+                    "step: request \"{}\": new_block_ids has {} groups, the model has {}", r.id,
+                    e.new_block_ids.size(), G);
+  const std::int64_t offloadable =
+      std::min({e.num_computed_tokens + e.num_scheduled_tokens, r.num_tokens, r.store_limit});
+  // Most decode entries: no new block and no offloaded block newly complete in any group
+  // (the request's idle window), found without reading its groups.
+  if (!e.resumed && r.idle_lo <= offloadable && offloadable < r.idle_hi &&
+      std::all_of(e.new_block_ids.begin(), e.new_block_ids.end(),
+                  [](const std::vector<GpuBlockId>& v) { return v.empty(); })) {
+#ifndef NDEBUG
+    for (std::size_t g = 0; g < G; ++g) {
+      if (offloadable / layouts[g].offloaded_block_size != r.groups[g].next_stored) {
+        throw std::logic_error("scheduler: request \"" + r.id + "\": stale idle window");
+      }
+    }
+#endif
+    plan.blocks.insert(plan.blocks.end(), G, -1);  // build_store skips idle entries
+    plan.idle.push_back(1);
+    return;
+  }
+  bool idle = !e.resumed;  // no new block, nothing newly offloadable: build_store is a no-op
+  for (std::size_t g = 0; g < G; ++g) {
+    const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
+    if (!fresh.empty()) {
+      const GpuBlockId lowest = *std::min_element(fresh.begin(), fresh.end());
+      KVOFFLOAD_EXPECTS(lowest >= 0, "step: request \"{}\" group {}: negative block id {}", r.id, g,
+                        lowest);
+    }
+    const std::vector<GpuBlockId>& old = r.groups[g].block_ids;
+    const std::size_t base = e.resumed ? 0 : old.size();
+    // Offloaded blocks complete after this step; build_store reuses it (divisions are a
+    // large part of a decode step's cost).
+    const std::int64_t n = offloadable / layouts[g].offloaded_block_size;
+    plan.blocks.push_back(n);
+    const std::int64_t s = r.groups[g].next_stored;
+    idle = idle && fresh.empty() && n == s;
+    if (n <= s) continue;
+    KVOFFLOAD_EXPECTS(num_keys(r, g) >= n,
+                      "step: request \"{}\" group {}: {} offloaded blocks are computed but "
+                      "only {} have block hashes",
+                      r.id, g, n, num_keys(r, g));
+    KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(base + fresh.size()) >= n * f,
+                      "step: request \"{}\" group {}: {} GPU blocks, {} offloaded blocks need {}",
+                      r.id, g, base + fresh.size(), n, n * f);
+    // Null blocks form a leading run (outside the window); a null after a real block would
+    // make the job copy a hole.
+    // The range [s * f, n * f) of the block list after the append, in its two parts.
+    const auto lo = static_cast<std::size_t>(s * f), hi = static_cast<std::size_t>(n * f);
+    const GpuBlockId* old_first = old.data() + std::min(lo, base);
+    const GpuBlockId* old_last = old.data() + std::min(hi, base);
+    const GpuBlockId* fresh_first = fresh.data() + (std::max(lo, base) - base);
+    const GpuBlockId* fresh_last = fresh.data() + (std::max(hi, base) - base);
+    auto real = [](GpuBlockId id) { return id != null_block; };
+    const GpuBlockId* first_real = std::find_if(old_first, old_last, real);
+    const GpuBlockId* null_after = nullptr;
+    if (first_real != old_last) {
+      null_after = std::find(first_real, old_last, null_block);
+      if (null_after == old_last) {
+        null_after = std::find(fresh_first, fresh_last, null_block);
+        if (null_after == fresh_last) null_after = nullptr;
+      }
+    } else {
+      first_real = std::find_if(fresh_first, fresh_last, real);
+      if (first_real != fresh_last) {
+        null_after = std::find(first_real, fresh_last, null_block);
+        if (null_after == fresh_last) null_after = nullptr;
+      }
+    }
+    if (null_after != nullptr) [[unlikely]] {
+      // Null blocks form a leading run (outside the window); a null after a real block
+      // would make the job copy a hole.
+      const auto p = null_after >= old.data() && null_after < old.data() + old.size()
+                         ? static_cast<std::int64_t>(null_after - old.data())
+                         : static_cast<std::int64_t>(
+                               base + static_cast<std::size_t>(null_after - fresh.data()));
+      throw invalid_argument(fmt::format(
+          "step: request \"{}\" group {}: null GPU block at position {} after a non-null one", r.id,
+          g, p));
+    }
+  }
+  plan.idle.push_back(idle ? 1 : 0);
 }
 
 void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
@@ -227,15 +276,10 @@ Scheduler::IdleWindow Scheduler::idle_window(std::string_view request_id) const 
   if (r == nullptr || r->finished) return {};
   // validate_step's idle test: for every group, floor(min(x, n) / obs) equals
   // next_stored, i.e. L <= min(x, num_tokens) < H with L the largest start and H the smallest
-  // end of the groups' current offloaded blocks (n: num_tokens, or the store limit if lower).
-  std::int64_t lo = 0;
-  std::int64_t hi = std::numeric_limits<std::int64_t>::max();
-  for (std::size_t g = 0; g < s.layouts.size(); ++g) {
-    const std::int64_t obs = s.layouts[g].offloaded_block_size;
-    const std::int64_t next = r->groups[g].next_stored;
-    lo = std::max(lo, next * obs);
-    hi = std::min(hi, (next + 1) * obs);
-  }
+  // end of the groups' current offloaded blocks (n: num_tokens, or the store limit if lower):
+  // the request's idle window (Impl::refresh_idle).
+  const std::int64_t lo = r->idle_lo;
+  const std::int64_t hi = r->idle_hi;
   const std::int64_t n = std::min(r->num_tokens, r->store_limit);
   if (n < lo || lo >= hi) return {};  // min(x, n) <= n < lo: never idle
   if (n < hi) return {lo, std::numeric_limits<std::int64_t>::max()};  // min(x, n) < hi always

@@ -59,6 +59,16 @@ class FlatHashMap {
     __builtin_prefetch(&slots_[i]);
   }
 
+  /// The value of the first entry whose hash is h, without comparing keys: a hint for
+  /// prefetching what a later find_hashed will read (a colliding key's value, or null).
+  [[nodiscard]] const V* hint_hashed(std::uint64_t h) const noexcept {
+    if (size_ == 0) return nullptr;
+    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+      if (hashes_[i] == 0) return nullptr;
+      if (hashes_[i] == h) return &slots_[i].second;
+    }
+  }
+
   /// Inserts (key, value) unless key is present. Returns the stored value and whether it was
   /// inserted.
   std::pair<V*, bool> insert(const K& key, const V& value) {
