@@ -10,9 +10,10 @@
 namespace kvoffload::detail {
 
 /// The host cache's key -> block index. Keys live in the manager's per-block key array; a slot
-/// holds only a key's 64-bit hash and its block id (16 bytes), so inserting a new key or
-/// missing one touches a single cache line of a table a third the size of one that stores
-/// keys, and the key itself is read (keys[id]) only when the hashes match. Open addressing
+/// holds only a 32-bit tag of the key's hash and its block id (8 bytes: 16 to 32 bytes per
+/// host block at a load factor of 1/4 to 1/2), so inserting a new key or missing one touches
+/// a single cache line of a small table, and the key itself is read (keys[id]) only when the
+/// tags match (a false match is one in 2^31 probes, and the key compare rejects it). Open addressing
 /// with linear probing and backward-shift deletion; sized once for a fixed number of blocks
 /// (load factor at most 1/2), so it never rehashes or allocates after construction.
 class KeyIndex {
@@ -32,10 +33,11 @@ class KeyIndex {
 
   /// The block holding `key` (h == hash(key); keys[id] is block id's key), or -1.
   [[nodiscard]] HostBlockId find(const Key& key, std::uint64_t h, const Key* keys) const noexcept {
-    for (std::size_t i = h & mask_;; i = (i + 1) & mask_) {
+    const std::uint32_t t = tag(h);
+    for (std::size_t i = t & mask_;; i = (i + 1) & mask_) {
       const Slot& s = slots_[i];
-      if (s.hash == 0) return -1;
-      if (s.hash == h && keys[s.id] == key) return s.id;
+      if (s.tag == 0) return -1;
+      if (s.tag == t && keys[s.id] == key) return s.id;
     }
   }
 
@@ -43,26 +45,28 @@ class KeyIndex {
   /// added. The caller writes keys[id] = key before the next call.
   std::pair<HostBlockId, bool> insert(const Key& key, std::uint64_t h, HostBlockId id,
                                       const Key* keys) noexcept {
-    std::size_t i = h & mask_;
-    for (; slots_[i].hash != 0; i = (i + 1) & mask_) {
-      if (slots_[i].hash == h && keys[slots_[i].id] == key) return {slots_[i].id, false};
+    const std::uint32_t t = tag(h);
+    std::size_t i = t & mask_;
+    for (; slots_[i].tag != 0; i = (i + 1) & mask_) {
+      if (slots_[i].tag == t && keys[slots_[i].id] == key) return {slots_[i].id, false};
     }
-    slots_[i] = Slot{h, id};
+    slots_[i] = Slot{t, id};
     ++size_;
     return {id, true};
   }
 
   /// Removes the entry of block `id`, whose key hashes to h. Returns whether it was present.
   bool erase(std::uint64_t h, HostBlockId id) noexcept {
-    std::size_t i = h & mask_;
+    const std::uint32_t t = tag(h);
+    std::size_t i = t & mask_;
     for (;; i = (i + 1) & mask_) {
-      if (slots_[i].hash == 0) return false;
-      if (slots_[i].id == id && slots_[i].hash == h) break;
+      if (slots_[i].tag == 0) return false;
+      if (slots_[i].id == id && slots_[i].tag == t) break;
     }
     // Backward shift: pull later entries of the probe chain into the hole (no tombstones).
     std::size_t hole = i;
-    for (std::size_t j = (hole + 1) & mask_; slots_[j].hash != 0; j = (j + 1) & mask_) {
-      const std::size_t home = slots_[j].hash & mask_;
+    for (std::size_t j = (hole + 1) & mask_; slots_[j].tag != 0; j = (j + 1) & mask_) {
+      const std::size_t home = slots_[j].tag & mask_;
       if (((j - home) & mask_) >= ((j - hole) & mask_)) {
         slots_[hole] = slots_[j];
         hole = j;
@@ -74,7 +78,7 @@ class KeyIndex {
   }
 
   /// Starts loading the slot a probe for hash h reads first (a few keys ahead in a loop).
-  void prefetch(std::uint64_t h) const noexcept { __builtin_prefetch(&slots_[h & mask_]); }
+  void prefetch(std::uint64_t h) const noexcept { __builtin_prefetch(&slots_[tag(h) & mask_]); }
 
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
 
@@ -85,10 +89,14 @@ class KeyIndex {
   }
 
  private:
+  /// A slot's tag, and its home (tag & mask_: at most 2^31 slots): hash() sets bit 63, so a
+  /// tag is never 0, the empty slot's.
+  static std::uint32_t tag(std::uint64_t h) noexcept { return static_cast<std::uint32_t>(h >> 32); }
   struct Slot {
-    std::uint64_t hash = 0;  // 0: empty
+    std::uint32_t tag = 0;  // 0: empty
     HostBlockId id = -1;
   };
+  static_assert(sizeof(HostBlockId) == 4, "a slot is 8 bytes");
   std::vector<Slot> slots_;
   std::size_t mask_ = 0;
   std::size_t size_ = 0;
