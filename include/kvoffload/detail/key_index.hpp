@@ -13,9 +13,9 @@ namespace kvoffload::detail {
 /// holds only a 32-bit tag of the key's hash and its block id (8 bytes: 16 to 32 bytes per
 /// host block at a load factor of 1/4 to 1/2), so inserting a new key or missing one touches
 /// a single cache line of a small table, and the key itself is read (keys[id]) only when the
-/// tags match (a false match is one in 2^31 probes, and the key compare rejects it). Open addressing
-/// with linear probing and backward-shift deletion; sized once for a fixed number of blocks
-/// (load factor at most 1/2), so it never rehashes or allocates after construction.
+/// tags match (a false match is one in 2^31 probes, and the key compare rejects it). Open
+/// addressing with linear probing and backward-shift deletion; sized once for a fixed number of
+/// blocks (load factor at most 1/2), so it never rehashes or allocates after construction.
 class KeyIndex {
  public:
   KeyIndex() = default;
