@@ -262,7 +262,11 @@ void DiskTier::run_uring() {
   // nothing is queued, in flight, prepared or done. False: stopping and everything is done.
   const auto fill = [&]() -> bool {
     const bool idle = busy() == 0 && ready.empty() && done.empty();
-    const std::size_t room = std::min<std::size_t>(free_buffers.size(), depth - ready.size());
+    // About 1 MiB a pass (at least a block): preparing a write checksums and copies a whole
+    // block, and a promotion arriving meanwhile waits for the pass to end (issue 30).
+    const std::size_t per_pass = std::max<std::size_t>(1, (1U << 20) / slots_.slot_bytes());
+    const std::size_t room =
+        std::min({free_buffers.size(), static_cast<std::size_t>(depth) - ready.size(), per_pass});
     tasks.clear();
     if (room == 0 && !idle) return true;
     if (!queue().take(tasks, room, !idle)) return false;
