@@ -35,6 +35,7 @@ struct Shape {
   std::int64_t load_blocks;  // the measured load
   std::int64_t flood_jobs;   // stores submitted before it
   std::int64_t flood_blocks;
+  int copy_threads = 0;  // the host backend's (0: all cores)
   [[nodiscard]] std::int64_t blocks() const { return load_blocks + flood_jobs * flood_blocks; }
 };
 
@@ -152,6 +153,7 @@ struct Rig {
     } else {
       HostBackendConfig hc;
       hc.loads_first = loads_first;
+      hc.threads = s.copy_threads;
       worker = std::make_unique<Worker>(c, std::make_unique<HostBackend>(hc));
     }
   }
@@ -179,6 +181,14 @@ nlohmann::json host_backend(const Options& opt) {
                         {"flood_bytes", s.page * s.flood_blocks * s.flood_jobs}};
   Rig first(s, nullptr, true);
   out["loads_first"] = measure(*first.worker, s, runs, "loads host");
+  // With every core copying stores, the engine thread waits for a core when its load is done
+  // (the OS's wake-up, not the queue: see in_backend); with one core left to it, it does not.
+  Shape spare = s;
+  spare.copy_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) - 1);
+  out["spare_core_copy_threads"] = spare.copy_threads;
+  Rig first_spare(spare, nullptr, true);
+  out["loads_first_spare_core"] =
+      measure(*first_spare.worker, spare, runs, "loads host, a core spare");
   Rig fifo(s, nullptr, false);
   out["submission_order"] = measure(*fifo.worker, s, runs, "loads host, one queue");
   return out;
