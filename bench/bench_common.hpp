@@ -46,6 +46,7 @@ struct Options {
   std::uint64_t copy_total = 0;      ///< copy cuda, source-order: run bytes (0: 1GiB, 256MiB)
   std::uint64_t copy_piece_max = 0;  ///< the same: largest piece (0: 16MiB, 1MiB)
   std::int64_t compact_max_ids = 0;  ///< compact: largest id count (0: 16 M, quick 64 Ki)
+  std::string disk_io = "auto";      ///< disk: the tier's I/O engine (auto, io_uring, threads)
 };
 
 /// Machine facts recorded next to every result.

@@ -91,6 +91,7 @@ nlohmann::json throughput(const Options& opt, const fs::path& dir, std::uint64_t
         DiskTierConfig c;
         c.path = tier_dir.string();
         c.capacity_bytes = static_cast<std::uint64_t>(n) * (bs + 4096);
+        c.io = parse_disk_io(opt.disk_io, "--io");
         c.io_depth = static_cast<int>(qd);
         c.io_threads = static_cast<int>(qd);
         c.model = "bench";

@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
   disk->add_option("--dir", disk_dir, "a directory on the file system to measure")
       ->capture_default_str();
   disk->add_option("--size", disk_size, "bytes per measurement (default 1GiB, quick 32MiB)");
+  disk->add_option("--io", opt.disk_io, "the tier's I/O engine: auto, io_uring or threads")
+      ->check(CLI::IsMember({"auto", "io_uring", "threads"}))
+      ->capture_default_str();
   std::string shared_nodes, shared_size = "512MiB";
   auto* shared = app.add_subcommand(
       "shared",
