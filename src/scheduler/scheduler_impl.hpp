@@ -122,6 +122,7 @@ struct StepPlan {
     idle.clear();
     num_groups = groups;
   }
+  /// An entry's per-group offloaded block counts; -1s for an idle entry (never read).
   [[nodiscard]] std::span<const std::int64_t> blocks_of(std::size_t entry) const {
     return std::span(blocks).subspan(entry * num_groups, num_groups);
   }

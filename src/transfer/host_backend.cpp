@@ -40,7 +40,8 @@ void copy_piece(std::uintptr_t dst, std::uintptr_t src, std::size_t n) {
   if (n >= kStreamMin) {
     auto* d = reinterpret_cast<std::uint8_t*>(dst);
     const auto* s = reinterpret_cast<const std::uint8_t*>(src);
-    const std::size_t head = std::min<std::size_t>(n, (16 - (dst & 15)) & 15);  // to 16 bytes
+    // To a cache line, so each group of four streaming stores fills one write-combining line.
+    const std::size_t head = std::min<std::size_t>(n, (64 - (dst & 63)) & 63);
     std::memcpy(d, s, head);
     std::size_t i = head;
     for (; i + 64 <= n; i += 64) {

@@ -13,13 +13,16 @@ namespace kvoffload::detail {
 /// holds only a 32-bit tag of the key's hash and its block id (8 bytes: 16 to 32 bytes per
 /// host block at a load factor of 1/4 to 1/2), so inserting a new key or missing one touches
 /// a single cache line of a small table, and the key itself is read (keys[id]) only when the
-/// tags match (a false match is one in 2^31 probes, and the key compare rejects it). Open
+/// tags match (the tag's low bits are the home slot, so a false match needs the other bits
+/// equal too: one probe in 2^(31 - log2 slots), and the key compare rejects it). Open
 /// addressing with linear probing and backward-shift deletion; sized once for a fixed number of
 /// blocks (load factor at most 1/2), so it never rehashes or allocates after construction.
 class KeyIndex {
  public:
   KeyIndex() = default;
   explicit KeyIndex(std::size_t max_entries) {
+    // Homes come from a tag's 31 free bits (tag()): past 2^30 entries (2^32 slots, a host
+    // pool of over 64 TiB at 64 KiB blocks) half the slots are never a home, still correct.
     std::size_t n = 16;
     while (n < 2 * max_entries) n *= 2;
     slots_.assign(n, Slot{});
