@@ -4,7 +4,9 @@
 usage: bench/plot.py RESULTS.json OUT_DIR
 Writes copy_host.png (HostBackend bandwidth vs piece size with the memcpy ceiling),
 copy_cuda_<dir>.png (per mode, with the one-copy ceiling) when the GPU sweep is present, and
-scheduler.png (step cost per configuration), and soak.png (resident memory over a soak run). Needs matplotlib (pip install matplotlib).
+scheduler.png (step cost per configuration), soak.png (resident memory over a soak run), and
+vllm_engine_ttft.png (bench/vllm_engine_bench.py's time to first token). Needs matplotlib (pip
+install matplotlib).
 """
 import json
 import os
@@ -92,6 +94,34 @@ def soak(doc, out):
     fig.savefig(os.path.join(out, "soak.png"), dpi=110)
 
 
+def vllm_engine(doc, out):
+    """bench/vllm_engine_bench.py's JSON: B's time to first token per prompt length."""
+    rows = doc.get("ttft", {}).get("rows")
+    if not rows:
+        return
+    import numpy as np
+    x = np.arange(len(rows))
+    w = 0.27
+    fig, ax = plt.subplots(figsize=(7, 4))
+    series = [("ttft_recompute_s", "recompute (no kvoffload)"),
+              ("ttft_host_hit_s", "kvoffload host hit"),
+              ("ttft_disk_hit_s", "kvoffload disk hit after a restart")]
+    for i, (key, label) in enumerate(series):
+        ax.bar(x + (i - 1) * w, [r[key]["median"] * 1e3 for r in rows], w, label=label)
+    for j, r in enumerate(rows):
+        ax.annotate(f"{r['recompute_over_host_hit']:.1f}x", (x[j], r["ttft_host_hit_s"]["median"] * 1e3),
+                    ha="center", va="bottom", fontsize=8)
+    ax.set_yscale("log")
+    ax.set_xticks(x, [f"{r['prompt_tokens']}" for r in rows])
+    ax.set_xlabel("prompt tokens (all but the last 64 shared with an earlier request)")
+    ax.set_ylabel("time to first token, ms (median)")
+    ax.set_title(f"vLLM {doc['vllm']} on {doc['machine']['cores']} CPU cores, {doc['model']}",
+                 fontsize=8)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "vllm_engine_ttft.png"), dpi=110)
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
     out = sys.argv[2]
@@ -101,6 +131,7 @@ def main():
     copy_cuda(doc, out)
     scheduler(doc, out)
     soak(doc, out)
+    vllm_engine(doc, out)
     print("charts in", out)
 
 

@@ -183,7 +183,12 @@ def main():
         args = args[1:]
     out_path = args[0] if args else "torch.json"
     cuda = DEVICE == "cuda"
-    results = {"torch": torch.__version__,
+    try:  # issue 31: the engine benchmark runs on a GPU only where the image has vLLM
+        import importlib.metadata
+        vllm_found = importlib.metadata.version("vllm")
+    except Exception as e:  # noqa: BLE001 (not installed: say so)
+        vllm_found = f"not installed ({type(e).__name__})"
+    results = {"torch": torch.__version__, "vllm": vllm_found,
                "device": torch.cuda.get_device_name(0) if cuda else "cpu",
                "kvoffload_built_with_cuda": kv.built_with_cuda(), "parts": {}}
     side = [torch.cuda.Stream() for _ in range(3)] if cuda else [None] * 3

