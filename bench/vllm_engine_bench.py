@@ -388,7 +388,8 @@ def overhead(root, model, n, length, out_tokens, rounds):
                 raise RuntimeError("overhead: tokens were reused")
             if tag == "kvoffload":
                 st = ph["stats"]
-                if st["blocks_stored"] != n * (length // BLOCK) or st["pressure_skips"] or \
+                # (at least: the warm-up request's two blocks may finish storing in this phase)
+                if st["blocks_stored"] < n * (length // BLOCK) or st["pressure_skips"] or \
                         st["stores_without_room"] or st["failed_stores"]:
                     raise RuntimeError(f"overhead: not every block was stored: {st}")
             for p in res["phases"][1:]:
