@@ -175,6 +175,11 @@ struct Scheduler::Impl {
   [[nodiscard]] std::int64_t first_needed_sub_block(std::size_t g, std::int64_t i, std::int64_t run,
                                                     std::int64_t nct,
                                                     std::int64_t max_hit) const noexcept;
+  /// The offloaded blocks a windowed group reads for a hit ending at token `end`: its window,
+  /// or for a sliding window one more when `end` is short of this group's block boundary (a
+  /// group with smaller blocks ended the hit) and the window then reaches one block further
+  /// back (vLLM 0.33's load window). The lookup, the load check and the tiers all use it.
+  [[nodiscard]] std::int64_t load_window(std::size_t g, std::int64_t end) const noexcept;
 
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
@@ -248,7 +253,7 @@ struct Scheduler::Impl {
     const std::int64_t obs = layout.offloaded_block_size;
     const std::int64_t stop = (nct + hit + obs - 1) / obs;
     const std::int64_t first =
-        layout.windowed() ? std::max(nct / obs, stop - layout.window_blocks) : nct / obs;
+        layout.windowed() ? std::max(nct / obs, stop - load_window(g, nct + hit)) : nct / obs;
     return {first, stop};
   }
   [[nodiscard]] std::int64_t num_keys(const RequestState& r, std::size_t g) const noexcept {

@@ -37,31 +37,37 @@ ScanResult prefix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g,
 
 /// Sliding window and mamba: from the back, the rightmost run of window_blocks consecutive
 /// hits; without one, the run that reaches the front. A pending key breaks a run and defers.
-/// A key stored without its leading sub-blocks may only be the run's front, and only if the
-/// window at the run's end needs none of its unwritten sub-blocks (SEMANTICS 6.8).
+/// The run at the back ends at max_hit, which may fall short of this group's block boundary:
+/// it needs the load window (one more block when the window then reaches further back); a run
+/// below a miss ends on a boundary and needs window_blocks. A key stored without its leading
+/// sub-blocks may only be the run's front, and only if the window at the run's end needs none
+/// of its unwritten sub-blocks (SEMANTICS 6.8).
 ScanResult suffix_scan(Scheduler::Impl& s, const RequestState& r, std::size_t g, std::int64_t start,
                        std::int64_t end, std::int64_t nct, std::int64_t max_hit, LookupPass* pass) {
   const std::int64_t window = s.layouts[g].window_blocks;
+  std::int64_t need = s.load_window(g, max_hit);
   ScanResult res;
   std::int64_t run = 0;
   for (std::int64_t i = end - 1; i >= start; --i) {
     const Probe found = s.probe(r, g, i, pass);
     if (found.result == LookupResult::hit) {
       if (found.valid_from > 0) {
-        const bool front = run + 1 == window || i == start;
+        const bool front = run + 1 == need || i == start;
         if (!front || found.valid_from > s.first_needed_sub_block(g, i, run + 1, nct, max_hit)) {
           ++s.stats.partial_misses;
-          run = 0;  // a miss: the run restarts below it
+          run = 0;  // a miss: the run restarts below it, on a block boundary
+          need = window;
           continue;
         }
       }
-      if (++run == window) {
-        res.count = (i - start) + window;
+      if (++run == need) {
+        res.count = (i - start) + need;
         return res;
       }
     } else {
       if (found.result == LookupResult::pending) res.deferred = true;
       run = 0;
+      need = window;
     }
   }
   res.count = run;  // the run that reaches the front (0 if the first key missed)
@@ -81,6 +87,16 @@ std::int64_t Scheduler::Impl::first_needed_sub_block(std::size_t g, std::int64_t
       layout.kind == GroupKind::sliding_window ? config.groups[g].sliding_window - 1 : 1;
   const std::int64_t need_from = std::max({nct, end - back, std::int64_t{0}});
   return std::max<std::int64_t>(0, need_from / layout.gpu_block_size - i * f);
+}
+
+std::int64_t Scheduler::Impl::load_window(std::size_t g, std::int64_t end) const noexcept {
+  const GroupLayout& layout = layouts[g];
+  if (layout.kind != GroupKind::sliding_window) return layout.window_blocks;
+  // The window read at `end` starts at token end - (sliding_window - 1); counted from the
+  // block boundary at or above `end`, it spans cdiv(sliding_window - 1 + short_by, obs) blocks.
+  const std::int64_t obs = layout.offloaded_block_size;
+  const std::int64_t short_by = (obs - end % obs) % obs;
+  return std::max(layout.window_blocks, cdiv(config.groups[g].sliding_window - 1 + short_by, obs));
 }
 
 Probe Scheduler::Impl::probe(const RequestState& r, std::size_t g, std::int64_t i,

@@ -75,9 +75,10 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                       "alloc: request \"{}\" group {}: {} block ids, {} tokens need {}", r.id, g,
                       group.block_ids.size(), cached, n_gpu);
     if (layout.windowed()) {
-      KVOFFLOAD_EXPECTS(pending <= layout.window_blocks * f,
+      const std::int64_t allowed = load_window(g, cached) * f;
+      KVOFFLOAD_EXPECTS(pending <= allowed,
                         "alloc: request \"{}\" group {}: {} blocks to load, the window allows {}",
-                        r.id, g, pending, layout.window_blocks * f);
+                        r.id, g, pending, allowed);
     }
     if (pending <= 0) continue;
     KVOFFLOAD_EXPECTS(n_off <= num_keys(r, g),

@@ -116,3 +116,28 @@ TEST_CASE("A load into a GPU block that an in-flight store still reads flushes t
   REQUIRE(st.load_jobs.size() == 1);
   CHECK(st.flush == std::vector<JobId>{store});
 }
+
+TEST_CASE("A window over larger blocks loads the block its window reaches into",
+          "[scheduler][alloc]") {
+  // Full attention in 16-token blocks ends the hit at 48, halfway through block 1 of a 20-token
+  // window over 32-token blocks (window_blocks 1). vLLM keeps the blocks the window read at 48
+  // touches (tokens 29-47): blocks 0 and 1, two pending blocks, one more than window_blocks * f.
+  Harness h(make_config({full(16), window(20, 32)}, 1, 16));
+  const auto hashes = chain_hashes("reach", 4);
+  for (std::size_t i = 0; i < 3; ++i) h.place(hashes, 0, i);
+  h.place(hashes, 1, 0);
+  h.place(hashes, 1, 1);
+  REQUIRE(h.lookup("r", hashes, 64, 0) == 48);
+  // The window's first token, 29, is in GPU block 0: no null block (vLLM nulls (48-19)/32).
+  std::vector<AllocatedGroup> groups{{ids(1, 3), 0}, {ids(11, 2), 0}};
+  h.s.on_allocated("r", groups, 48);
+  const StepResult st = h.s.build_step({});
+  REQUIRE(st.load_jobs.size() == 1);
+  const TransferJob& job = st.load_jobs[0];
+  CHECK(job.gpu.group_sizes == std::vector<std::int64_t>{3, 2});
+  CHECK(job.gpu.block_ids == std::vector<GpuBlockId>{1, 2, 3, 11, 12});
+  REQUIRE(job.keys.size() == 5);
+  CHECK(job.keys[3] == Key{hashes[1], 1});
+  CHECK(job.keys[4] == Key{hashes[3], 1});
+  CHECK_NOTHROW(check_job_invariants(job, 2, 1));
+}

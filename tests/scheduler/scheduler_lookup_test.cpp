@@ -19,8 +19,11 @@ std::int64_t lookup_with(const SchedulerConfig& config,
                          std::int64_t num_tokens, std::int64_t computed = 0,
                          std::int64_t load_limit = -1) {
   Harness h(config);
-  std::size_t n = 0;
-  for (const auto& states : states_per_group) n = std::max(n, states.size());
+  std::size_t n = 0;  // hashes: enough for every group's blocks
+  for (std::size_t g = 0; g < states_per_group.size(); ++g) {
+    const auto per = static_cast<std::size_t>(h.s.layouts()[g].hash_factor);
+    n = std::max(n, states_per_group[g].size() * per);
+  }
   const auto hashes = chain_hashes("target", n);
   for (std::size_t g = 0; g < states_per_group.size(); ++g) {
     for (std::size_t i = 0; i < states_per_group[g].size(); ++i) {
@@ -118,6 +121,27 @@ TEST_CASE("Hybrid: the hit is the largest that every group allows", "[scheduler]
   CHECK(lookup_with(config, {{H, H, H, H}, {H, H, M, H}}, 65) == 32);
   CHECK(lookup_with(config, {{H, H, M, M}, {H, H, H, H}}, 65) == 32);
   CHECK(lookup_with(config, {{H, H, H, H}, {M, M, M, M}}, 65) == 0);
+}
+
+TEST_CASE("A window over larger blocks, the hit ended inside one, needs the block it reaches",
+          "[scheduler][lookup]") {
+  // Full attention in 16-token blocks, a 20-token window in 32-token blocks (1 block). Full
+  // attention ends the hit at 48, halfway through window block 1: the window read there,
+  // tokens 29-47, reaches back into window block 0, which the load then needs too (vLLM 0.33's
+  // load window). Counting window_blocks from the block boundary (64) missed it: the hit was
+  // 48 and allocation refused the load of the missing block 0.
+  const auto config = make_config({full(16), window(20, 32)}, 1, 64);
+  CHECK(lookup_with(config, {{H, H, H, M}, {M, H}}, 64) == 0);
+  CHECK(lookup_with(config, {{H, H, H, M}, {H, H}}, 64) == 48);
+  // Ended on the boundary (32): the window (13-31) is in block 0 alone.
+  CHECK(lookup_with(config, {{H, H, M, M}, {H, M}}, 64) == 32);
+  // A 12-token window read at 48 (37-47) stays in block 1: block 1 alone is enough.
+  CHECK(lookup_with(make_config({full(16), window(12, 32)}, 1, 64), {{H, H, H, M}, {M, H}}, 64) ==
+        48);
+  // Only the run at the back ends inside a block: below a miss the run ends on a boundary and
+  // window_blocks is enough. Full attention ends at 80; window block 2 is missing, and the run
+  // below it, block 1, ends at 64, where the window (45-63) is block 1 alone.
+  CHECK(lookup_with(config, {{H, H, H, H, H, M}, {M, H, M}}, 96) == 64);
 }
 
 TEST_CASE("Convergence: a shrunk hit re-runs the windowed groups", "[scheduler][lookup]") {

@@ -428,3 +428,39 @@ TEST_CASE("A block stored without its leading sub-blocks stays in host memory (S
   CHECK(h.s.tier_stats(0).writes_partial == 1);
   CHECK(h.s.tier_index(0).peek(job.keys[0]) == LookupResult::miss);
 }
+
+TEST_CASE("A window group promotes the block its window reaches into, the hit ended inside one",
+          "[scheduler][tier]") {
+  // Full attention in 16-token blocks ends the hit at 48, inside block 1 of a 20-token window
+  // over 32-token blocks: the window read at 48 (tokens 29-47) needs blocks 0 and 1 of it.
+  Tiered t(tiered({full(16), window(20, 32)}, 6, 16));
+  const auto a = chain_hashes("a", 4);
+  std::vector<JobId> stores;
+  for (std::size_t i = 0; i < 3; ++i) stores.push_back(t.h.place(a, 0, i, false));
+  stores.push_back(t.h.place(a, 1, 0, false));
+  stores.push_back(t.h.place(a, 1, 1, false));
+  for (const JobId job : stores) t.h.complete(job);
+  for (const TierJob& w : t.tier_jobs()) t.complete(w);
+  REQUIRE(t.in_tier(a[1], 1) == LookupResult::hit);
+  const auto b = chain_hashes("b", 4);  // 6 keys: evicts a's 5 from host memory
+  REQUIRE(t.h.lookup("b", b, 65, 0) == 0);
+  t.h.alloc_none("b");
+  const StepResult st = t.h.step("b", 0, 65, {ids(1, 5), ids(11, 3)});
+  REQUIRE(st.store_jobs.size() == 1);
+  t.h.complete(st.store_jobs[0].id);
+  t.complete(t.tier_jobs().at(0));  // b's write: its host blocks unpinned
+  REQUIRE(t.in_host(a[1], 1) == LookupResult::miss);
+
+  CHECK_FALSE(t.h.lookup("c", a, 64, 0).has_value());
+  const auto jobs = t.tier_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].kind == JobKind::promote);
+  std::vector<Key> expected = keys_of({a[0], a[1], a[2]}, 0);
+  expected.push_back(Key{a[1], 1});
+  expected.push_back(Key{a[3], 1});
+  CHECK(jobs[0].keys == expected);
+  t.complete(jobs[0]);
+  CHECK(t.h.s.lookup("c", 0) == 48);
+  std::vector<AllocatedGroup> groups{{ids(21, 3), 0}, {ids(31, 2), 0}};
+  CHECK_NOTHROW(t.h.s.on_allocated("c", groups, 48));
+}

@@ -133,13 +133,13 @@ std::vector<CompletedJob> Harness::complete(JobId job, bool ok) {
 JobId Harness::place(const std::vector<BlockHash>& hashes, std::size_t group, std::size_t index,
                      bool ready) {
   const GroupLayout& layout = s.layouts().at(group);
-  if (s.config().block_size_factor != 1 || layout.hash_factor != 1) {
-    throw std::logic_error("Harness::place needs block_size_factor 1 and hash_factor 1");
+  if (s.config().block_size_factor != 1) {
+    throw std::logic_error("Harness::place needs block_size_factor 1");
   }
   const std::string req = "donor" + std::to_string(donors++);
-  const std::vector<BlockHash> prefix(hashes.begin(),
-                                      hashes.begin() + static_cast<std::ptrdiff_t>(index + 1));
-  const std::int64_t tokens = static_cast<std::int64_t>(index + 1) * layout.gpu_block_size;
+  const auto blocks = static_cast<std::ptrdiff_t>(index + 1);
+  const std::vector<BlockHash> prefix(hashes.begin(), hashes.begin() + blocks * layout.hash_factor);
+  const std::int64_t tokens = blocks * layout.offloaded_block_size;
   s.update_request(req, tokens, prefix);
   (void)s.lookup(req, tokens);  // nothing to load: everything is "computed"
   std::vector<std::vector<GpuBlockId>> new_ids;

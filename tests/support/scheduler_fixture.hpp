@@ -54,7 +54,7 @@ struct Harness {
 
   /// Puts key (hashes[index], group) of a request with these hashes into the cache (ready, or
   /// writing if !ready) by storing it from a donor request whose other blocks are null.
-  /// Needs block_size_factor 1 and hash_factor 1 for `group`. Returns the store job id.
+  /// `index` counts the group's blocks. Needs block_size_factor 1. Returns the store job id.
   JobId place(const std::vector<BlockHash>& hashes, std::size_t group, std::size_t index,
               bool ready = true);
 

@@ -208,10 +208,7 @@ bool SyntheticEngine::Impl::try_start(Request& r) {
       const std::int64_t back =
           L.kind == GroupKind::sliding_window ? config.groups[g].sliding_window - 1 : 1;
       null_below = std::min(std::max<std::int64_t>(0, cached - back) / L.gpu_block_size, n_gpu);
-      local = std::max(local, null_below);
-      // SEMANTICS 5: a window group loads at most window_blocks host blocks' worth.
-      if (h > 0) local = std::max(local, n_gpu - L.window_blocks * config.block_size_factor);
-      local = std::min(local, n_gpu);
+      local = std::min(std::max(local, null_below), n_gpu);
       null_below = h > 0 ? local : null_below;
     }
     r.table[g].clear();
