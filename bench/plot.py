@@ -122,6 +122,40 @@ def vllm_engine(doc, out):
     fig.savefig(os.path.join(out, "vllm_engine_ttft.png"), dpi=110)
 
 
+def vllm_engine_gains(doc, out):
+    """bench/vllm_engine_bench.py's JSON: multi-turn throughput and TTFT, and the cost when
+    nothing is reused (each round's batch with the connector against the one without)."""
+    mt, oh = doc.get("multiturn"), doc.get("overhead")
+    if not mt or not oh or "overhead_percent_ci95" not in oh:
+        return
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(10, 3.6))
+    labels = ["without", "kvoffload"]
+    rps = [mt["requests_per_s_without"]["median"], mt["requests_per_s_kvoffload"]["median"]]
+    a.bar(labels, rps, color=["tab:gray", "tab:blue"])
+    a.set_ylabel("requests per second (median)")
+    a.set_title(f"multi-turn: {mt['throughput_ratio']:.2f}x requests/s", fontsize=9)
+    ttft = [mt["ttft_mean_s_without"]["median"] * 1e3, mt["ttft_mean_s_kvoffload"]["median"] * 1e3]
+    b.bar(labels, ttft, color=["tab:gray", "tab:blue"])
+    b.set_ylabel("mean time to first token, ms")
+    b.set_title(f"multi-turn: TTFT {mt['ttft_ratio']:.2f}x lower", fontsize=9)
+    per = oh["overhead_percent_per_round"]
+    c.axhspan(-2, 2, color="tab:green", alpha=0.12, label="target: within 2%")
+    c.plot(range(1, len(per) + 1), per, "o", ms=3, color="tab:blue", label="round")
+    c.axhline(oh["overhead_percent"], color="tab:blue", lw=1,
+              label=f"median {oh['overhead_percent']:.1f}%")
+    lo, hi = oh["overhead_percent_ci95"]
+    c.axhspan(lo, hi, color="tab:blue", alpha=0.15, label=f"95% interval {lo:.1f}..{hi:.1f}%")
+    c.axhline(0, color="black", lw=0.5)
+    c.set_xlabel("round (batches seconds apart)")
+    c.set_ylabel("% slower with the connector")
+    c.set_title("nothing reused, everything stored", fontsize=9)
+    c.legend(fontsize=7)
+    fig.suptitle(f"vLLM {doc['vllm']} on {doc['machine']['cores']} CPU cores, {doc['model']}",
+                 fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "vllm_engine_gains.png"), dpi=110)
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
     out = sys.argv[2]
@@ -132,6 +166,7 @@ def main():
     scheduler(doc, out)
     soak(doc, out)
     vllm_engine(doc, out)
+    vllm_engine_gains(doc, out)
     print("charts in", out)
 
 

