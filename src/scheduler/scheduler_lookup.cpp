@@ -133,7 +133,9 @@ bool Scheduler::Impl::scan(RequestState& r, std::int64_t nct, std::int64_t& hit_
       const std::int64_t obs = layout.offloaded_block_size;
       const std::int64_t nk = num_keys(r, g);
       max_hit = std::min(max_hit, nk * obs);
-      if (limited) max_hit = max_hit / obs * obs;
+      // A mamba block holds the state at its last token: a hit ending inside one would load
+      // the state of tokens the engine has not computed (vLLM 0.33's mamba alignment).
+      if (limited || layout.kind == GroupKind::mamba) max_hit = max_hit / obs * obs;
       if (max_hit - nct < obs) return true;
       const std::int64_t start = nct / obs;
       const std::int64_t end = std::min(cdiv(max_hit, obs), nk);

@@ -91,7 +91,8 @@ TEST_CASE("Replay follows the written-sub-block rule, traces derived by hand", "
   // starts inside its written part (E, loaded from sub-block 1), a miss inside a run (H falls
   // back to the run below it), and again a miss after reset_cache stored it partly again.
   // partial-full-mamba: a full-attention key stored from sub-block 1 is a miss (B); a mamba
-  // key stored from its last sub-block is a hit, loaded from that sub-block only (B2).
+  // key stored from its last sub-block is a hit, loaded from that sub-block only (B2, one token
+  // longer than A2: a mamba hit ends at a block's end, 64, and the token after it is computed).
   check_trace("partial-window", 0);
   check_trace("partial-full-mamba", 0);
 }

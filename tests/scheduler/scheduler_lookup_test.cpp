@@ -116,6 +116,18 @@ TEST_CASE("Mamba keeps one block: the last hit block is enough", "[scheduler][lo
   CHECK(lookup_with(config, {{H, H, M}}, 49) == 32);
 }
 
+TEST_CASE("A mamba hit ends at a block's end: its block holds the state at its last token",
+          "[scheduler][lookup]") {
+  // 48 tokens, all three blocks stored: the last token is recomputed, and the state after 47
+  // tokens is in no block (block 2 holds the state after 48), so the hit is block 1's 32.
+  CHECK(lookup_with(make_config({mamba()}, 1, 64), {{H, H, H}}, 48) == 32);
+  // Full attention in 16-token blocks ends the hit at 48, inside mamba's 32-token block 1:
+  // down to 32, where block 0 holds the state.
+  const auto mixed = make_config({full(16), mamba(32)}, 1, 64);
+  CHECK(lookup_with(mixed, {{H, H, H, M}, {H, H}}, 64) == 32);
+  CHECK(lookup_with(mixed, {{H, H, H, H, H}, {M, H, M}}, 96) == 64);
+}
+
 TEST_CASE("Hybrid: the hit is the largest that every group allows", "[scheduler][lookup]") {
   const auto config = make_config({full(), window(32)}, 1, 64);
   CHECK(lookup_with(config, {{H, H, H, H}, {H, H, M, H}}, 65) == 32);

@@ -211,6 +211,14 @@ bool SyntheticEngine::Impl::try_start(Request& r) {
       local = std::min(std::max(local, null_below), n_gpu);
       null_below = h > 0 ? local : null_below;
     }
+    // A mamba block holds the state at its last token: a load for a hit that ends inside one
+    // would give the request the state of tokens it has not computed.
+    if (h > 0 && L.kind == GroupKind::mamba && cached % L.offloaded_block_size != 0 &&
+        report.mismatches++ == 0) {
+      report.first_mismatch = "step " + std::to_string(report.steps) + ", request " + r.id +
+                              ": a hit of mamba group " + std::to_string(g) + " ends at token " +
+                              std::to_string(cached) + ", inside its block";
+    }
     r.table[g].clear();
     for (std::int64_t k = 0; k < n_gpu; ++k) {
       const bool null = k < null_below;
