@@ -399,6 +399,13 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
     if name == "FullAttentionSpec":
         return ("full_attention", spec.block_size, 0)
     if name == "MambaSpec":
+        # kvoffload's mamba block holds the state at its last token: vLLM's "align" (and
+        # "all") modes. "none" keeps one state per request, in a block of max_model_len tokens.
+        mode = getattr(spec, "mamba_cache_mode", None)
+        if mode == "none":
+            raise kv.InvalidArgument(f"KV-cache group {g}: a mamba group with mamba_cache_mode "
+                                     "'none' keeps no state per block to offload; run vLLM "
+                                     "with --mamba-cache-mode align")
         return ("mamba", spec.block_size, 0)
     raise kv.InvalidArgument(f"KV-cache group {g}: {name} is not supported "
                              "(full attention, sliding window, mamba)")

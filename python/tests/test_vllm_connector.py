@@ -66,6 +66,9 @@ def test_groups_from_vllm_specs_keep_the_retained_window():
     class MambaSpec:
         block_size = 16
 
+    class MambaSpecNone:
+        block_size, mamba_cache_mode = 16, "none"
+
     class ChunkedLocalAttentionSpec:
         block_size = 16
 
@@ -73,6 +76,10 @@ def test_groups_from_vllm_specs_keep_the_retained_window():
     assert kvv.group_of_spec(0, SlidingWindowSpec()) == ("sliding_window", 32, 67)
     assert kvv.group_of_spec(1, FullAttentionSpec()) == ("full_attention", 16, 0)
     assert kvv.group_of_spec(2, MambaSpec()) == ("mamba", 16, 0)
+    MambaSpecNone.__name__ = "MambaSpec"
+    with pytest.raises(kv.InvalidArgument, match="KV-cache group 4: a mamba group with "
+                       "mamba_cache_mode 'none'"):
+        kvv.group_of_spec(4, MambaSpecNone())
     with pytest.raises(kv.InvalidArgument, match="KV-cache group 3: ChunkedLocalAttentionSpec"):
         kvv.group_of_spec(3, ChunkedLocalAttentionSpec())
 

@@ -81,6 +81,13 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                         r.id, g, pending, allowed);
     }
     if (pending <= 0) continue;
+    // A mamba block holds the state at its last token: a load ending inside one would give the
+    // request the state of tokens it has not computed (the lookup never answers so).
+    KVOFFLOAD_EXPECTS(layout.kind != GroupKind::mamba || cached % layout.offloaded_block_size == 0,
+                      "alloc: request \"{}\" group {}: a mamba load must end at a block's end; "
+                      "{} tokens end inside offloaded block {} ({} tokens each)",
+                      r.id, g, cached, cached / layout.offloaded_block_size,
+                      layout.offloaded_block_size);
     KVOFFLOAD_EXPECTS(n_off <= num_keys(r, g),
                       "alloc: request \"{}\" group {}: {} tokens need {} offloaded blocks, the "
                       "request has keys for {}",

@@ -301,3 +301,22 @@ TEST_CASE("on_allocated refuses a load of sub-blocks no store wrote (SEMANTICS 6
   CHECK(load.load_jobs[0].gpu.block_indices == std::vector<std::int64_t>{3});
   CHECK(load.load_jobs[0].gpu.group_sizes == std::vector<std::int64_t>{3});
 }
+
+TEST_CASE("on_allocated refuses a mamba load that ends inside a block", "[scheduler][errors]") {
+  // Mamba in 16-token blocks, all four stored: the lookup of 65 tokens answers 64. An engine
+  // that then allocates 56 tokens would load block 3, the state after 64 tokens, into a
+  // request that has computed 56: refused, and nothing changes.
+  Harness h(make_config({mamba()}, 1, 8));
+  const auto hashes = chain_hashes("m", 4);
+  for (std::size_t i = 0; i < 4; ++i) h.place(hashes, 0, i);
+  REQUIRE(h.lookup("r", hashes, 65, 0) == 64);
+  std::vector<AllocatedGroup> mid{{{0, 0, 0, 501}, 3}};
+  CHECK_THROWS_WITH(h.s.on_allocated("r", mid, 56),
+                    ContainsSubstring("request \"r\" group 0: a mamba load must end at a block's "
+                                      "end; 56 tokens end inside offloaded block 3"));
+  CHECK(h.s.num_jobs_in_flight() == 0);
+  CHECK(h.s.manager().num_being_read() == 0);
+  std::vector<AllocatedGroup> whole{{{0, 0, 0, 501}, 3}};
+  h.s.on_allocated("r", whole, 64);
+  CHECK(h.s.build_step({}).load_jobs.size() == 1);
+}
