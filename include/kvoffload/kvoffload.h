@@ -379,11 +379,15 @@ typedef struct kvoffload_scheduler_stats {
    * (kvoffload_scheduler_set_store_pressure). A caller built against 0.5.0 passes the smaller
    * struct_size and gets the fields it knows. */
   uint64_t pressure_skips;
+  /* Added after 0.5.0 too: GPU blocks left out of stores because the engine had freed them and
+   * handed them out again before the store was built, and blocks not stored because what was
+   * written of them could never be served (a full-attention block with a hole). */
+  uint64_t reused_sub_blocks, unsafe_skips;
 } kvoffload_scheduler_stats_t;
 #define KVOFFLOAD_SCHEDULER_STATS_INIT                                                            \
   {                                                                                               \
     sizeof(kvoffload_scheduler_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0                                                                             \
+        0, 0, 0, 0, 0, 0, 0                                                                       \
   }
 
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_create(

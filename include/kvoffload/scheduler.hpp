@@ -80,6 +80,8 @@ struct SchedulerStats {
   std::uint64_t partial_stores = 0;  ///< blocks stored without their leading sub-blocks
   std::uint64_t partial_misses = 0;  ///< present keys refused: a sub-block needed was not written
   std::uint64_t pressure_skips = 0;  ///< blocks not stored: the workers' stores were behind
+  std::uint64_t reused_sub_blocks = 0;  ///< GPU blocks left out of a store: given out again
+  std::uint64_t unsafe_skips = 0;       ///< blocks not stored: a hole no lookup could serve
 };
 
 /// One tier's counters (Scheduler::tier_stats): its index and the jobs the scheduler made.
@@ -146,6 +148,13 @@ struct CacheStats {
   /// Blocks a step did not store because the workers reported store back-pressure
   /// (set_store_pressure): never stored for that request, so a later lookup misses there.
   std::uint64_t pressure_skips = 0;
+  /// SEMANTICS 6.9: GPU blocks of a request's store range that the engine freed and handed
+  /// out again (to another request, or the same one) before the store was built; the store
+  /// leaves them out (a window block freed by vLLM's remove_skipped_blocks, say). And blocks
+  /// not stored because what was written of them could never be served: a full-attention
+  /// block with a null or handed-out sub-block.
+  std::uint64_t reused_sub_blocks = 0;
+  std::uint64_t unsafe_skips = 0;
 };
 
 /// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are
@@ -196,6 +205,12 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// job that the next build_step emits.
   void on_allocated(std::string_view request_id, std::span<const AllocatedGroup> groups,
                     std::int64_t num_external_tokens);
+
+  /// SEMANTICS 6.9: GPU blocks the engine handed out or overwrites this step without listing
+  /// them in any request's new block ids (vLLM's kv_cache_block_copies destinations). A store
+  /// built from now on leaves them out of every request that held them before. Call it before
+  /// the step's build_step; new block ids and on_allocated need no such call.
+  void handed_out(std::span<const GpuBlockId> block_ids);
 
   /// SEMANTICS 6: the load jobs planned since the last step, the store jobs of this step (in
   /// the order of `scheduled`), and the stores to flush first.

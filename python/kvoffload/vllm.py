@@ -98,6 +98,10 @@ METRICS = {
     "stores_skipped": "Blocks not stored: below the store threshold.",
     "stores_without_room": "Store attempts refused: no host block could be freed (retried).",
     "pressure_skips": "Blocks not stored because the workers' stores were behind (back-pressure).",
+    "reused_sub_blocks": "GPU blocks left out of a store: vLLM had freed them and handed them out "
+                         "again (a window or mamba block of a running request).",
+    "unsafe_skips": "Blocks not stored because what was written of them could never be served "
+                    "(a full-attention block with a hole).",
     "copy_bytes_loaded": "Bytes the workers copied into GPU memory.",
     "copy_bytes_stored": "Bytes the workers copied out of GPU memory.",
     "copy_load_seconds": "Seconds the workers' load jobs took, summed over jobs.",

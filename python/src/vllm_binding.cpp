@@ -60,7 +60,8 @@ struct StringHash {
 struct Names {
   nb::object request_id, block_hashes, num_tokens, blocks, block_id, is_null, block_hash,
       num_scheduled_tokens, scheduled_new_reqs, scheduled_cached_reqs, req_id, req_ids,
-      num_computed_tokens, block_ids, new_block_ids, resumed_req_ids, preempted_req_ids, resumable;
+      num_computed_tokens, block_ids, new_block_ids, resumed_req_ids, preempted_req_ids, resumable,
+      kv_cache_block_copies, dst_block_id;
   Names() {
     const auto intern = [](const char* s) { return nb::steal(PyUnicode_InternFromString(s)); };
     request_id = intern("request_id");
@@ -81,6 +82,8 @@ struct Names {
     resumed_req_ids = intern("resumed_req_ids");
     preempted_req_ids = intern("preempted_req_ids");
     resumable = intern("resumable");
+    kv_cache_block_copies = intern("kv_cache_block_copies");
+    dst_block_id = intern("dst_block_id");
   }
 };
 
@@ -304,6 +307,17 @@ class VllmBridge {
     if (!p.is_none()) {
       for (nb::handle rid : p) preempted.emplace_back(as_str(rid, "preempted_req_ids"));
     }
+    // vLLM's copy-on-write block copies write their destinations this step, which no request's
+    // new_block_ids may show: a store of an earlier holder must leave them out (SEMANTICS 6.9;
+    // vLLM's own connector counts them as this step's allocations too).
+    nb::object copies = get_or_none(out, n_.kv_cache_block_copies);
+    if (!copies.is_none()) {
+      handed_out_.clear();
+      for (nb::handle c : copies) {
+        handed_out_.push_back(as_block_id(get(c, n_.dst_block_id), "dst_block_id"));
+      }
+      s_.handed_out(handed_out_);
+    }
     entries_passed_ += used_;
     StepResult r;
     try {
@@ -390,6 +404,8 @@ class VllmBridge {
     std::int64_t local = 0;           // num_computed_tokens at the last lookup
     std::int64_t scheduled_end = -1;  // computed + scheduled tokens of its last step
   };
+
+  std::vector<GpuBlockId> handed_out_;  // build_step: this step's copy destinations
 
   ScheduledRequest& next_entry(std::size_t G) {
     if (used_ == entries_.size()) entries_.emplace_back();

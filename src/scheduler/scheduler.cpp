@@ -15,8 +15,6 @@
 
 namespace kvoffload {
 
-using detail::offloaded_block_real;
-
 // Debug builds check the single-threaded contract at every mutating call.
 #ifndef NDEBUG
 #define KVOFFLOAD_ONE_THREAD(impl, what) \
@@ -78,29 +76,24 @@ void Scheduler::Impl::touch(const RequestState& r) {
   manager.touch(touch_keys);
 }
 
-void Scheduler::Impl::touch_stored(RequestState& r, std::span<const std::int64_t> blocks,
-                                   StoreScratch& scratch) {
+void Scheduler::Impl::touch_stored(RequestState& r, StoreScratch& scratch) {
   std::vector<HostBlockId>& touch_ids = scratch.touch_ids;
   const std::vector<HostBlockId>& candidate_blocks = scratch.prepared.key_blocks;
   touch_ids.clear();
   for (std::size_t g = layouts.size(); g-- > 0;) {
     const std::int64_t nk = num_keys(r, g);
     const std::int64_t skip = touch_skip(r, g);
-    const std::int64_t s = r.groups[g].next_stored;  // not advanced yet
-    const std::int64_t n = std::max(s, blocks[g]);
-    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    std::size_t cursor = scratch.first_candidate[g];
-    // Candidates below the touched range still occupy their places in candidate_blocks.
-    for (std::int64_t i = s; i < std::min(skip, n); ++i) {
-      if (offloaded_block_real(ids, i, f)) ++cursor;
-    }
+    // The group's candidates, by increasing block index: their blocks are known already.
+    std::size_t c = scratch.first_candidate[g];
+    const std::size_t c_end = scratch.first_candidate[g + 1];
     std::vector<HostBlockId>& known = r.groups[g].known_blocks;
     if (static_cast<std::int64_t>(known.size()) < nk)
       known.resize(static_cast<std::size_t>(nk), -1);
     for (std::int64_t i = skip; i < nk; ++i) {
       HostBlockId& block = known[static_cast<std::size_t>(i)];
-      if (i >= s && i < n && offloaded_block_real(ids, i, f)) {
-        block = candidate_blocks[cursor++];
+      while (c < c_end && scratch.candidate_block[c] < i) ++c;
+      if (c < c_end && scratch.candidate_block[c] == i) {
+        block = candidate_blocks[c];
       } else {
         const Key k = key(r, g, i);
         const Key* held = block >= 0 ? manager.key_of(block) : nullptr;
@@ -114,6 +107,16 @@ void Scheduler::Impl::touch_stored(RequestState& r, std::span<const std::int64_t
 
 void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                                    std::int64_t num_external_tokens) {
+  // The blocks past the computed ones are new allocations (the load's destination and the
+  // tokens to compute), possibly blocks another request held a moment ago: a pending store of
+  // that request must no longer read them (SEMANTICS 6.9). A request waiting for its load is
+  // not in a step's entries until the load is done, so this is where its blocks are seen.
+  for (const AllocatedGroup& group : groups) {
+    const auto first = static_cast<std::size_t>(std::clamp<std::int64_t>(
+        group.num_computed_blocks, 0, static_cast<std::int64_t>(group.block_ids.size())));
+    for (std::size_t i = first; i < group.block_ids.size(); ++i)
+      bump_generation(group.block_ids[i]);
+  }
   if (num_external_tokens == 0) return;
   const std::int64_t cached = r.num_local_tokens + num_external_tokens;
   TransferJob job;
@@ -127,11 +130,14 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
     const auto [n_gpu, local, pending, n_off] = detail::allocated_counts(
         cached, layout.gpu_block_size, layout.offloaded_block_size, groups[g].num_computed_blocks);
     if (pending > 0) {
-      for (std::int64_t i = local / f; i < n_off; ++i) job.keys.push_back(key(r, g, i));
+      // A mamba load copies only what its block's store wrote (SEMANTICS 5).
+      const std::int64_t from =
+          layout.kind == GroupKind::mamba ? mamba_load_from(r, g, local, n_off) : local;
+      for (std::int64_t i = from / f; i < n_off; ++i) job.keys.push_back(key(r, g, i));
       const auto& ids = groups[g].block_ids;
-      job.gpu.block_ids.insert(job.gpu.block_ids.end(), ids.begin() + local, ids.begin() + n_gpu);
-      job.gpu.group_sizes[g] = pending;
-      job.gpu.block_indices[g] = local;
+      job.gpu.block_ids.insert(job.gpu.block_ids.end(), ids.begin() + from, ids.begin() + n_gpu);
+      job.gpu.group_sizes[g] = n_gpu - from;
+      job.gpu.block_indices[g] = from;
     }
     if (!r.remote_decode) r.groups[g].next_stored = n_off;
   }
@@ -155,69 +161,118 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
 
 void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest& e) {
   for (std::size_t g = 0; g < layouts.size(); ++g) {
-    std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    if (e.resumed) ids.clear();
+    GroupState& state = r.groups[g];
+    if (e.resumed) {
+      state.block_ids.clear();
+      state.block_gens.clear();
+    }
     const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
     if (fresh.empty()) continue;  // most decode steps
-    ids.insert(ids.end(), fresh.begin(), fresh.end());
+    state.block_ids.insert(state.block_ids.end(), fresh.begin(), fresh.end());
+    for (const GpuBlockId id : fresh) state.block_gens.push_back(generation(id));
     // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
     // earlier in this step: with prefix caching requests share GPU blocks.
     fence.collect(fresh, flush);
   }
 }
 
-bool Scheduler::Impl::collect_candidates(const RequestState& r,
-                                         std::span<const std::int64_t> blocks,
-                                         StoreScratch& scratch) const {
-  // An offloaded block is a candidate unless it is entirely null, which its last sub-block
-  // tells (null blocks are a leading run).
-  scratch.candidates.clear();
-  for (std::size_t g = 0; g < layouts.size(); ++g) {
-    scratch.first_candidate[g] = scratch.candidates.size();
-    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
-      if (offloaded_block_real(ids, i, f)) scratch.candidates.push_back(key(r, g, i));
+void Scheduler::Impl::bump_generations(std::span<const ScheduledRequest> scheduled) {
+  for (const ScheduledRequest& e : scheduled) {
+    for (const std::vector<GpuBlockId>& fresh : e.new_block_ids) {
+      for (const GpuBlockId id : fresh) bump_generation(id);
     }
   }
+}
+
+void Scheduler::Impl::drop_reused(RequestState& r, std::span<const std::int64_t> blocks) {
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    GroupState& state = r.groups[g];
+    const auto lo = static_cast<std::size_t>(state.next_stored * f);
+    const auto hi = static_cast<std::size_t>(std::max(state.next_stored, blocks[g]) * f);
+    for (std::size_t p = lo; p < hi; ++p) {
+      const GpuBlockId id = state.block_ids[p];
+      if (id == null_block || state.block_gens[p] == generation(id)) continue;
+      state.block_ids[p] = null_block;  // another owner's block now (vLLM's table has null)
+      ++stats.reused_sub_blocks;
+    }
+  }
+}
+
+bool Scheduler::Impl::collect_candidates(const RequestState& r,
+                                         std::span<const std::int64_t> blocks,
+                                         StoreScratch& scratch) {
+  // SEMANTICS 6.3: a block is a candidate when its last sub-block was written (else there is
+  // nothing at its end: outside the window, or a mamba state never materialised there); it is
+  // stored from the first sub-block of the written run that ends there. A hole inside a
+  // full-attention block cannot be loaded as a prefix: skipped and counted.
+  scratch.candidates.clear();
+  scratch.candidate_block.clear();
+  scratch.candidate_from.clear();
+  scratch.first_candidate.resize(layouts.size() + 1);
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    scratch.first_candidate[g] = scratch.candidates.size();
+    const GpuBlockId* ids = r.groups[g].block_ids.data();
+    const bool windowed = layouts[g].windowed();
+    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
+      const GpuBlockId* sub = ids + i * f;
+      if (sub[f - 1] == null_block) continue;
+      std::int64_t j = f - 1;
+      while (j > 0 && sub[j - 1] != null_block) --j;
+      // Full attention: leading nulls only (stored from j, a miss for the prefix scan as
+      // ever); a written sub-block before a null is a hole no load could ever serve.
+      if (!windowed && std::any_of(sub, sub + j, [](GpuBlockId id) { return id != null_block; })) {
+        ++stats.unsafe_skips;
+        continue;
+      }
+      scratch.candidates.push_back(key(r, g, i));
+      scratch.candidate_block.push_back(i);
+      scratch.candidate_from.push_back(static_cast<std::uint16_t>(j));
+    }
+  }
+  scratch.first_candidate[layouts.size()] = scratch.candidates.size();
   return !scratch.candidates.empty();
 }
 
-void Scheduler::Impl::emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
-                                      StoreScratch& scratch, TransferJob& job) const {
+void Scheduler::Impl::emit_store_job(RequestState& r, StoreScratch& scratch, std::size_t first,
+                                     std::size_t last, StepResult& out) {
   const std::size_t G = layouts.size();
+  TransferJob job;
+  job.id = next_job++;
+  job.kind = JobKind::store;
+  job.request_id = r.id;
   job.gpu.group_sizes.assign(G, 0);
   job.gpu.block_indices.assign(G, 0);
-  job.gpu.block_ids.reserve(job.keys.size() * static_cast<std::size_t>(f));
-  std::size_t placed = 0;
-  // Read through a local pointer: the job's vectors grow in the loop, and the compiler cannot
-  // tell that they never alias the scratch.
-  const std::uint8_t* const stored = scratch.prepared.key_stored.data();
-  scratch.valid_from.clear();
-  for (std::size_t g = 0; g < G; ++g) {
-    const std::vector<GpuBlockId>& ids = r.groups[g].block_ids;
-    bool first = true;
-    std::size_t candidate = scratch.first_candidate[g];
-    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
-      if (!offloaded_block_real(ids, i, f)) continue;
-      // Present already, or below the store threshold: not in this job.
-      if (stored[candidate++] == 0) continue;
-      ++placed;
-      // The block's leading null sub-blocks (outside the window) are skipped; validate_step
-      // rejected a null after a real id, so the rest is one run.
-      const GpuBlockId* sub = ids.data() + i * f;
-      std::int64_t j = 0;
-      while (sub[j] == null_block) ++j;  // the last sub-block is real: this stops
-      scratch.valid_from.push_back(static_cast<std::uint16_t>(j));  // SEMANTICS 6.8
-      job.gpu.block_ids.insert(job.gpu.block_ids.end(), sub + j, sub + f);
-      if (first) {
-        job.gpu.block_indices[g] = i * f + j;
-        first = false;
-      }
-      job.gpu.group_sizes[g] += f - j;
+  job.gpu.block_ids.reserve((last - first) * static_cast<std::size_t>(f));
+  job.keys.assign(scratch.prepared.keys_to_store.begin() + static_cast<std::ptrdiff_t>(first),
+                  scratch.prepared.keys_to_store.begin() + static_cast<std::ptrdiff_t>(last));
+  job.host_block_ids.assign(scratch.prepared.block_ids.begin() + static_cast<std::ptrdiff_t>(first),
+                            scratch.prepared.block_ids.begin() + static_cast<std::ptrdiff_t>(last));
+  std::size_t g = 0;
+  for (std::size_t k = first; k < last; ++k) {
+    const std::size_t c = scratch.stored[k];
+    while (c >= scratch.first_candidate[g + 1]) ++g;
+    const std::int64_t i = scratch.candidate_block[c];
+    const std::int64_t j = scratch.candidate_from[c];
+    const GpuBlockId* sub = r.groups[g].block_ids.data() + i * f;
+    job.gpu.block_ids.insert(job.gpu.block_ids.end(), sub + j, sub + f);
+    if (job.gpu.group_sizes[g] == 0) job.gpu.block_indices[g] = i * f + j;
+    job.gpu.group_sizes[g] += f - j;
+    // SEMANTICS 6.8: its leading sub-blocks keep what the host block held before; the lookup
+    // never serves them.
+    if (j > 0) {
+      manager.set_valid_from(job.host_block_ids[k - first], static_cast<std::uint16_t>(j));
+      ++stats.partial_stores;
     }
   }
-  KVOFFLOAD_ASSERT(placed == job.keys.size(), "store job {}: {} of {} keys placed", job.id, placed,
-                   job.keys.size());
+  JobState& state = add_job(job.id, JobKind::store, r);
+  state.source_ids = job.gpu.block_ids;
+  state.group_sizes = job.gpu.group_sizes;
+  state.host_ids = job.host_block_ids;
+  register_window_sources(state);
+  r.jobs.push_back(job.id);
+  ++stats.store_jobs;
+  check(job);
+  out.store_jobs.push_back(std::move(job));
 }
 
 void Scheduler::Impl::register_window_sources(JobState& state) {
@@ -237,6 +292,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     for (std::size_t g = 0; g < layouts.size(); ++g) r.groups[g].next_stored = blocks[g];
     refresh_idle(r);
   };
+  drop_reused(r, blocks);
   StoreScratch& scratch = store_scratch;
   if (!collect_candidates(r, blocks, scratch)) return advance();
   if (store_pressure) {
@@ -259,33 +315,32 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
   }
   if (scratch.prepared.keys_to_store.empty()) return advance();
 
-  touch_stored(r, blocks, scratch);
-  TransferJob job;
-  job.id = next_job++;
-  job.kind = JobKind::store;
-  job.request_id = r.id;
-  job.keys = std::move(scratch.prepared.keys_to_store);
-  scratch.prepared.keys_to_store.clear();
-  job.host_block_ids = scratch.prepared.block_ids;
-  emit_sub_blocks(r, blocks, scratch, job);
-  // Blocks whose leading sub-blocks were null keep what the host block held before there:
-  // the lookup never serves those sub-blocks (SEMANTICS 6.8).
-  for (std::size_t k = 0; k < scratch.valid_from.size(); ++k) {
-    if (scratch.valid_from[k] == 0) continue;
-    manager.set_valid_from(job.host_block_ids[k], scratch.valid_from[k]);
-    ++stats.partial_stores;
+  touch_stored(r, scratch);
+  scratch.stored.clear();
+  for (std::size_t c = 0; c < scratch.candidates.size(); ++c) {
+    if (scratch.prepared.key_stored[c] != 0) scratch.stored.push_back(c);
   }
+  KVOFFLOAD_ASSERT(scratch.stored.size() == scratch.prepared.keys_to_store.size(),
+                   "request \"{}\": {} of {} keys to store placed", r.id, scratch.stored.size(),
+                   scratch.prepared.keys_to_store.size());
+  // A job's group may start inside its first host block only (SEMANTICS 6.6): a block stored
+  // from a sub-block > 0 after another block of its group starts a new job.
+  std::size_t first = 0;
+  std::vector<std::uint8_t>& seen = scratch.group_seen;
+  seen.assign(layouts.size(), 0);
+  for (std::size_t k = 0; k < scratch.stored.size(); ++k) {
+    const std::size_t c = scratch.stored[k];
+    std::size_t g = 0;
+    while (c >= scratch.first_candidate[g + 1]) ++g;
+    if (scratch.candidate_from[c] > 0 && seen[g] != 0) {
+      emit_store_job(r, scratch, first, k, out);
+      first = k;
+      seen.assign(layouts.size(), 0);
+    }
+    seen[g] = 1;
+  }
+  emit_store_job(r, scratch, first, scratch.stored.size(), out);
   advance();
-
-  JobState& state = add_job(job.id, JobKind::store, r);
-  state.source_ids = job.gpu.block_ids;
-  state.group_sizes = job.gpu.group_sizes;
-  state.host_ids = job.host_block_ids;
-  register_window_sources(state);
-  r.jobs.push_back(job.id);
-  ++stats.store_jobs;
-  check(job);
-  out.store_jobs.push_back(std::move(job));
 }
 
 void Scheduler::Impl::complete(JobState& job, std::vector<CompletedJob>& done) {
@@ -433,12 +488,20 @@ void Scheduler::on_allocated(std::string_view request_id, std::span<const Alloca
   impl_->on_allocated(r, groups, num_external_tokens);
 }
 
+void Scheduler::handed_out(std::span<const GpuBlockId> block_ids) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "handed_out");
+  for (const GpuBlockId id : block_ids) impl_->bump_generation(id);
+}
+
 StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
                                  std::span<const std::string> preempted) {
   KVOFFLOAD_ONE_THREAD(*impl_, "build_step");
   Impl& s = *impl_;
   StepPlan& plan = s.step_plan;
   s.validate_step(scheduled, preempted, plan);
+  // Every block this step hands out starts a new generation before any store is built, so a
+  // store of a request that held one of them before never reads it (SEMANTICS 6.9).
+  s.bump_generations(scheduled);
   StepResult out;
   for (const std::string& id : preempted) {
     const RequestState& r = *s.requests.find(id);
@@ -618,6 +681,8 @@ CacheStats Scheduler::cache_stats() const noexcept {
   c.partial_stores = s.partial_stores;
   c.partial_misses = s.partial_misses;
   c.pressure_skips = s.pressure_skips;
+  c.reused_sub_blocks = s.reused_sub_blocks;
+  c.unsafe_skips = s.unsafe_skips;
   return c;
 }
 

@@ -23,8 +23,13 @@ namespace kvoffload {
 
 struct GroupState {
   std::vector<GpuBlockId> block_ids;  // the request's GPU blocks of this group, nulls included
-  std::int64_t next_stored = 0;       // next offloaded block to store
-  std::int64_t num_hit_blocks = 0;    // offloaded blocks hit at the first lookup
+  // Per block id above: the id's allocation generation when the request got it
+  // (Impl::block_gen). A different generation now means the engine freed the block and gave
+  // it out again (a window or mamba block of a running request): it no longer holds this
+  // request's tokens, and a store treats it as null (SEMANTICS 6.9).
+  std::vector<std::uint32_t> block_gens;
+  std::int64_t next_stored = 0;     // next offloaded block to store
+  std::int64_t num_hit_blocks = 0;  // offloaded blocks hit at the first lookup
   // The host block each key was last seen in (-1: unknown). Every store touches all of the
   // request's keys; checking a remembered block (one compare) is much cheaper than finding
   // the key again in the manager's index. A stale entry is detected and refreshed.
@@ -133,10 +138,13 @@ struct StepPlan {
 /// group), the manager's answer for them, and the touch list built from it.
 struct StoreScratch {
   std::vector<Key> candidates;
-  std::vector<std::size_t> first_candidate;  // per group: its first entry in candidates
-  PreparedStore prepared;                    // prepare_store(candidates)
-  std::vector<HostBlockId> touch_ids;        // touch_stored's list, last group first
-  std::vector<std::uint16_t> valid_from;     // per stored key: its first written sub-block
+  std::vector<std::int64_t> candidate_block;  // per candidate: its offloaded block index
+  std::vector<std::uint16_t> candidate_from;  // per candidate: its first sub-block to copy
+  std::vector<std::size_t> first_candidate;   // per group (and one past): first in candidates
+  std::vector<std::size_t> stored;            // candidates prepare_store took, in order
+  std::vector<std::uint8_t> group_seen;       // build_store: groups in the job being cut
+  PreparedStore prepared;                     // prepare_store(candidates)
+  std::vector<HostBlockId> touch_ids;         // touch_stored's list, last group first
 };
 
 struct Scheduler::Impl {
@@ -181,6 +189,17 @@ struct Scheduler::Impl {
   /// back (vLLM 0.33's load window). The lookup, the load check and the tiers all use it.
   [[nodiscard]] std::int64_t load_window(std::size_t g, std::int64_t end) const noexcept;
 
+  /// SEMANTICS 5: where a mamba load ending at offloaded block n_off - 1's end starts: the
+  /// engine's first block to load, or the block's first written sub-block if that is later
+  /// (the engine reads only the state in the last sub-block).
+  [[nodiscard]] std::int64_t mamba_load_from(const RequestState& r, std::size_t g,
+                                             std::int64_t local, std::int64_t n_off) const {
+    std::uint16_t valid_from = 0;
+    if (n_off <= 0 || manager.peek(key(r, g, n_off - 1), valid_from) == LookupResult::miss)
+      return local;
+    return std::max(local, (n_off - 1) * f + valid_from);
+  }
+
   // scheduler.cpp
   void on_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                     std::int64_t num_external_tokens);
@@ -189,13 +208,28 @@ struct Scheduler::Impl {
   void build_store(RequestState& r, const ScheduledRequest& entry,
                    std::span<const std::int64_t> blocks, StepResult& out);
   void append_new_blocks(RequestState& r, const ScheduledRequest& entry);
-  /// Fills scratch.candidates and first_candidate; returns false if there is none.
+  /// Nulls the request's sub-blocks in the store range that the engine has given out again
+  /// since the request got them (SEMANTICS 6.9), counting them in reused_sub_blocks.
+  void drop_reused(RequestState& r, std::span<const std::int64_t> blocks);
+  /// Fills scratch's candidates (SEMANTICS 6.3: each block's written trailing run; a
+  /// full-attention block with a hole is skipped and counted); false if there is none.
   bool collect_candidates(const RequestState& r, std::span<const std::int64_t> blocks,
-                          StoreScratch& scratch) const;
-  /// The store job's GPU side: the stored candidates' sub-blocks, leading nulls skipped and
-  /// counted nowhere (SEMANTICS 6.3).
-  void emit_sub_blocks(const RequestState& r, std::span<const std::int64_t> blocks,
-                       StoreScratch& scratch, TransferJob& job) const;
+                          StoreScratch& scratch);
+  /// Every id the engine allocated this step (or handed a load) starts a new generation.
+  void bump_generations(std::span<const ScheduledRequest> scheduled);
+  void bump_generation(GpuBlockId id) {
+    if (id <= 0) return;
+    const auto at = static_cast<std::size_t>(id);
+    if (at >= block_gen.size()) block_gen.resize(std::max(at + 1, 2 * block_gen.size()), 0);
+    ++block_gen[at];
+  }
+  [[nodiscard]] std::uint32_t generation(GpuBlockId id) const noexcept {
+    const auto at = static_cast<std::size_t>(id);
+    return id > 0 && at < block_gen.size() ? block_gen[at] : 0;
+  }
+  /// One store job of candidates scratch.stored[k] for k in [first, last) (SEMANTICS 6.6).
+  void emit_store_job(RequestState& r, StoreScratch& scratch, std::size_t first, std::size_t last,
+                      StepResult& out);
   /// Fences the job's window-group sources at once (full-attention ones at finish).
   void register_window_sources(JobState& state);
   void complete(JobState& job, std::vector<CompletedJob>& done);
@@ -223,7 +257,7 @@ struct Scheduler::Impl {
     r.idle_hi = hi;
   }
   /// touch() right after prepare_store, reusing the blocks it found for the candidates.
-  void touch_stored(RequestState& r, std::span<const std::int64_t> blocks, StoreScratch& scratch);
+  void touch_stored(RequestState& r, StoreScratch& scratch);
   void check(const TransferJob& job) const;
   /// Calls f(block) for each source id of a store job in groups that are (windowed == true)
   /// or are not windowed.
@@ -284,6 +318,8 @@ struct Scheduler::Impl {
   std::uint64_t epoch = 0;  // weights_epoch(config.weights), or reset_cache's
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight
   BlockReuseFence fence;  // GPU block id -> store jobs still reading it
+  // GPU block id -> how often the engine has allocated it (bump_generation); grows on demand.
+  std::vector<std::uint32_t> block_gen;
 
   // The tiers below the host cache: null without (and then never touched).
   std::unique_ptr<TierCoordinator> tiers;

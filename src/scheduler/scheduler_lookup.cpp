@@ -183,7 +183,10 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
   if (is_new) {
     r.looked_up = true;
   } else {
-    for (GroupState& g : r.groups) g.block_ids.clear();
+    for (GroupState& g : r.groups) {
+      g.block_ids.clear();
+      g.block_gens.clear();
+    }
   }
   r.num_local_tokens = num_computed_tokens;
   ++stats.lookups;

@@ -92,12 +92,16 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                       "alloc: request \"{}\" group {}: {} tokens need {} offloaded blocks, the "
                       "request has keys for {}",
                       r.id, g, cached, n_off, num_keys(r, g));
-    for (std::int64_t i = local; i < n_gpu; ++i) {
+    // A mamba load copies only the written sub-blocks of its one block (the engine reads the
+    // last state alone): it starts at the block's valid_from if the engine asked for more.
+    const std::int64_t from =
+        layout.kind == GroupKind::mamba ? mamba_load_from(r, g, local, n_off) : local;
+    for (std::int64_t i = from; i < n_gpu; ++i) {
       const GpuBlockId id = group.block_ids[static_cast<std::size_t>(i)];
       KVOFFLOAD_EXPECTS(id > 0, "alloc: request \"{}\" group {}: block {} to load is {}", r.id, g,
                         i, id == null_block ? "the null block" : "negative");
     }
-    for (std::int64_t i = local / f; i < n_off; ++i) {
+    for (std::int64_t i = from / f; i < n_off; ++i) {
       const Key k = key(r, g, i);
       std::uint16_t valid_from = 0;
       const LookupResult found = manager.peek(k, valid_from);
@@ -107,7 +111,7 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                         r.id, g, to_string(k), i,
                         found == LookupResult::miss ? "not in the host cache" : "being stored");
       // SEMANTICS 6.8: a load never reads a sub-block that no store wrote.
-      const std::int64_t first_read = std::max<std::int64_t>(0, local - i * f);
+      const std::int64_t first_read = std::max<std::int64_t>(0, from - i * f);
       KVOFFLOAD_EXPECTS(first_read >= valid_from,
                         "alloc: request \"{}\" group {}: key {} (offloaded block {}) was stored "
                         "from sub-block {} on; loading from sub-block {} would read sub-blocks "
@@ -219,41 +223,8 @@ void Scheduler::Impl::validate_entry(const ScheduledRequest& e, std::uint64_t h,
     KVOFFLOAD_EXPECTS(static_cast<std::int64_t>(base + fresh.size()) >= n * f,
                       "step: request \"{}\" group {}: {} GPU blocks, {} offloaded blocks need {}",
                       r.id, g, base + fresh.size(), n, n * f);
-    // Null blocks form a leading run (outside the window); a null after a real block would
-    // make the job copy a hole.
-    // The range [s * f, n * f) of the block list after the append, in its two parts.
-    const auto lo = static_cast<std::size_t>(s * f), hi = static_cast<std::size_t>(n * f);
-    const GpuBlockId* old_first = old.data() + std::min(lo, base);
-    const GpuBlockId* old_last = old.data() + std::min(hi, base);
-    const GpuBlockId* fresh_first = fresh.data() + (std::max(lo, base) - base);
-    const GpuBlockId* fresh_last = fresh.data() + (std::max(hi, base) - base);
-    auto real = [](GpuBlockId id) { return id != null_block; };
-    const GpuBlockId* first_real = std::find_if(old_first, old_last, real);
-    const GpuBlockId* null_after = nullptr;
-    if (first_real != old_last) {
-      null_after = std::find(first_real, old_last, null_block);
-      if (null_after == old_last) {
-        null_after = std::find(fresh_first, fresh_last, null_block);
-        if (null_after == fresh_last) null_after = nullptr;
-      }
-    } else {
-      first_real = std::find_if(fresh_first, fresh_last, real);
-      if (first_real != fresh_last) {
-        null_after = std::find(first_real, fresh_last, null_block);
-        if (null_after == fresh_last) null_after = nullptr;
-      }
-    }
-    if (null_after != nullptr) [[unlikely]] {
-      // Null blocks form a leading run (outside the window); a null after a real block
-      // would make the job copy a hole.
-      const auto p = null_after >= old.data() && null_after < old.data() + old.size()
-                         ? static_cast<std::int64_t>(null_after - old.data())
-                         : static_cast<std::int64_t>(
-                               base + static_cast<std::size_t>(null_after - fresh.data()));
-      throw invalid_argument(fmt::format(
-          "step: request \"{}\" group {}: null GPU block at position {} after a non-null one", r.id,
-          g, p));
-    }
+    // Nulls may stand anywhere in the range (vLLM's align-mode mamba tables, window blocks
+    // freed while the request runs): build_store stores what was written (SEMANTICS 6.3).
   }
   plan.idle.push_back(idle ? 1 : 0);
 }

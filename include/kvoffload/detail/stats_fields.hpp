@@ -28,7 +28,9 @@
   X(failed_stores)                      \
   X(partial_stores)                     \
   X(partial_misses)                     \
-  X(pressure_skips)
+  X(pressure_skips)                     \
+  X(reused_sub_blocks)                  \
+  X(unsafe_skips)
 
 // TierStats's fields (Scheduler::tier_stats), for the front ends likewise.
 #define KVOFFLOAD_TIER_STATS_FIELDS(X) \
