@@ -1,8 +1,9 @@
 // Property test: the library's synthetic engine (tools/sim) drives the scheduler, a real worker
 // and its HostBackend over random hybrid configurations (1-4 groups, factors 1-16, small host
 // pools that force eviction, 1-3 workers reporting piecemeal, failed reports and failed
-// copies, GPU prefix-cache hits, preemptions, GPU block reuse, reset_cache), and this test's
-// oracle checks after every step:
+// copies, GPU prefix-cache hits, preemptions, GPU block reuse, reset_cache, and block tables as
+// vLLM makes them: window blocks and mamba states freed while the request runs and handed to
+// other requests at once, align-mode mamba pads), and this test's oracle checks after every step:
 //  - every job satisfies the SEMANTICS 6 invariants (check_job_invariants);
 //  - job keys and host blocks agree with the manager (stores writing, loads ready and read);
 //  - a key is a hit exactly when a store of it succeeded and it was not evicted since (a model

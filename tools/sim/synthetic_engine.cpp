@@ -240,6 +240,31 @@ bool SyntheticEngine::Impl::try_start(Request& r) {
   return true;
 }
 
+void SyntheticEngine::Impl::free_skipped(Request& r) {
+  // Blocks of a GPU prefix hit get their data in the request's first step: not before.
+  if (!r.local_data.empty()) return;
+  const auto& layouts = scheduler->layouts();
+  for (std::size_t g = 0; g < layouts.size(); ++g) {
+    const GroupLayout& L = layouts[g];
+    if (!L.windowed()) continue;
+    std::vector<GpuBlockId>& table = r.table[g];
+    // vLLM's get_num_skipped_tokens: a window group reads the last sliding_window - 1 tokens;
+    // align-mode mamba keeps its latest state block and retires older ones by and by.
+    const bool window = L.kind == GroupKind::sliding_window;
+    const std::int64_t keep_from =
+        window ? std::max<std::int64_t>(0, r.computed - config.groups[g].sliding_window + 1) /
+                     L.gpu_block_size
+               : (r.computed + L.gpu_block_size - 1) / L.gpu_block_size - 1;
+    const auto end =
+        std::min(table.size(), static_cast<std::size_t>(std::max<std::int64_t>(0, keep_from)));
+    for (std::size_t k = 0; k < end; ++k) {
+      if (table[k] == null_block || (!window && !chance(0.5))) continue;
+      free_ids.push_back(table[k]);
+      table[k] = null_block;
+    }
+  }
+}
+
 void SyntheticEngine::Impl::restart(Request& r) {
   r.prompt = std::max(r.prompt, r.num_tokens - 1);  // recompute everything known
   free_blocks(r);

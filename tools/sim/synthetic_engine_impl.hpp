@@ -160,6 +160,10 @@ struct SyntheticEngine::Impl {
     }
   }
 
+  /// vllm_tables: vLLM's remove_skipped_blocks for a running request before this step's
+  /// allocations (SimConfig::vllm_tables).
+  void free_skipped(Request& r);
+
   void admit();
 
   void send_hashes(Request& r);
@@ -215,7 +219,8 @@ struct SyntheticEngine::Impl {
       for (std::size_t g = 0; g < layouts.size(); ++g) {
         const std::int64_t gbs = layouts[g].gpu_block_size;
         for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
-          written.insert(r.table[g][static_cast<std::size_t>(k)]);
+          const GpuBlockId id = r.table[g][static_cast<std::size_t>(k)];
+          if (id != null_block) written.insert(id);  // a mamba pad holds nothing
         }
       }
     }

@@ -162,6 +162,11 @@ void SyntheticEngine::Impl::step() {
 
   std::vector<ScheduledRequest> entries;
   const auto& layouts = scheduler->layouts();
+  // vLLM frees window blocks (and retired mamba states) of running requests before it
+  // allocates: the ids go to whoever allocates next, in this step (issue 54 (c)).
+  if (config.vllm_tables) {
+    for (const std::string& id : running) free_skipped(requests.at(id));
+  }
   for (const std::string& id : running) {
     Request& r = requests.at(id);
     const std::int64_t left = r.prompt - r.computed;
@@ -174,7 +179,12 @@ void SyntheticEngine::Impl::step() {
     for (std::size_t g = 0; g < layouts.size(); ++g) {
       const std::int64_t gbs = layouts[g].gpu_block_size;
       const auto need = static_cast<std::size_t>((r.computed + nst + gbs - 1) / gbs);
-      while (r.table[g].size() < need) r.table[g].push_back(alloc_block());
+      // vLLM's align-mode mamba: the state lands in the step's last block; the positions it
+      // passes over are null pads (a table like [0, 0, hit, 0, state]).
+      const bool pads = config.vllm_tables && layouts[g].kind == GroupKind::mamba;
+      while (r.table[g].size() < need) {
+        r.table[g].push_back(pads && r.table[g].size() + 1 < need ? null_block : alloc_block());
+      }
       e.new_block_ids.emplace_back(r.table[g].begin() + static_cast<std::ptrdiff_t>(r.sent[g]),
                                    r.table[g].end());
       r.sent[g] = r.table[g].size();
@@ -251,6 +261,7 @@ void SyntheticEngine::Impl::step() {
       const std::int64_t gbs = layouts[g].gpu_block_size;
       for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
         const GpuBlockId id = r.table[g][static_cast<std::size_t>(k)];
+        if (id == null_block) continue;  // a mamba pad
         gpu_unwritten.erase(id);
         for (std::size_t t = 0; t < static_cast<std::size_t>(2 * config.layers); ++t) {
           const std::uint64_t seed = (k + 1) * gbs <= end
