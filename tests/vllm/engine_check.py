@@ -41,6 +41,10 @@ so the scheduler-side connector's kv.Scheduler stats can be read), several scena
              cache, runs B sharing A's first 256 tokens and must promote them from the cluster;
              engine 3, with another secret, must find nothing; engine 1, after
              reset_prefix_cache, must find nothing either. Tokens identical in all three
+  tables     issue 54's block tables (tests/vllm/engine_tables.py): pure Mamba2 and a NemotronH
+             hybrid after an ordinary prefix hit (nulls between mamba states), chunked prefill
+             leaving holes inside mamba host blocks (f = 2, 3), and window blocks that vLLM
+             frees and gives to another request while a store of them waits for room
   server     python -m vllm.entrypoints.openai.api_server (engine core in its own process),
              127.0.0.1, --skip-tokenizer-init, 24 concurrent token-id requests over 3 system
              prompts, with and without the connector; hits from usage and /metrics
@@ -62,6 +66,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+
+import engine_tables
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK = 32  # vLLM's CPU attention wants multiples of 32
@@ -332,8 +338,8 @@ def sc_wrongload(ctx):
 SCENARIOS = {"prefix": sc_prefix, "straddle": sc_straddle, "evict": sc_evict,
              "preempt": sc_preempt, "wrongload": sc_wrongload,
              "shared-store": sc_shared_store, "shared-load": sc_shared_load,
-             "tick": sc_tick, "salt": sc_salt, "cap": sc_cap}
-CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "disk",
+             "tick": sc_tick, "salt": sc_salt, "cap": sc_cap, **engine_tables.SCENARIOS}
+CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "tables", "disk",
           "shared", "server"]
 
 
@@ -353,6 +359,8 @@ def engine_main(spec_path, out_path):
               max_num_seqs=16)
     if spec.get("gpu_blocks"):
         kw["num_gpu_blocks_override"] = spec["gpu_blocks"]
+    if spec.get("max_num_batched_tokens"):
+        kw["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
     if spec.get("events"):
         from vllm.config import KVEventsConfig
         kw["kv_events_config"] = KVEventsConfig(enable_kv_cache_events=True, publisher="null")
@@ -589,6 +597,9 @@ def main(wanted):
                     line(f"{label}: identical tokens and logprobs over {len(got)} requests "
                          f"(max |logprob diff| {worst:.3g}); {hits}{extra}")
 
+    if "tables" in engine:
+        tables = dict(models, **{k: engine_tables.model_dir(k, root) for k in ("mamba2", "nemotron")})
+        engine_tables.tables_check(root, tables, run_engine, compare, BLOCK, line)
     if "disk" in engine:
         disk_check(models["llama"], root, base["llama"], line)
     if "shared" in engine:
