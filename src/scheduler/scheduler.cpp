@@ -132,7 +132,9 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
     if (pending > 0) {
       // A mamba load copies only what its block's store wrote (SEMANTICS 5).
       const std::int64_t from =
-          layout.kind == GroupKind::mamba ? mamba_load_from(r, g, local, n_off) : local;
+          layout.kind == GroupKind::mamba
+              ? mamba_load_from(r, g, local, n_off, n_gpu, groups[g].block_ids)
+              : local;
       for (std::int64_t i = from / f; i < n_off; ++i) job.keys.push_back(key(r, g, i));
       const auto& ids = groups[g].block_ids;
       job.gpu.block_ids.insert(job.gpu.block_ids.end(), ids.begin() + from, ids.begin() + n_gpu);

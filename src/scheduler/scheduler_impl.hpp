@@ -189,15 +189,21 @@ struct Scheduler::Impl {
   /// back (vLLM 0.33's load window). The lookup, the load check and the tiers all use it.
   [[nodiscard]] std::int64_t load_window(std::size_t g, std::int64_t end) const noexcept;
 
-  /// SEMANTICS 5: where a mamba load ending at offloaded block n_off - 1's end starts: the
-  /// engine's first block to load, or the block's first written sub-block if that is later
-  /// (the engine reads only the state in the last sub-block).
+  /// SEMANTICS 5: where a mamba load ending at offloaded block n_off - 1's end (GPU block
+  /// n_gpu - 1) starts: the engine's first block to load, or the block's first written
+  /// sub-block if that is later, and past any null destination before the last (the engine
+  /// reads only the state in the last sub-block; vLLM's align mode may pad with nulls).
   [[nodiscard]] std::int64_t mamba_load_from(const RequestState& r, std::size_t g,
-                                             std::int64_t local, std::int64_t n_off) const {
+                                             std::int64_t local, std::int64_t n_off,
+                                             std::int64_t n_gpu,
+                                             std::span<const GpuBlockId> ids) const {
     std::uint16_t valid_from = 0;
-    if (n_off <= 0 || manager.peek(key(r, g, n_off - 1), valid_from) == LookupResult::miss)
-      return local;
-    return std::max(local, (n_off - 1) * f + valid_from);
+    std::int64_t from = local;
+    if (n_off > 0 && manager.peek(key(r, g, n_off - 1), valid_from) != LookupResult::miss)
+      from = std::max(local, (n_off - 1) * f + valid_from);
+    std::int64_t start = n_gpu - 1;  // the trailing run of real ids, within [from, n_gpu)
+    while (start > from && ids[static_cast<std::size_t>(start - 1)] != null_block) --start;
+    return ids[static_cast<std::size_t>(n_gpu - 1)] == null_block ? from : std::max(from, start);
   }
 
   // scheduler.cpp

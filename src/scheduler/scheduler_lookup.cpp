@@ -209,6 +209,11 @@ std::optional<std::int64_t> Scheduler::Impl::lookup(RequestState& r,
     return std::nullopt;
   };
 
+  // A request looked up again while stores of it still run (preempted, its stores flushed
+  // but not yet reported): a load now would be refused by on_allocated, inside the engine's
+  // step. Retry later, as vLLM's own connector does (issue 54).
+  if (!r.jobs.empty()) return defer();
+
   std::int64_t hit = 0;
   if (!tiers) return scan(r, nct, hit, nullptr) ? finish(hit) : defer();
 

@@ -94,8 +94,9 @@ void Scheduler::Impl::validate_allocated(RequestState& r, std::span<const Alloca
                       r.id, g, cached, n_off, num_keys(r, g));
     // A mamba load copies only the written sub-blocks of its one block (the engine reads the
     // last state alone): it starts at the block's valid_from if the engine asked for more.
-    const std::int64_t from =
-        layout.kind == GroupKind::mamba ? mamba_load_from(r, g, local, n_off) : local;
+    const std::int64_t from = layout.kind == GroupKind::mamba
+                                  ? mamba_load_from(r, g, local, n_off, n_gpu, group.block_ids)
+                                  : local;
     for (std::int64_t i = from; i < n_gpu; ++i) {
       const GpuBlockId id = group.block_ids[static_cast<std::size_t>(i)];
       KVOFFLOAD_EXPECTS(id > 0, "alloc: request \"{}\" group {}: block {} to load is {}", r.id, g,

@@ -230,3 +230,26 @@ TEST_CASE("Issue 54 (c): a block the engine overwrites outside the step's new id
   CHECK(retry.store_jobs[0].gpu.block_ids == std::vector<GpuBlockId>{201, 202, 302});
   CHECK(h.s.stats().reused_sub_blocks == 1);
 }
+
+TEST_CASE("A mamba load skips null destinations before the block that receives the state",
+          "[scheduler][alloc][holes]") {
+  // vLLM's align mode pads with nulls; a load into [.., 61, 0, 63] must not be refused for the
+  // null: only the last block's state is read, so the load copies that one.
+  Harness h(make_config({full(16), mamba(16)}, 3, 64));
+  const auto hashes = chain_hashes("pad", 6);
+  REQUIRE(h.lookup("A", hashes, 100, 0) == 0);
+  h.alloc_none("A");
+  const StepResult a = h.step("A", 0, 96, {ids(1, 6), {0, 0, 0, 53, 54, 55}});
+  REQUIRE(a.store_jobs.size() == 1);
+  h.complete(a.store_jobs[0].id);
+  REQUIRE(h.lookup("C", extend_hashes(hashes, "C", 7), 120, 0) == 96);
+  REQUIRE_NOTHROW(
+      h.s.on_allocated("C", allocation({ids(21, 7), {0, 0, 0, 61, 0, 63, 64}}, {0, 3}), 96));
+  const StepResult s = h.s.build_step({});
+  REQUIRE(s.load_jobs.size() == 1);
+  const TransferJob& load = s.load_jobs[0];
+  CHECK(load.gpu.block_ids == std::vector<GpuBlockId>{21, 22, 23, 24, 25, 26, 63});
+  CHECK(load.gpu.group_sizes == std::vector<std::int64_t>{6, 1});
+  CHECK(load.gpu.block_indices == std::vector<std::int64_t>{0, 5});
+  CHECK_NOTHROW(check_job_invariants(load, 2, 3));
+}

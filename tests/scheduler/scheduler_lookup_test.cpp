@@ -219,3 +219,28 @@ TEST_CASE("A lookup answering 0 still records the hit blocks and touches the req
   REQUIRE(removed[0].removed);
   CHECK(removed[0].keys == std::vector<Key>{Key{hashes[0], 0}});
 }
+
+TEST_CASE("A preempted request whose stores still run is asked to retry, not given a load",
+          "[scheduler][lookup]") {
+  // Issue 54: vLLM may look a preempted request up again before its flushed stores are
+  // reported; a hit then made on_allocated refuse the load inside the engine's step ("has 1
+  // job(s) in flight"). vLLM's own connector delays such a request; so does kvoffload.
+  Harness h(fa());
+  const auto hashes = chain_hashes("pre", 5);
+  REQUIRE(h.lookup("A", hashes, 80, 0) == 0);
+  h.alloc_none("A");
+  const StepResult s1 = h.step("A", 0, 64, {ids(1, 4)});
+  REQUIRE(s1.store_jobs.size() == 1);
+  h.complete(s1.store_jobs[0].id);  // blocks 0-3 ready
+  const StepResult s2 = h.step("A", 64, 16, {ids(5, 1)});
+  REQUIRE(s2.store_jobs.size() == 1);  // block 4, still in flight
+  const std::vector<std::string> preempted{"A"};
+  const StepResult s3 = h.s.build_step({}, preempted);
+  CHECK(s3.flush == std::vector<JobId>{s2.store_jobs[0].id});
+  h.s.limit_loads("A", 64);  // blocks 0-3 only: without the rule this is a 64-token hit
+  CHECK_FALSE(h.s.lookup("A", 0).has_value());
+  h.complete(s2.store_jobs[0].id);
+  REQUIRE(h.s.lookup("A", 0) == 64);
+  std::vector<AllocatedGroup> groups{{ids(11, 5), 0}};
+  CHECK_NOTHROW(h.s.on_allocated("A", groups, 64));
+}
