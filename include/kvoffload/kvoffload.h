@@ -462,6 +462,12 @@ kvoffload_scheduler_get_stats(kvoffload_scheduler_t scheduler, kvoffload_schedul
  * workers' latest kvoffload_worker_store_pressure (any worker's). */
 KVOFFLOAD_C_API kvoffload_status_t
 kvoffload_scheduler_set_store_pressure(kvoffload_scheduler_t scheduler, int on);
+/* Scheduler::handed_out (semantics 6.9): GPU blocks the engine hands out or overwrites this step
+ * without listing them in any request's new block ids (copy-on-write destinations, say). Stores
+ * built from now on leave them out of every request that held them before. Call before the
+ * step's build_step. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_handed_out(
+    kvoffload_scheduler_t scheduler, const kvoffload_block_id_t* block_ids, size_t num_block_ids);
 
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_step_num_jobs(kvoffload_step_t step,
                                                            kvoffload_job_kind_t kind,

@@ -273,6 +273,13 @@ class Scheduler:
         steps build no store jobs; the blocks they skip are counted in pressure_skips."""
         self._s.set_store_pressure(bool(on))
 
+    def handed_out(self, block_ids: Sequence[int]) -> None:
+        """GPU blocks the engine hands out or overwrites this step without listing them in any
+        request's new block ids (copy-on-write destinations): stores built from now on leave
+        them out of every request that held them before (docs/semantics.md 6.9). Call before
+        the step's build_step."""
+        self._s.handed_out([int(b) for b in block_ids])
+
     def reset_cache(self, weights: Optional[str] = None) -> None:
         """Drops the host cache. ``weights``: the new weights' identity, needed with tiers:
         every tier's old blocks become unreachable in the same call, and blocks stored from

@@ -313,6 +313,9 @@ void bind_scheduler(nb::module_& m) {
       .def("limit_stores", &Scheduler::limit_stores, "request_id"_a, "max_tokens"_a)
       .def("limit_loads", &Scheduler::limit_loads, "request_id"_a, "max_tokens"_a)
       .def("set_store_pressure", &Scheduler::set_store_pressure, "on"_a)
+      .def(
+          "handed_out", [](Scheduler& s, const std::vector<GpuBlockId>& ids) { s.handed_out(ids); },
+          "block_ids"_a)
       .def("store_pressure", &Scheduler::store_pressure)
       .def("reset_cache", [](Scheduler& s) { s.reset_cache(); })
       .def(

@@ -113,3 +113,28 @@ def test_jobs_pickle_for_other_processes():
     bad[1] = "move"
     with pytest.raises(kv.InvalidArgument, match="kind"):
         kv.Job.__new__(kv.Job).__setstate__(tuple(bad))
+
+
+def test_a_store_leaves_out_a_block_handed_out_again():
+    """docs/semantics.md 6.9: a store retried for room never reads a block the engine gave out
+    again since, whether a step's new ids, on_allocated or handed_out() said so."""
+    cfg = kv.SchedulerConfig(
+        groups=[kv.GroupConfig("full_attention", 16),
+                kv.GroupConfig("sliding_window", 16, sliding_window=16)],
+        block_size_factor=1, host_blocks=4)
+    s = kv.Scheduler(cfg)
+    none = [kv.AllocatedGroup([]), kv.AllocatedGroup([])]
+    s.update_request("a", 64, block_hashes("a", 4))
+    s.lookup("a", 0)
+    s.on_allocated("a", none, 0)
+    a = s.build_step([kv.ScheduledRequest("a", 0, 32, [[1, 2], [101, 102]])]).store_jobs
+    assert len(a) == 1 and len(a[0].keys) == 4  # the whole host cache, still being written
+    s.update_request("b", 64, block_hashes("b", 4))
+    s.lookup("b", 0)
+    s.on_allocated("b", none, 0)
+    assert s.build_step([kv.ScheduledRequest("b", 0, 32, [[201, 202], [301, 302]])]).store_jobs == []
+    s.handed_out([301])  # a copy-on-write destination, say
+    s.on_completed([kv.JobReport(a[0].id)])
+    retry = s.build_step([kv.ScheduledRequest("b", 33, 1, [[], []])]).store_jobs
+    assert len(retry) == 1 and list(retry[0].gpu_block_ids) == [201, 202, 302]
+    assert s.stats()["reused_sub_blocks"] == 1

@@ -334,6 +334,18 @@ kvoffload_status_t kvoffload_scheduler_set_store_pressure(kvoffload_scheduler_t 
   });
 }
 
+kvoffload_status_t kvoffload_scheduler_handed_out(kvoffload_scheduler_t s,
+                                                  const kvoffload_block_id_t* block_ids,
+                                                  size_t num_block_ids) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_scheduler_handed_out";
+    require(s, fn, "scheduler");
+    require_array(block_ids, num_block_ids, fn, "block_ids");
+    if (num_block_ids == 0) return;
+    s->scheduler.handed_out(std::span(block_ids, num_block_ids));
+  });
+}
+
 kvoffload_status_t kvoffload_step_num_jobs(kvoffload_step_t step, kvoffload_job_kind_t kind,
                                            size_t* num_jobs) {
   return guard([&] {

@@ -217,6 +217,16 @@ static void errors(void) {
   FAILS_WITH(kvoffload_scheduler_set_store_pressure(NULL, 1), KVOFFLOAD_INVALID_ARGUMENT,
              "scheduler");
   OK(kvoffload_scheduler_set_store_pressure(s, 0));
+  {
+    const kvoffload_block_id_t copied[2] = {5, 6};
+    OK(kvoffload_scheduler_handed_out(s, copied, 2));
+    OK(kvoffload_scheduler_handed_out(s, NULL, 0));
+    FAILS_WITH(kvoffload_scheduler_handed_out(s, NULL, 2), KVOFFLOAD_INVALID_ARGUMENT, "block_ids");
+    FAILS_WITH(kvoffload_scheduler_handed_out(NULL, copied, 2), KVOFFLOAD_INVALID_ARGUMENT,
+               "scheduler");
+    OK(kvoffload_scheduler_get_stats(s, &stats));
+    CHECK(stats.reused_sub_blocks == 0 && stats.unsafe_skips == 0);
+  }
   OK(kvoffload_scheduler_destroy(s));
 
   /* Worker: bad layouts, jobs outside it, the CUDA backend without CUDA, a pool too large. */
