@@ -78,6 +78,7 @@ kvsim::SimConfig random_config(std::uint64_t seed, std::int64_t steps, const cha
   c.staggered_reports = true;
   c.copy_threads = 1;
   c.defer_stores = chance(0.5);
+  c.mamba_pads = chance(0.5);  // vLLM's align-mode tables: nulls between mamba states
   if (chance(0.3)) {
     c.faulty = true;
     c.faults.seed = rng();
@@ -101,6 +102,7 @@ std::string describe(const kvsim::SimConfig& c) {
   d.append(" policy=").append(c.policy);
   d.append(" store_threshold=").append(std::to_string(c.store_threshold));
   d.append(" faulty=").append(std::to_string(c.faulty));
+  d.append(" mamba_pads=").append(std::to_string(c.mamba_pads));
   return d;
 }
 

@@ -104,10 +104,14 @@ struct SimConfig {
   /// Block tables as vLLM makes them (issue 54): before each step's allocations, window blocks
   /// wholly before the window of the computed tokens are freed (vLLM's remove_skipped_blocks)
   /// and go back to the free list, where the next allocation, another request's in this very
-  /// step, takes them at once; mamba groups allocate like vLLM's align mode (a step's new
-  /// positions are null pads but the last, which receives the state) and retire older states
-  /// now and then. The engine's copy of a table shows the nulls; the scheduler learns of none.
+  /// step, takes them at once; mamba groups retire older states now and then. The engine's copy
+  /// of a table shows the nulls; the scheduler learns of none.
   bool vllm_tables = true;
+  /// Mamba groups allocate like vLLM's align mode: a step's new positions are null pads but
+  /// the last, which receives the state ([0, 0, hit, 0, state]). At f > 1 most mamba blocks are
+  /// then stored partly written, and those never go to a tier (docs/semantics.md 6.8): off by
+  /// default so the demo's tiers see mamba blocks; the property test turns it on at random.
+  bool mamba_pads = false;
   /// Every job and every shared-tier existence check finishes in the step that started it
   /// (the engine waits for them): a run is then a function of its seed and the tiers'
   /// contents, not of timing, so two runs can be compared block for block (the two-process

@@ -181,7 +181,7 @@ void SyntheticEngine::Impl::step() {
       const auto need = static_cast<std::size_t>((r.computed + nst + gbs - 1) / gbs);
       // vLLM's align-mode mamba: the state lands in the step's last block; the positions it
       // passes over are null pads (a table like [0, 0, hit, 0, state]).
-      const bool pads = config.vllm_tables && layouts[g].kind == GroupKind::mamba;
+      const bool pads = config.mamba_pads && layouts[g].kind == GroupKind::mamba;
       while (r.table[g].size() < need) {
         r.table[g].push_back(pads && r.table[g].size() + 1 < need ? null_block : alloc_block());
       }
