@@ -152,7 +152,8 @@ struct CacheStats {
   /// out again (to another request, or the same one) before the store was built; the store
   /// leaves them out (a window block freed by vLLM's remove_skipped_blocks, say). And blocks
   /// not stored because what was written of them could never be served: a full-attention
-  /// block with a null or handed-out sub-block.
+  /// block with a hole (a null or handed-out sub-block before a written one; a block whose
+  /// last sub-block is null holds nothing to store and is not counted).
   std::uint64_t reused_sub_blocks = 0;
   std::uint64_t unsafe_skips = 0;
 };

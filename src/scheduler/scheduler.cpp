@@ -111,11 +111,15 @@ void Scheduler::Impl::on_allocated(RequestState& r, std::span<const AllocatedGro
   // tokens to compute), possibly blocks another request held a moment ago: a pending store of
   // that request must no longer read them (SEMANTICS 6.9). A request waiting for its load is
   // not in a step's entries until the load is done, so this is where its blocks are seen.
+  // A store still reading one of them (a window block freed by its request, a finished
+  // request's block) must finish before the new owner writes it: the load, or the forward pass
+  // of this step (SEMANTICS 6.7).
   for (const AllocatedGroup& group : groups) {
     const auto first = static_cast<std::size_t>(std::clamp<std::int64_t>(
         group.num_computed_blocks, 0, static_cast<std::int64_t>(group.block_ids.size())));
-    for (std::size_t i = first; i < group.block_ids.size(); ++i)
-      bump_generation(group.block_ids[i]);
+    const std::span<const GpuBlockId> fresh = std::span(group.block_ids).subspan(first);
+    for (const GpuBlockId id : fresh) bump_generation(id);
+    fence.collect(fresh, flush);
   }
   if (num_external_tokens == 0) return;
   const std::int64_t cached = r.num_local_tokens + num_external_tokens;
@@ -493,6 +497,7 @@ void Scheduler::on_allocated(std::string_view request_id, std::span<const Alloca
 void Scheduler::handed_out(std::span<const GpuBlockId> block_ids) {
   KVOFFLOAD_ONE_THREAD(*impl_, "handed_out");
   for (const GpuBlockId id : block_ids) impl_->bump_generation(id);
+  impl_->fence.collect(block_ids, impl_->flush);  // stores still reading them finish first
 }
 
 StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
@@ -500,14 +505,19 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   KVOFFLOAD_ONE_THREAD(*impl_, "build_step");
   Impl& s = *impl_;
   StepPlan& plan = s.step_plan;
-  s.validate_step(scheduled, preempted, plan);
+  s.validate_step(scheduled, plan);
   // Every block this step hands out starts a new generation before any store is built, so a
   // store of a request that held one of them before never reads it (SEMANTICS 6.9).
   s.bump_generations(scheduled);
   StepResult out;
   for (const std::string& id : preempted) {
-    const RequestState& r = *s.requests.find(id);
-    for (const JobId job : r.jobs) s.flush.push_back(job);  // only stores: no load in flight
+    const RequestState* r = s.requests.find(id);
+    if (r == nullptr) continue;  // finished and forgotten since vLLM preempted it
+    for (const JobId job : r->jobs) {
+      // Its stores read blocks the engine frees; a load planned after the preemption (the
+      // request looked up again before vLLM reported it) writes its new blocks: not flushed.
+      if (s.jobs.at(job).kind == JobKind::store) s.flush.push_back(job);
+    }
   }
   out.load_jobs.swap(s.pending_loads);
   if (s.tiers) s.tiers->build_step(out);

@@ -163,8 +163,7 @@ struct Scheduler::Impl {
   void validate_allocated(RequestState& r, std::span<const AllocatedGroup> groups,
                           std::int64_t num_external_tokens);
   /// Checks a whole step and fills `plan` for build_step.
-  void validate_step(std::span<const ScheduledRequest> scheduled,
-                     std::span<const std::string> preempted, StepPlan& plan);
+  void validate_step(std::span<const ScheduledRequest> scheduled, StepPlan& plan);
   /// validate_step's check of one entry, its request found (hash h of its id).
   void validate_entry(const ScheduledRequest& e, std::uint64_t h, StepPlan& plan);
   void validate_reports(std::span<const JobReport> reports);

@@ -73,11 +73,12 @@ void check_trace(const std::string& name, int status) {
 
 TEST_CASE("Replay reproduces the shared example traces", "[replay]") {
   // hybrid-small's expected output is the original contract's with SEMANTICS 6.9 applied: ten
-  // of its store jobs read a mamba block that the same step gave to another request (whose
-  // forward pass writes it before the store runs); those ids are left out (valid_from 1), two
-  // flushes that only they caused are gone, and r4's mamba load starts at that block's
-  // valid_from (SEMANTICS 5). Each dropped id was checked to be handed out again after its
-  // request got it.
+  // of its store jobs read a mamba block that had been given to another request after theirs
+  // got it (two in the very step, whose forward pass writes it before the store runs; the
+  // others 1 to 14 steps earlier); those ids are left out (valid_from 1), two flushes that
+  // only they caused are gone, and r4's mamba load starts at that block's valid_from
+  // (SEMANTICS 5). Each dropped id was checked to be handed out again after its request got it,
+  // and no id kept was.
   for (const std::string name : {"seed-straddle", "hybrid-small"}) check_trace(name, 0);
 }
 

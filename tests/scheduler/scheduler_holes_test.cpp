@@ -253,3 +253,27 @@ TEST_CASE("A mamba load skips null destinations before the block that receives t
   CHECK(load.gpu.block_indices == std::vector<std::int64_t>{0, 5});
   CHECK_NOTHROW(check_job_invariants(load, 2, 3));
 }
+
+TEST_CASE("A store in flight is flushed when on_allocated or handed_out gives its block away",
+          "[scheduler][store][holes]") {
+  // A's store reads window block 11 (registered on the fence at once). vLLM frees 11 and gives
+  // it to W through update_state_after_alloc only (another connector loads W's blocks, or a
+  // copy-on-write writes it): the step must flush A's store before 11 is written.
+  for (const bool copy : {false, true}) {
+    INFO((copy ? "handed_out" : "on_allocated"));
+    Harness h(make_config({full(16), window(16, 16)}, 1, 16));
+    REQUIRE(h.lookup("A", chain_hashes("A", 4), 64, 0) == 0);
+    h.alloc_none("A");
+    const StepResult a = h.step("A", 0, 32, {{1, 2}, {11, 12}});
+    REQUIRE(a.store_jobs.size() == 1);
+    if (copy) {
+      const std::vector<GpuBlockId> written{11};
+      h.s.handed_out(written);
+    } else {
+      REQUIRE(h.lookup("W", chain_hashes("W", 4), 64, 0) == 0);
+      h.s.on_allocated("W", allocation({{21, 22}, {0, 11}}, {0, 0}), 0);
+    }
+    const StepResult next = h.s.build_step({});
+    CHECK(next.flush == std::vector<JobId>{a.store_jobs[0].id});
+  }
+}

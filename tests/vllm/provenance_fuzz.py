@@ -19,8 +19,14 @@ reset_prefix_cache now and then.
 
     python provenance_fuzz.py [--cases N] [--seed S] [--steps N] [--seconds T] [--no-mamba]
 
-Exits non-zero on the first case with a mismatch, an exception raised into a step, or a case
-that checked nothing; prints the case's seed and configuration. KVOFFLOAD_FUZZ_SEED=S replays.
+Besides the loads, the fake forward pass checks everything it reads before it writes: every
+earlier block of a full-attention group, the window's blocks, the mamba state at the step's first
+token, whether computed, served by vLLM's prefix cache or loaded by kvoffload (a load that leaves
+out a block the engine counts as loaded is caught there).
+
+Exits non-zero on the first case with a mismatch or an exception raised into a step, or if no
+loaded block (or, with mamba cases, no mamba block) was checked; prints the case's seed and
+configuration. KVOFFLOAD_FUZZ_SEED=S replays.
 """
 
 import argparse
@@ -162,6 +168,25 @@ class Case:
             out.append(p[-longest:] if len(p) > longest else p)
         return out
 
+    def reads(self, g, start, toks):
+        """(block index, expected tag) of what computing from token `start` on reads in group
+        g: full attention every earlier block, a sliding window the blocks of its last
+        window - 1 tokens, mamba the state at `start` (in the block holding that token)."""
+        if start == 0:
+            return []
+        kind = self.kinds[g]
+
+        def held(b, mamba):  # the tag block b holds once `start` tokens are computed
+            k = "mamba" if mamba else "attn"
+            if (b + 1) * BLOCK <= start:
+                return tag(k, g, toks[:(b + 1) * BLOCK])
+            return tag("partial-" + k, g, toks[:start])
+        last = -(-start // BLOCK) - 1
+        if kind == "mamba":
+            return [(last, held(last, True))]
+        first = 0 if kind == "full" else max(0, start - kind[1] + 1) // BLOCK
+        return [(b, held(b, False)) for b in range(first, last + 1)]
+
     def run(self):
         vc, kcc, layers = self.build()
         sched = Scheduler(vllm_config=vc, kv_cache_config=kcc,
@@ -186,7 +211,7 @@ class Case:
         rng = self.rng
         prompts = self.prompts(40)
         requests, arrivals = {}, 0
-        checked = mismatched = loads = aborts = resets = 0
+        checked = mismatched = loads = aborts = resets = reads = 0
         first = None
         wave = rng.randint(3, 8)  # requests a wave; between waves vLLM's prefix cache may go
         for step in range(self.steps):
@@ -238,13 +263,25 @@ class Case:
             for c in getattr(out, "kv_cache_block_copies", None) or ():
                 for layer in layers:
                     caches[layer][c.dst_block_id] = caches[layer][c.src_block_id]
-            # The fake forward pass: tags for what each scheduled token range computes.
+            # The fake forward pass: first what each scheduled token range reads (everything the
+            # engine holds for its earlier tokens, whether computed, cached or loaded), then tags
+            # for what it computes.
             for rid, n in out.num_scheduled_tokens.items():
                 req = requests[rid]
                 blocks = sched.kv_cache_manager.get_block_ids(rid)
                 end = req.num_computed_tokens  # schedule() already advanced it
                 start = end - n
                 toks = req.all_token_ids
+                for g, layer in enumerate(layers):
+                    for b, want in self.reads(g, start, toks):
+                        bid = blocks[g][b] if b < len(blocks[g]) else 0
+                        reads += 1
+                        if bid == 0 or not bool((page[layer][bid] == want).all()):
+                            mismatched += 1
+                            first = first or (f"step {step}: {rid} computing tokens {start}-{end} "
+                                              f"reads group {g} ({self.kinds[g]}) block {b} "
+                                              f"(GPU block {bid}), which does not hold what its "
+                                              f"tokens give")
                 for g, layer in enumerate(layers):
                     mamba = self.kinds[g] == "mamba"
                     kind = "mamba" if mamba else "attn"
@@ -272,6 +309,7 @@ class Case:
                 break
         stats = sched.connector._sched.stats()
         return {"checked": checked, "mismatched": mismatched, "loads": loads, "aborts": aborts,
+                "reads": reads,
                 "resets": resets, "steps": step + 1, "first": first,
                 "stored": stats["blocks_stored"], "reused": stats.get("reused_sub_blocks", 0),
                 "partial": stats["partial_stores"], "preemptions": len(preempted),
@@ -295,7 +333,7 @@ def main():
     seeds = random.Random(seed)
     t0 = time.time()
     totals = {"checked": 0, "loads": 0, "reused": 0, "partial": 0, "mamba": 0, "window": 0,
-              "preemptions": 0, "aborts": 0}
+              "preemptions": 0, "aborts": 0, "reads": 0}
     kinds = {"full": 0, "window": 0, "mamba": 0}
     for i in range(a.cases):
         case = Case(seeds.randrange(1, 2**31), model, a.steps, mamba=not a.no_mamba)
@@ -307,10 +345,11 @@ def main():
             traceback.print_exc()
             return 1
         if r["mismatched"]:
-            print(f"provenance fuzz: FAILED: case {i}, {case.describe()}: {r['mismatched']} of "
-                  f"{r['checked']} loaded blocks wrong; first: {r['first']}", flush=True)
+            print(f"provenance fuzz: FAILED: case {i}, {case.describe()}: {r['mismatched']} "
+                  f"blocks wrong ({r['checked']} loaded, {r['reads']} read checked); first: "
+                  f"{r['first']}", flush=True)
             return 1
-        for k in ("checked", "loads", "reused", "partial", "preemptions", "aborts"):
+        for k in ("checked", "loads", "reused", "partial", "preemptions", "aborts", "reads"):
             totals[k] += r[k]
         for k, v in r["per_kind"].items():
             kinds[k] += v
@@ -323,11 +362,13 @@ def main():
               flush=True)
         if a.seconds and time.time() - t0 > a.seconds:
             break
-    if totals["checked"] == 0:
-        print("provenance fuzz: FAILED: no loaded block was checked", flush=True)
+    if totals["checked"] == 0 or (totals["mamba"] and kinds["mamba"] == 0):
+        print(f"provenance fuzz: FAILED: loaded blocks checked {kinds}: the run proves nothing",
+              flush=True)
         return 1
-    print(f"provenance fuzz: {i + 1} cases, {totals['loads']} loads, {totals['checked']} blocks "
-          f"checked ({kinds}), 0 wrong; {totals['partial']} partly written stores, "
+    print(f"provenance fuzz: {i + 1} cases, {totals['loads']} loads, {totals['checked']} loaded "
+          f"blocks checked ({kinds}) and {totals['reads']} blocks read by the forward passes, 0 "
+          f"wrong; {totals['partial']} partly written stores, "
           f"{totals['reused']} sub-blocks handed out again before their store, "
           f"{totals['preemptions']} preemptions, {totals['aborts']} aborts; {totals['mamba']} "
           f"cases with mamba, {totals['window']} with a window ({time.time() - t0:.0f} s)",
