@@ -14,8 +14,10 @@ request computed, a partial block or a state at another token is a mismatch.
 Each case is a random configuration with a printed seed: block_size_factor 1-4, a full-attention
 group with a sliding-window and/or a mamba group, GPU prefix caching on or off, tiny GPU caches
 (preemption, reuse of freed blocks), small host pools (stores retried for room), token budgets
-from 32 to 256 (chunked prefill), prompts from a tree of shared segments, aborts and
-reset_prefix_cache now and then.
+from 32 to 512 (chunked prefill), prompts from a tree of shared segments and probes cut from
+earlier prompts, aborts, vLLM's prefix cache reset between waves, and now and then
+reset_prefix_cache(reset_running_requests=True), which preempts every running request between
+steps (vLLM reports those preemptions with the next step).
 
     python provenance_fuzz.py [--cases N] [--seed S] [--steps N] [--seconds T] [--no-mamba]
 
@@ -233,8 +235,23 @@ class Case:
                 if not requests[rid].is_finished():
                     sched.finish_requests(rid, RequestStatus.FINISHED_ABORTED)
                     aborts += 1
+            # Preempts every running request between steps. vLLM raises when blocks stay held
+            # (a request waiting for a load): the engine would stop there, so the case ends.
+            if rng.random() < 0.01 and not any(
+                    q.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+                    for q in sched.requests.values()):
+                try:
+                    if sched.reset_prefix_cache(reset_running_requests=True,
+                                                reset_connector=rng.random() < 0.2):
+                        resets += 1
+                except RuntimeError as e:
+                    if "Failed to reset KV cache" not in str(e):
+                        raise
+                    break
             out = sched.schedule()
             meta = out.kv_connector_metadata
+            if out.preempted_req_ids:
+                worker.handle_preemptions(meta)
             worker.bind_connector_metadata(meta)
             worker.start_load_kv(None)
             if meta.load_jobs:
