@@ -182,51 +182,68 @@ void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest&
   }
 }
 
-void Scheduler::Impl::bump_generations(std::span<const ScheduledRequest> scheduled) {
-  for (const ScheduledRequest& e : scheduled) {
-    for (const std::vector<GpuBlockId>& fresh : e.new_block_ids) {
+void Scheduler::Impl::bump_generations(std::span<const ScheduledRequest> scheduled,
+                                       const StepPlan& plan) {
+  for (std::size_t i = 0; i < scheduled.size(); ++i) {
+    if (plan.idle[i] != 0) continue;  // an idle entry brings no new block (validate_entry)
+    for (const std::vector<GpuBlockId>& fresh : scheduled[i].new_block_ids) {
       for (const GpuBlockId id : fresh) bump_generation(id);
     }
   }
 }
 
-void Scheduler::Impl::drop_reused(RequestState& r, std::span<const std::int64_t> blocks) {
-  for (std::size_t g = 0; g < layouts.size(); ++g) {
-    GroupState& state = r.groups[g];
-    const auto lo = static_cast<std::size_t>(state.next_stored * f);
-    const auto hi = static_cast<std::size_t>(std::max(state.next_stored, blocks[g]) * f);
-    for (std::size_t p = lo; p < hi; ++p) {
-      const GpuBlockId id = state.block_ids[p];
-      if (id == null_block || state.block_gens[p] == generation(id)) continue;
-      state.block_ids[p] = null_block;  // another owner's block now (vLLM's table has null)
-      ++stats.reused_sub_blocks;
-    }
-  }
-}
-
-bool Scheduler::Impl::collect_candidates(const RequestState& r,
-                                         std::span<const std::int64_t> blocks,
+bool Scheduler::Impl::collect_candidates(RequestState& r, std::span<const std::int64_t> blocks,
                                          StoreScratch& scratch) {
   // SEMANTICS 6.3: a block is a candidate when its last sub-block was written (else there is
   // nothing at its end: outside the window, or a mamba state never materialised there); it is
   // stored from the first sub-block of the written run that ends there. A hole inside a
-  // full-attention block cannot be loaded as a prefix: skipped and counted.
+  // full-attention block cannot be loaded as a prefix: skipped and counted. On the way, each
+  // window or mamba sub-block handed out again since the request got it becomes null
+  // (SEMANTICS 6.9; vLLM's table has a null there too): one pass over the range.
   scratch.candidates.clear();
   scratch.candidate_block.clear();
   scratch.candidate_from.clear();
   scratch.first_candidate.resize(layouts.size() + 1);
+  const std::uint32_t* const gen = block_gen.data();
+  const std::size_t num_gen = block_gen.size();
   for (std::size_t g = 0; g < layouts.size(); ++g) {
     scratch.first_candidate[g] = scratch.candidates.size();
-    const GpuBlockId* ids = r.groups[g].block_ids.data();
+    GroupState& state = r.groups[g];
+    GpuBlockId* ids = state.block_ids.data();
+    const std::uint32_t* gens = state.block_gens.data();
     const bool windowed = layouts[g].windowed();
-    for (std::int64_t i = r.groups[g].next_stored; i < blocks[g]; ++i) {
-      const GpuBlockId* sub = ids + i * f;
-      if (sub[f - 1] == null_block) continue;
-      std::int64_t j = f - 1;
-      while (j > 0 && sub[j - 1] != null_block) --j;
+    for (std::int64_t i = state.next_stored; i < blocks[g]; ++i) {
+      GpuBlockId* sub = ids + i * f;
+      const std::uint32_t* sub_gen = gens + i * f;
+      std::int64_t j = f;  // where the written run ending at the last sub-block starts
+      bool in_run = true;  // walking that run down from the last sub-block
+      bool below = false;  // a written sub-block below the run (a hole)
+      for (std::int64_t k = f - 1; k >= 0 && !below; --k) {
+        GpuBlockId id = sub[k];
+        // Only window and mamba blocks are freed while their request runs: an engine keeps a
+        // running request's full-attention blocks (it reads them every step).
+        if (windowed && id != null_block) {
+          const auto at = static_cast<std::size_t>(id);
+          if (sub_gen[k] != (at < num_gen ? gen[at] : 0)) {
+            sub[k] = null_block;  // another owner's block now
+            ++stats.reused_sub_blocks;
+            id = null_block;
+          }
+        }
+        if (id == null_block) {
+          // Nothing at the block's end, or below a window or mamba run: nothing more matters.
+          if (j == f || windowed) break;
+          in_run = false;
+        } else if (in_run) {
+          j = k;
+        } else {
+          below = true;
+        }
+      }
+      if (j == f) continue;  // the last sub-block is null: nothing at the block's end
       // Full attention: leading nulls only (stored from j, a miss for the prefix scan as
       // ever); a written sub-block before a null is a hole no load could ever serve.
-      if (!windowed && std::any_of(sub, sub + j, [](GpuBlockId id) { return id != null_block; })) {
+      if (!windowed && below) {
         ++stats.unsafe_skips;
         continue;
       }
@@ -298,7 +315,6 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     for (std::size_t g = 0; g < layouts.size(); ++g) r.groups[g].next_stored = blocks[g];
     refresh_idle(r);
   };
-  drop_reused(r, blocks);
   StoreScratch& scratch = store_scratch;
   if (!collect_candidates(r, blocks, scratch)) return advance();
   if (store_pressure) {
@@ -508,7 +524,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
   s.validate_step(scheduled, plan);
   // Every block this step hands out starts a new generation before any store is built, so a
   // store of a request that held one of them before never reads it (SEMANTICS 6.9).
-  s.bump_generations(scheduled);
+  s.bump_generations(scheduled, plan);
   StepResult out;
   for (const std::string& id : preempted) {
     const RequestState* r = s.requests.find(id);

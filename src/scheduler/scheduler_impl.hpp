@@ -213,15 +213,14 @@ struct Scheduler::Impl {
   void build_store(RequestState& r, const ScheduledRequest& entry,
                    std::span<const std::int64_t> blocks, StepResult& out);
   void append_new_blocks(RequestState& r, const ScheduledRequest& entry);
-  /// Nulls the request's sub-blocks in the store range that the engine has given out again
-  /// since the request got them (SEMANTICS 6.9), counting them in reused_sub_blocks.
-  void drop_reused(RequestState& r, std::span<const std::int64_t> blocks);
   /// Fills scratch's candidates (SEMANTICS 6.3: each block's written trailing run; a
-  /// full-attention block with a hole is skipped and counted); false if there is none.
-  bool collect_candidates(const RequestState& r, std::span<const std::int64_t> blocks,
+  /// full-attention block with a hole is skipped and counted), nulling on the way the
+  /// sub-blocks the engine has given out again since the request got them (SEMANTICS 6.9,
+  /// counted in reused_sub_blocks); false if there is none.
+  bool collect_candidates(RequestState& r, std::span<const std::int64_t> blocks,
                           StoreScratch& scratch);
   /// Every id the engine allocated this step (or handed a load) starts a new generation.
-  void bump_generations(std::span<const ScheduledRequest> scheduled);
+  void bump_generations(std::span<const ScheduledRequest> scheduled, const StepPlan& plan);
   void bump_generation(GpuBlockId id) {
     if (id <= 0) return;
     const auto at = static_cast<std::size_t>(id);
