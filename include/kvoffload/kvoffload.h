@@ -464,8 +464,8 @@ KVOFFLOAD_C_API kvoffload_status_t
 kvoffload_scheduler_set_store_pressure(kvoffload_scheduler_t scheduler, int on);
 /* Scheduler::handed_out (semantics 6.9): GPU blocks the engine hands out or overwrites this step
  * without listing them in any request's new block ids (copy-on-write destinations, say). Stores
- * built from now on leave them out of every request that held them before. Call before the
- * step's build_step. */
+ * built from now on leave them out of every request that held them before in a window or mamba
+ * group, and stores still reading them are flushed first. Call before the step's build_step. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_handed_out(
     kvoffload_scheduler_t scheduler, const kvoffload_block_id_t* block_ids, size_t num_block_ids);
 

@@ -148,11 +148,11 @@ struct CacheStats {
   /// Blocks a step did not store because the workers reported store back-pressure
   /// (set_store_pressure): never stored for that request, so a later lookup misses there.
   std::uint64_t pressure_skips = 0;
-  /// SEMANTICS 6.9: GPU blocks of a request's store range that the engine freed and handed
-  /// out again (to another request, or the same one) before the store was built; the store
-  /// leaves them out (a window block freed by vLLM's remove_skipped_blocks, say). And blocks
-  /// not stored because what was written of them could never be served: a full-attention
-  /// block with a hole (a null or handed-out sub-block before a written one; a block whose
+  /// SEMANTICS 6.9: window and mamba GPU blocks of a request's store range that the engine
+  /// freed and handed out again (to another request, or the same one) before the store was
+  /// built; the store leaves them out (a window block freed by vLLM's remove_skipped_blocks,
+  /// say). And blocks not stored because what was written of them could never be served: a
+  /// full-attention block with a hole (a null sub-block before a written one; a block whose
   /// last sub-block is null holds nothing to store and is not counted).
   std::uint64_t reused_sub_blocks = 0;
   std::uint64_t unsafe_skips = 0;
@@ -209,8 +209,10 @@ class KVOFFLOAD_EXPORT Scheduler {
 
   /// SEMANTICS 6.9: GPU blocks the engine handed out or overwrites this step without listing
   /// them in any request's new block ids (vLLM's kv_cache_block_copies destinations). A store
-  /// built from now on leaves them out of every request that held them before. Call it before
-  /// the step's build_step; new block ids and on_allocated need no such call.
+  /// built from now on leaves them out of every request that held them before in a window or
+  /// mamba group (a running request's full-attention blocks are never handed out), and stores
+  /// still reading them are flushed first. Call it before the step's build_step; new block ids
+  /// and on_allocated need no such call.
   void handed_out(std::span<const GpuBlockId> block_ids);
 
   /// SEMANTICS 6: the load jobs planned since the last step, the store jobs of this step (in

@@ -276,8 +276,9 @@ class Scheduler:
     def handed_out(self, block_ids: Sequence[int]) -> None:
         """GPU blocks the engine hands out or overwrites this step without listing them in any
         request's new block ids (copy-on-write destinations): stores built from now on leave
-        them out of every request that held them before (docs/semantics.md 6.9). Call before
-        the step's build_step."""
+        them out of every request that held them before in a window or mamba group, and stores
+        still reading them are flushed first (docs/semantics.md 6.9). Call before the step's
+        build_step."""
         self._s.handed_out([int(b) for b in block_ids])
 
     def reset_cache(self, weights: Optional[str] = None) -> None:
