@@ -24,6 +24,18 @@ std::vector<AllocatedGroup> allocation(std::vector<std::vector<GpuBlockId>> tabl
   return groups;
 }
 
+/// The one load job a step emitted, with its GPU side as expected and the job invariants held.
+void check_load(const StepResult& step, const std::vector<GpuBlockId>& block_ids,
+                const std::vector<std::int64_t>& group_sizes,
+                const std::vector<std::int64_t>& block_indices, std::int64_t f) {
+  REQUIRE(step.load_jobs.size() == 1);
+  const TransferJob& load = step.load_jobs[0];
+  CHECK(load.gpu.block_ids == block_ids);
+  CHECK(load.gpu.group_sizes == group_sizes);
+  CHECK(load.gpu.block_indices == block_indices);
+  CHECK_NOTHROW(check_job_invariants(load, static_cast<std::int64_t>(group_sizes.size()), f));
+}
+
 bool reads(const TransferJob& job, GpuBlockId id) {
   return std::find(job.gpu.block_ids.begin(), job.gpu.block_ids.end(), id) !=
          job.gpu.block_ids.end();
@@ -85,13 +97,7 @@ TEST_CASE("Issue 54 (a) at f = 2: two 48-token chunks give [0, 0, 4, 0, 0, 11]",
   // vLLM's align-mode allocation: a null pad, then the block that receives the state.
   REQUIRE_NOTHROW(
       h.s.on_allocated("C", allocation({ids(21, 9), {0, 0, 0, 0, 0, 31, 32, 33, 34}}, {0, 5}), 96));
-  const StepResult s3 = h.s.build_step({});
-  REQUIRE(s3.load_jobs.size() == 1);
-  const TransferJob& load = s3.load_jobs[0];
-  CHECK(load.gpu.block_ids == std::vector<GpuBlockId>{21, 22, 23, 24, 25, 26, 31});
-  CHECK(load.gpu.group_sizes == std::vector<std::int64_t>{6, 1});
-  CHECK(load.gpu.block_indices == std::vector<std::int64_t>{0, 5});
-  CHECK_NOTHROW(check_job_invariants(load, 2, 2));
+  check_load(h.s.build_step({}), {21, 22, 23, 24, 25, 26, 31}, {6, 1}, {0, 5}, 2);
 }
 
 TEST_CASE("Issue 54 (b): f = 3, two-block chunks; a hole inside a mamba block keeps its end",
@@ -245,13 +251,7 @@ TEST_CASE("A mamba load skips null destinations before the block that receives t
   REQUIRE(h.lookup("C", extend_hashes(hashes, "C", 7), 120, 0) == 96);
   REQUIRE_NOTHROW(
       h.s.on_allocated("C", allocation({ids(21, 7), {0, 0, 0, 61, 0, 63, 64}}, {0, 3}), 96));
-  const StepResult s = h.s.build_step({});
-  REQUIRE(s.load_jobs.size() == 1);
-  const TransferJob& load = s.load_jobs[0];
-  CHECK(load.gpu.block_ids == std::vector<GpuBlockId>{21, 22, 23, 24, 25, 26, 63});
-  CHECK(load.gpu.group_sizes == std::vector<std::int64_t>{6, 1});
-  CHECK(load.gpu.block_indices == std::vector<std::int64_t>{0, 5});
-  CHECK_NOTHROW(check_job_invariants(load, 2, 3));
+  check_load(h.s.build_step({}), {21, 22, 23, 24, 25, 26, 63}, {6, 1}, {0, 5}, 3);
 }
 
 TEST_CASE("A store in flight is flushed when on_allocated or handed_out gives its block away",

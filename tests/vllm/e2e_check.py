@@ -32,14 +32,16 @@ from vllm.v1.structured_output import StructuredOutputManager
 BLOCK, HEADS, HEAD_DIM, NUM_BLOCKS = 16, 2, 8, 96
 
 
-def make_model_dir():
+def make_model_dir(dtype="bfloat16"):
+    """A tiny Llama config.json (no weights: the scheduler side never loads them); also
+    provenance_fuzz.py's."""
     d = tempfile.mkdtemp(prefix="kvoffload-vllm-model-")
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
                    "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
                    "num_key_value_heads": HEADS, "num_hidden_layers": 2, "vocab_size": 1000,
                    "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-                   "torch_dtype": "bfloat16", "head_dim": HEAD_DIM}, f)
+                   "torch_dtype": dtype, "head_dim": HEAD_DIM}, f)
     return d
 
 

@@ -33,11 +33,9 @@ configuration. KVOFFLOAD_FUZZ_SEED=S replays.
 
 import argparse
 import hashlib
-import json
 import os
 import random
 import sys
-import tempfile
 import time
 import traceback
 
@@ -56,19 +54,10 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request, RequestStatus
 from vllm.v1.structured_output import StructuredOutputManager
 
-BLOCK, HEADS, HEAD_DIM = 16, 2, 8
+from e2e_check import HEAD_DIM, HEADS, make_model_dir
+
+BLOCK = 16
 PAGE_ELEMS = BLOCK * HEADS * HEAD_DIM  # float32: 1 KiB a page in every group
-
-
-def model_dir():
-    d = tempfile.mkdtemp(prefix="kvoffload-fuzz-model-")
-    with open(os.path.join(d, "config.json"), "w") as f:
-        json.dump({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                   "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4,
-                   "num_key_value_heads": HEADS, "num_hidden_layers": 2, "vocab_size": 1000,
-                   "max_position_embeddings": 4096, "rms_norm_eps": 1e-5,
-                   "torch_dtype": "float32", "head_dim": HEAD_DIM}, f)
-    return d
 
 
 def tag(kind, group, tokens):
@@ -346,7 +335,7 @@ def main():
     seed = a.seed if a.seed is not None else int(os.environ.get("KVOFFLOAD_FUZZ_SEED", 0)) or \
         random.SystemRandom().randrange(1, 2**31)
     print(f"provenance fuzz: seed {seed} (replay: --seed {seed})", flush=True)
-    model = model_dir()
+    model = make_model_dir("float32")
     seeds = random.Random(seed)
     t0 = time.time()
     totals = {"checked": 0, "loads": 0, "reused": 0, "partial": 0, "mamba": 0, "window": 0,
