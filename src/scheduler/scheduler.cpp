@@ -175,7 +175,10 @@ void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest&
     const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
     if (fresh.empty()) continue;  // most decode steps
     state.block_ids.insert(state.block_ids.end(), fresh.begin(), fresh.end());
-    for (const GpuBlockId id : fresh) state.block_gens.push_back(generation(id));
+    // Only window and mamba blocks are freed while their request runs (collect_candidates).
+    if (layouts[g].windowed()) {
+      for (const GpuBlockId id : fresh) state.block_gens.push_back(generation(id));
+    }
     // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
     // earlier in this step: with prefix caching requests share GPU blocks.
     fence.collect(fresh, flush);
@@ -210,11 +213,11 @@ bool Scheduler::Impl::collect_candidates(RequestState& r, std::span<const std::i
     scratch.first_candidate[g] = scratch.candidates.size();
     GroupState& state = r.groups[g];
     GpuBlockId* ids = state.block_ids.data();
-    const std::uint32_t* gens = state.block_gens.data();
+    const std::uint32_t* gens = state.block_gens.data();  // windowed groups only
     const bool windowed = layouts[g].windowed();
     for (std::int64_t i = state.next_stored; i < blocks[g]; ++i) {
       GpuBlockId* sub = ids + i * f;
-      const std::uint32_t* sub_gen = gens + i * f;
+      const std::uint32_t* sub_gen = windowed ? gens + i * f : nullptr;
       std::int64_t j = f;  // where the written run ending at the last sub-block starts
       bool in_run = true;  // walking that run down from the last sub-block
       bool below = false;  // a written sub-block below the run (a hole)

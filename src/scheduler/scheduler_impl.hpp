@@ -23,7 +23,8 @@ namespace kvoffload {
 
 struct GroupState {
   std::vector<GpuBlockId> block_ids;  // the request's GPU blocks of this group, nulls included
-  // Per block id above: the id's allocation generation when the request got it
+  // Window and mamba groups only (empty for full attention, whose blocks an engine never frees
+  // while the request runs): per block id above, its allocation generation when the request got it
   // (Impl::block_gen). A different generation now means the engine freed the block and gave
   // it out again (a window or mamba block of a running request): it no longer holds this
   // request's tokens, and a store treats it as null (SEMANTICS 6.9).
