@@ -383,11 +383,14 @@ typedef struct kvoffload_scheduler_stats {
    * handed them out again before the store was built, and blocks not stored because what was
    * written of them could never be served (a full-attention block with a hole). */
   uint64_t reused_sub_blocks, unsafe_skips;
+  /* Added after 0.5.0 too: mamba blocks not stored because they end past the tokens the engine
+   * finalised (kvoffload_scheduler_limit_state_stores). */
+  uint64_t unfinal_state_skips;
 } kvoffload_scheduler_stats_t;
 #define KVOFFLOAD_SCHEDULER_STATS_INIT                                                            \
   {                                                                                               \
     sizeof(kvoffload_scheduler_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0, 0, 0, 0, 0, 0                                                                       \
+        0, 0, 0, 0, 0, 0, 0, 0                                                                    \
   }
 
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_create(
@@ -430,6 +433,12 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_on_finished(kvoffload_sch
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_stores(kvoffload_scheduler_t scheduler,
                                                                     const char* request_id,
                                                                     int64_t max_tokens);
+/* Mamba groups store no block of the request ending past its first final_tokens tokens, those
+ * whose states the engine finalised as a prefill computes them (past them: decode-time and
+ * draft-advanced states); counted in unfinal_state_skips. No limit until called.
+ * KVOFFLOAD_INVALID_ARGUMENT for an unknown request or a negative count. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_state_stores(
+    kvoffload_scheduler_t scheduler, const char* request_id, int64_t final_tokens);
 /* Its lookups load at most max_tokens beyond the computed ones, ending at an offloaded block,
  * every group checked at that end (vLLM 0.33's max_load_tokens); negative: no limit.
  * KVOFFLOAD_INVALID_ARGUMENT for an unknown request. */

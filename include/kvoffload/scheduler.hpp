@@ -80,8 +80,9 @@ struct SchedulerStats {
   std::uint64_t partial_stores = 0;  ///< blocks stored without their leading sub-blocks
   std::uint64_t partial_misses = 0;  ///< present keys refused: a sub-block needed was not written
   std::uint64_t pressure_skips = 0;  ///< blocks not stored: the workers' stores were behind
-  std::uint64_t reused_sub_blocks = 0;  ///< GPU blocks left out of a store: given out again
-  std::uint64_t unsafe_skips = 0;       ///< blocks not stored: a hole no lookup could serve
+  std::uint64_t reused_sub_blocks = 0;    ///< GPU blocks left out of a store: given out again
+  std::uint64_t unsafe_skips = 0;         ///< blocks not stored: a hole no lookup could serve
+  std::uint64_t unfinal_state_skips = 0;  ///< mamba blocks not stored: past the final tokens
 };
 
 /// One tier's counters (Scheduler::tier_stats): its index and the jobs the scheduler made.
@@ -156,6 +157,12 @@ struct CacheStats {
   /// last sub-block is null holds nothing to store and is not counted).
   std::uint64_t reused_sub_blocks = 0;
   std::uint64_t unsafe_skips = 0;
+  /// SEMANTICS 6.10: mamba blocks not stored because they end past the tokens the engine
+  /// finalised (limit_state_stores): their state was computed by decode steps, draft tokens
+  /// included, not by the prefill a later request would otherwise run. And (SEMANTICS 6 step
+  /// 1) written mamba GPU blocks that a step passed over (their end strictly inside its
+  /// tokens), which hold no state at their end.
+  std::uint64_t unfinal_state_skips = 0;
 };
 
 /// The offloading scheduler of SEMANTICS 3-8: decides which KV blocks of which requests are
@@ -197,6 +204,18 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// it): vLLM's per-request max_offload_tokens. Blocks it already stored stay. Throws
   /// invalid_argument for an unknown request or a negative limit.
   void limit_stores(std::string_view request_id, std::int64_t max_tokens);
+
+  /// SEMANTICS 6.10: mamba groups store no block of the request that ends past its first
+  /// `final_tokens` tokens: those whose states the engine finalised as a prefill computes
+  /// them (vLLM: the prompt, or what a resumed request recomputes). Past them a block holds a
+  /// decode-time state, advanced over draft tokens under speculative decoding, which a later
+  /// request's prefill would not compute (counted in unfinal_state_skips). Other groups are
+  /// unaffected. No limit until called; call again to move it. A request with final tokens
+  /// also has its mamba blocks checked against the promise that a block holds the state at its
+  /// end only where a step ended (vLLM's align mode): a written block a step passed over is
+  /// never stored (also counted in unfinal_state_skips). Throws invalid_argument for an
+  /// unknown request or a negative count.
+  void limit_state_stores(std::string_view request_id, std::int64_t final_tokens);
 
   /// SEMANTICS 4: tokens that can be loaded from host memory (0: nothing), or nullopt: retry
   /// later (keys are being stored or loaded right now).

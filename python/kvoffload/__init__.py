@@ -263,6 +263,11 @@ class Scheduler:
         """Stores none of the request's tokens past the first max_tokens (0: nothing of it)."""
         self._s.limit_stores(request_id, max_tokens)
 
+    def limit_state_stores(self, request_id: str, final_tokens: int) -> None:
+        """Mamba groups store no block ending past the first final_tokens tokens (the ones
+        whose states the engine finalised in prefill; past them decode-time states)."""
+        self._s.limit_state_stores(request_id, final_tokens)
+
     def limit_loads(self, request_id: str, max_tokens: int) -> None:
         """Its lookups load at most max_tokens beyond the computed ones, ending at an
         offloaded block (negative: no limit)."""

@@ -311,6 +311,7 @@ void bind_scheduler(nb::module_& m) {
           "reports"_a)
       .def("on_finished", &Scheduler::on_finished, "request_id"_a)
       .def("limit_stores", &Scheduler::limit_stores, "request_id"_a, "max_tokens"_a)
+      .def("limit_state_stores", &Scheduler::limit_state_stores, "request_id"_a, "final_tokens"_a)
       .def("limit_loads", &Scheduler::limit_loads, "request_id"_a, "max_tokens"_a)
       .def("set_store_pressure", &Scheduler::set_store_pressure, "on"_a)
       .def(

@@ -60,7 +60,7 @@ def test_store_then_hit_then_load():
         "blocks_stored", "blocks_loaded", "bytes_stored", "bytes_loaded", "lookups",
         "hit_tokens", "load_jobs", "store_jobs", "failed_loads", "failed_stores",
         "partial_stores", "partial_misses", "pressure_skips", "reused_sub_blocks",
-        "unsafe_skips"]
+        "unsafe_skips", "unfinal_state_skips"]
     assert stats["lookups"] == 2 and stats["store_jobs"] == 1 and stats["hit_tokens"] == hit
 
 

@@ -257,6 +257,16 @@ kvoffload_status_t kvoffload_scheduler_limit_stores(kvoffload_scheduler_t s, con
   });
 }
 
+kvoffload_status_t kvoffload_scheduler_limit_state_stores(kvoffload_scheduler_t s,
+                                                          const char* request_id,
+                                                          int64_t final_tokens) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_limit_state_stores", "scheduler");
+    require(request_id, "kvoffload_scheduler_limit_state_stores", "request_id");
+    s->scheduler.limit_state_stores(request_id, final_tokens);
+  });
+}
+
 kvoffload_status_t kvoffload_scheduler_limit_loads(kvoffload_scheduler_t s, const char* request_id,
                                                    int64_t max_tokens) {
   return guard([&] {

@@ -173,15 +173,41 @@ void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest&
       state.block_gens.clear();
     }
     const std::vector<GpuBlockId>& fresh = e.new_block_ids[g];
-    if (fresh.empty()) continue;  // most decode steps
-    state.block_ids.insert(state.block_ids.end(), fresh.begin(), fresh.end());
-    // Only window and mamba blocks are freed while their request runs (collect_candidates).
-    if (layouts[g].windowed()) {
-      for (const GpuBlockId id : fresh) state.block_gens.push_back(generation(id));
+    if (!fresh.empty()) {  // most decode steps bring none
+      state.block_ids.insert(state.block_ids.end(), fresh.begin(), fresh.end());
+      // Only window and mamba blocks are freed while their request runs (collect_candidates).
+      if (layouts[g].windowed()) {
+        for (const GpuBlockId id : fresh) state.block_gens.push_back(generation(id));
+      }
+      // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
+      // earlier in this step: with prefix caching requests share GPU blocks.
+      fence.collect(fresh, flush);
     }
-    // A new block still read by a store flushes it (SEMANTICS 6.7), including a store built
-    // earlier in this step: with prefix caching requests share GPU blocks.
-    fence.collect(fresh, flush);
+    // An engine that gives the final tokens (vLLM's align mode) writes a state where a step
+    // ends only: check the blocks the step passed over.
+    if (layouts[g].kind == GroupKind::mamba && r.state_limit != kNoLimit) {
+      drop_passed_states(state, e, layouts[g].gpu_block_size);
+    }
+  }
+}
+
+void Scheduler::Impl::drop_passed_states(GroupState& state, const ScheduledRequest& e,
+                                         std::int64_t gbs) {
+  // SEMANTICS 6 step 1: a mamba block holds the state at its end only if a step ended there
+  // (vLLM's align mode gives the blocks a step passes over as null pads). A written block whose
+  // end lies strictly inside this step's tokens holds another state (an earlier step's, or
+  // none): the promise is checked, not assumed, and such a block is never stored.
+  const std::int64_t lo = e.num_computed_tokens;
+  const std::int64_t hi = lo + e.num_scheduled_tokens;
+  if (hi - lo < 2) return;  // a one-token step passes over no block's end
+  const std::int64_t end =
+      std::min((hi - 1) / gbs, static_cast<std::int64_t>(state.block_ids.size()));
+  for (std::int64_t k = lo / gbs; k < end; ++k) {
+    GpuBlockId& id = state.block_ids[static_cast<std::size_t>(k)];
+    if (id != null_block) {
+      id = null_block;
+      ++stats.unfinal_state_skips;
+    }
   }
 }
 
@@ -215,7 +241,17 @@ bool Scheduler::Impl::collect_candidates(RequestState& r, std::span<const std::i
     GpuBlockId* ids = state.block_ids.data();
     const std::uint32_t* gens = state.block_gens.data();  // windowed groups only
     const bool windowed = layouts[g].windowed();
-    for (std::int64_t i = state.next_stored; i < blocks[g]; ++i) {
+    // SEMANTICS 6.10: a mamba block holds a state worth storing only up to the tokens the
+    // engine finalised (its prefill); past them, decode and draft-advanced states.
+    std::int64_t end = blocks[g];
+    if (layouts[g].kind == GroupKind::mamba && r.state_limit != kNoLimit &&
+        end * layouts[g].offloaded_block_size > r.state_limit) {
+      const std::int64_t final_blocks = r.state_limit / layouts[g].offloaded_block_size;
+      const std::int64_t from = std::max(state.next_stored, final_blocks);
+      if (end > from) stats.unfinal_state_skips += static_cast<std::uint64_t>(end - from);
+      end = std::max(state.next_stored, final_blocks);
+    }
+    for (std::int64_t i = state.next_stored; i < end; ++i) {
       GpuBlockId* sub = ids + i * f;
       const std::uint32_t* sub_gen = windowed ? gens + i * f : nullptr;
       std::int64_t j = f;  // where the written run ending at the last sub-block starts
@@ -488,6 +524,14 @@ void Scheduler::limit_stores(std::string_view request_id, std::int64_t max_token
   r.store_limit = max_tokens;
 }
 
+void Scheduler::limit_state_stores(std::string_view request_id, std::int64_t final_tokens) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "limit_state_stores");
+  RequestState& r = impl_->find_record(request_id, "request");
+  KVOFFLOAD_EXPECTS(final_tokens >= 0, "request \"{}\": limit_state_stores({}) is negative", r.id,
+                    final_tokens);
+  r.state_limit = final_tokens;
+}
+
 void Scheduler::limit_loads(std::string_view request_id, std::int64_t max_tokens) {
   KVOFFLOAD_ONE_THREAD(*impl_, "limit_loads");
   RequestState& r = impl_->find_record(request_id, "request");
@@ -714,6 +758,7 @@ CacheStats Scheduler::cache_stats() const noexcept {
   c.pressure_skips = s.pressure_skips;
   c.reused_sub_blocks = s.reused_sub_blocks;
   c.unsafe_skips = s.unsafe_skips;
+  c.unfinal_state_skips = s.unfinal_state_skips;
   return c;
 }
 

@@ -37,6 +37,8 @@ struct GroupState {
   std::vector<HostBlockId> known_blocks;
 };
 
+inline constexpr std::int64_t kNoLimit = std::numeric_limits<std::int64_t>::max();
+
 struct RequestState {
   // What a decode step reads of every scheduled request comes first, in its first 80 bytes
   // (validate_step prefetches them): id, token counts, the step stamp, flags, idle window.
@@ -44,6 +46,9 @@ struct RequestState {
   std::int64_t num_tokens = 0;
   // Tokens past this are never stored (limit_stores: vLLM's max_offload_tokens).
   std::int64_t store_limit = std::numeric_limits<std::int64_t>::max();
+  // Mamba blocks ending past this are never stored (limit_state_stores: SEMANTICS 6.10, the
+  // states the engine finalised; past them decode and draft-advanced states).
+  std::int64_t state_limit = kNoLimit;
   std::uint64_t step_stamp = 0;  // the last build_step that validated this request
   bool looked_up = false;        // "known" in SEMANTICS 4: state exists once looked up
   bool finished = false;
@@ -218,6 +223,9 @@ struct Scheduler::Impl {
   /// full-attention block with a hole is skipped and counted), nulling on the way the
   /// sub-blocks the engine has given out again since the request got them (SEMANTICS 6.9,
   /// counted in reused_sub_blocks); false if there is none.
+  /// SEMANTICS 6 step 1: nulls the written mamba blocks a step passed over (their end strictly
+  /// inside its tokens), for a request with final tokens (limit_state_stores).
+  void drop_passed_states(GroupState& state, const ScheduledRequest& e, std::int64_t gbs);
   bool collect_candidates(RequestState& r, std::span<const std::int64_t> blocks,
                           StoreScratch& scratch);
   /// Every id the engine allocated this step (or handed a load) starts a new generation.

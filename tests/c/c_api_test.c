@@ -62,6 +62,9 @@ static void lifecycle(void) {
   OK(kvoffload_scheduler_limit_stores(s, "a", 1 << 20));
   CHECK(kvoffload_scheduler_limit_loads(s, "nobody", 0) == KVOFFLOAD_INVALID_ARGUMENT);
   OK(kvoffload_scheduler_limit_loads(s, "a", -1));
+  CHECK(kvoffload_scheduler_limit_state_stores(s, "a", -1) == KVOFFLOAD_INVALID_ARGUMENT);
+  CHECK(kvoffload_scheduler_limit_state_stores(s, "nobody", 0) == KVOFFLOAD_INVALID_ARGUMENT);
+  OK(kvoffload_scheduler_limit_state_stores(s, "a", 64));
   OK(kvoffload_scheduler_on_finished(s, "a"));
   OK(kvoffload_scheduler_take_events(s, &events, &n_events));
   CHECK(n_events == 1 && events[0].removed == 0 && events[0].num_keys == 2);

@@ -156,7 +156,7 @@ TEST_CASE("metrics_text renders the scheduler's stats and each tier's", "[metric
 
 TEST_CASE("metrics_text refuses labels that are not the caller's", "[metrics]") {
   const Scheduler s(kvtest::make_config({kvtest::full()}, 1, 8));
-  CHECK(parse(metrics_text(s)).size() == 26);  // every CacheStats field, no labels
+  CHECK(parse(metrics_text(s)).size() == 27);  // every CacheStats field, no labels
   for (const char* bad : {"", "9lives", "__name", "tier", "medium", "a-b", "é"}) {
     const std::vector<MetricLabel> labels{{bad, "x"}};
     CHECK_THROWS_WITH(metrics_text(s, labels), ContainsSubstring("metrics label"));

@@ -229,6 +229,7 @@ TEST_CASE("Replay answers the stats op", "[replay]") {
                                {"partial_misses", 0},
                                {"pressure_skips", 0},
                                {"reused_sub_blocks", 0},
-                               {"unsafe_skips", 0}};
+                               {"unsafe_skips", 0},
+                               {"unfinal_state_skips", 0}};
   CHECK(lines[3] == want);
 }

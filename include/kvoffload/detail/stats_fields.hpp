@@ -30,7 +30,8 @@
   X(partial_misses)                     \
   X(pressure_skips)                     \
   X(reused_sub_blocks)                  \
-  X(unsafe_skips)
+  X(unsafe_skips)                       \
+  X(unfinal_state_skips)
 
 // TierStats's fields (Scheduler::tier_stats), for the front ends likewise.
 #define KVOFFLOAD_TIER_STATS_FIELDS(X) \
