@@ -78,7 +78,9 @@ kvsim::SimConfig random_config(std::uint64_t seed, std::int64_t steps, const cha
   c.staggered_reports = true;
   c.copy_threads = 1;
   c.defer_stores = chance(0.5);
-  c.mamba_pads = chance(0.5);  // vLLM's align-mode tables: nulls between mamba states
+  c.mamba_pads = chance(0.5);   // vLLM's align-mode tables: nulls between mamba states
+  c.spec_decode = chance(0.5);  // drafts; mamba blocks of decode steps hold decode-time states
+  c.final_states = true;        // as the vLLM connector: the final tokens at every lookup
   if (chance(0.3)) {
     c.faulty = true;
     c.faults.seed = rng();
@@ -103,6 +105,7 @@ std::string describe(const kvsim::SimConfig& c) {
   d.append(" store_threshold=").append(std::to_string(c.store_threshold));
   d.append(" faulty=").append(std::to_string(c.faulty));
   d.append(" mamba_pads=").append(std::to_string(c.mamba_pads));
+  d.append(" spec_decode=").append(std::to_string(c.spec_decode));
   return d;
 }
 
@@ -241,4 +244,33 @@ TEST_CASE("Property: random hybrid configurations, LRU and ARC, hold the SEMANTI
   // The written-sub-block rule was exercised: partly written blocks were stored and refused.
   CHECK(partial_stores > 0);
   CHECK(partial_misses > 0);
+}
+
+TEST_CASE("Property control: without the final tokens, decode-time mamba states are served",
+          "[scheduler][property][final-states]") {
+  // The oracle must see what limit_state_stores prevents (SEMANTICS 6.10): the same runs with
+  // the engine leaving the final tokens out (the bridge before issue 47) load mamba blocks
+  // that decode steps wrote, which differ from what the requests' prefill computes.
+  const std::uint64_t seed = test_seed();
+  std::cout << "final-states control seed: " << seed << "\n";
+  std::mt19937_64 seeds(seed);
+  std::int64_t caught = 0, clean_verified = 0;
+  for (int c = 0; c < 6; ++c) {
+    kvsim::SimConfig config = random_config(seeds(), 500, "lru");
+    config.groups = {{GroupKind::full_attention, 16, 0}, {GroupKind::mamba, 16, 0}};
+    config.host_blocks = 96;
+    config.faulty = false;
+    config.report_failure_probability = 0;
+    config.spec_decode = true;
+    INFO("seed " << seed << ", configuration " << c << " (" << describe(config) << ")");
+    config.final_states = true;
+    const kvsim::SimReport good = kvsim::SyntheticEngine(config).run();
+    INFO("first mismatch with the final tokens: " << good.first_mismatch);
+    REQUIRE(good.mismatches == 0);
+    clean_verified += good.blocks_verified;
+    config.final_states = false;
+    caught += kvsim::SyntheticEngine(config).run().mismatches;
+  }
+  CHECK(clean_verified > 100);
+  CHECK(caught > 0);
 }

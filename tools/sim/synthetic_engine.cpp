@@ -186,6 +186,7 @@ bool SyntheticEngine::Impl::try_start(Request& r) {
   if (chance(config.local_hit_probability)) nct = rand(0, r.prompt / gbs_lcm) * gbs_lcm;
   nct = std::min(nct, r.num_tokens - 1);
   nct -= nct % gbs_lcm;
+  if (config.final_states) scheduler->limit_state_stores(r.id, r.prompt);
   const auto hit = scheduler->lookup(r.id, nct);
   if (!hit) return false;
   const std::int64_t h = *hit;

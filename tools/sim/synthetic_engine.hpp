@@ -112,6 +112,18 @@ struct SimConfig {
   /// then stored partly written, and those never go to a tier (docs/semantics.md 6.8): off by
   /// default so the demo's tiers see mamba blocks; the property test turns it on at random.
   bool mamba_pads = false;
+  /// Decode steps as under speculative decoding (issue 47): each schedules the sampled token
+  /// and 0-3 draft tokens, a random number of which are accepted; attention KV past the
+  /// accepted tokens is a rejected draft's (rewritten later), and a mamba block written by a
+  /// decode step holds a decode-time state (advanced over the drafts, computed one token at a
+  /// time), unlike the state a prefill computes, which is what a later request must load.
+  bool spec_decode = false;
+  /// The engine gives each request's final tokens (Scheduler::limit_state_stores: its prompt,
+  /// or what a resumed request recomputes) at every lookup, as the vLLM connector does, and
+  /// chunks prefills at block boundaries as vLLM's align mode does (a state lands where a step
+  /// ends). Off by default: the demo's engine keeps a state at every block's end and does not
+  /// speculate. The property test turns it on; its control turns it off under spec_decode.
+  bool final_states = false;
   /// Every job and every shared-tier existence check finishes in the step that started it
   /// (the engine waits for them): a run is then a function of its seed and the tiers'
   /// contents, not of timing, so two runs can be compared block for block (the two-process

@@ -161,6 +161,7 @@ void SyntheticEngine::Impl::step() {
   }
 
   std::vector<ScheduledRequest> entries;
+  std::vector<std::int64_t> accepted;  // per entry: the decode step's accepted draft tokens
   const auto& layouts = scheduler->layouts();
   // vLLM frees window blocks (and retired mamba states) of running requests before it
   // allocates: the ids go to whoever allocates next, in this step (issue 54 (c)).
@@ -170,7 +171,16 @@ void SyntheticEngine::Impl::step() {
   for (const std::string& id : running) {
     Request& r = requests.at(id);
     const std::int64_t left = r.prompt - r.computed;
-    const std::int64_t nst = left > 0 ? std::min(left, rand(1, 2 * max_obs)) : 1;
+    // A decode step: the sampled token and, under speculative decoding, 0-3 drafts, of which
+    // the forward pass accepts some (never past the request's end).
+    const std::int64_t drafts = left <= 0 && config.spec_decode ? rand(0, 3) : 0;
+    std::int64_t nst = left > 0 ? std::min(left, rand(1, 2 * max_obs)) : 1 + drafts;
+    // Align mode: a prefill chunk that is not the prompt's last ends at a block boundary.
+    if (config.final_states && left > nst && (r.computed + nst) / gbs_lcm * gbs_lcm > r.computed) {
+      nst = (r.computed + nst) / gbs_lcm * gbs_lcm - r.computed;
+    }
+    accepted.push_back(
+        std::min(rand(0, drafts), std::max<std::int64_t>(0, r.max_len - r.computed - 1)));
     ScheduledRequest e;
     e.request_id = id;
     e.num_computed_tokens = r.computed;
@@ -254,24 +264,32 @@ void SyntheticEngine::Impl::step() {
   }
   submit_tier_jobs(out);
   // The forward pass writes the scheduled tokens' blocks.
-  for (const ScheduledRequest& e : entries) {
+  for (std::size_t i = 0; i < entries.size(); ++i) {
+    const ScheduledRequest& e = entries[i];
     Request& r = requests.at(e.request_id);
     const std::int64_t end = e.num_computed_tokens + e.num_scheduled_tokens;
+    // What the step computed for good: a decode step keeps its sampled token and the drafts
+    // it accepted; the KV of rejected drafts is garbage until rewritten.
+    const bool decode = e.num_computed_tokens >= r.prompt;
+    const std::int64_t valid = decode ? e.num_computed_tokens + 1 + accepted[i] : end;
     for (std::size_t g = 0; g < layouts.size(); ++g) {
+      const bool decode_state = decode && config.spec_decode && layouts[g].kind == GroupKind::mamba;
       const std::int64_t gbs = layouts[g].gpu_block_size;
       for (std::int64_t k = e.num_computed_tokens / gbs; k < (end + gbs - 1) / gbs; ++k) {
         const GpuBlockId id = r.table[g][static_cast<std::size_t>(k)];
         if (id == null_block) continue;  // a mamba pad
         gpu_unwritten.erase(id);
         for (std::size_t t = 0; t < static_cast<std::size_t>(2 * config.layers); ++t) {
-          const std::uint64_t seed = (k + 1) * gbs <= end
-                                         ? seed_of(r, g, t, k)
-                                         : mix(r.uid * 1000003 + static_cast<std::uint64_t>(k));
+          std::uint64_t seed = (k + 1) * gbs <= valid
+                                   ? seed_of(r, g, t, k)
+                                   : mix(r.uid * 1000003 + static_cast<std::uint64_t>(k));
+          // A decode-time mamba state: not the one a prefill of the same tokens computes.
+          if (decode_state) seed = mix(seed ^ 0xdec0de5747e00000ull);
           fill(page(g, t, id), config.page_bytes, seed);
         }
       }
     }
-    r.computed = end;
+    r.computed = valid;
     if (r.computed >= r.prompt) r.num_tokens = std::min(r.computed + 1, r.max_len + 1);
   }
   for (const TransferJob& job : out.store_jobs) {
