@@ -71,6 +71,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvoffload as kv
 from kvoffload import _kvoffload
+from kvoffload.vllm_features import engine_feature_problems
 
 _CLASSES = ("KvoffloadConnector", "KvoffloadConnectorMetadata", "KvoffloadWorkerMetadata",
             "KvoffloadConnectorStats", "KvoffloadPromMetrics")
@@ -102,6 +103,8 @@ METRICS = {
                          "again (a window or mamba block of a running request).",
     "unsafe_skips": "Blocks not stored because what was written of them could never be served "
                     "(a full-attention block with a hole).",
+    "unfinal_state_skips": "Mamba blocks not stored because they end past the tokens vLLM "
+                           "computed in prefill (decode-time or draft-advanced states).",
     "copy_bytes_loaded": "Bytes the workers copied into GPU memory.",
     "copy_bytes_stored": "Bytes the workers copied out of GPU memory.",
     "copy_load_seconds": "Seconds the workers' load jobs took, summed over jobs.",
@@ -415,6 +418,31 @@ def group_of_spec(g: int, spec: Any) -> Tuple[str, int, int]:
                              "(full attention, sliding window, mamba)")
 
 
+def skips_cache_reads(request: Any) -> bool:
+    """Whether vLLM reads no cached KV for this request (prompt_logprobs: every prompt token
+    must be computed). vLLM 0.32 still took a connector's hit for such a request on one of its
+    paths, and the prompt logprobs of the loaded tokens were garbage (issue 47's matrix)."""
+    if getattr(request, "skip_reading_prefix_cache", False) is True:
+        return True
+    sp = getattr(request, "sampling_params", None)
+    return sp is not None and (getattr(sp, "prompt_logprobs", None) is not None or
+                               getattr(sp, "prompt_logprob_token_ids", None) is not None)
+
+
+def check_engine_features(vllm_config: Any, kv_cache_config: Any) -> None:
+    """Refuses the engine when it runs a feature the connector is not proven with (issue
+    47: an allow-list, kvoffload.vllm_features), naming every such feature and what to
+    change."""
+    specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+    problems = engine_feature_problems(
+        vllm_config, [type(s).__name__ for s in specs],
+        [g for g, s in enumerate(specs) if getattr(s, "is_draft", False)])
+    if problems:
+        raise kv.InvalidArgument("kvoffload refuses this vLLM configuration (an engine feature "
+                                 "it has not been proven with; docs/vllm-mapping.md, \"Engine "
+                                 "features\"): " + "; ".join(problems))
+
+
 def stale_session_hashes(vllm_version: str) -> bool:
     """For VllmBridge: whether this vLLM keeps the block hashes over the tokens a streaming
     session's next turn drops. vLLM 0.21 does (Scheduler._update_request_as_session cuts the
@@ -604,6 +632,7 @@ def _define_classes() -> None:
         def __init__(self, vllm_config, role, kv_cache_config):
             super().__init__(vllm_config, role, kv_cache_config)
             extra = dict(vllm_config.kv_transfer_config.kv_connector_extra_config or {})
+            check_engine_features(vllm_config, kv_cache_config)
             groups = [group_of_spec(g, group.kv_cache_spec)
                       for g, group in enumerate(kv_cache_config.kv_cache_groups)]
             num_blocks = kv_cache_config.num_blocks
@@ -735,6 +764,8 @@ def _define_classes() -> None:
                 return None, False  # retry later: the disk tiers' index is not in yet
             params = getattr(request, "kv_transfer_params", None)
             load_limit = token_param(params, "max_load_tokens")
+            if skips_cache_reads(request):
+                load_limit = 0  # looked up (its stores need it), never loaded
             if (isinstance(params, dict) and params.get("kv_load_tiers") is not None and
                     not load_tiers_allow_all(params["kv_load_tiers"], self._load_media)):
                 load_limit = 0  # its filter leaves out a tier a hit could come from

@@ -61,7 +61,7 @@ struct Names {
   nb::object request_id, block_hashes, num_tokens, blocks, block_id, is_null, block_hash,
       num_scheduled_tokens, scheduled_new_reqs, scheduled_cached_reqs, req_id, req_ids,
       num_computed_tokens, block_ids, new_block_ids, resumed_req_ids, preempted_req_ids, resumable,
-      kv_cache_block_copies, dst_block_id;
+      kv_cache_block_copies, dst_block_id, num_prompt_tokens;
   Names() {
     const auto intern = [](const char* s) { return nb::steal(PyUnicode_InternFromString(s)); };
     request_id = intern("request_id");
@@ -84,6 +84,7 @@ struct Names {
     resumable = intern("resumable");
     kv_cache_block_copies = intern("kv_cache_block_copies");
     dst_block_id = intern("dst_block_id");
+    num_prompt_tokens = intern("num_prompt_tokens");
   }
 };
 
@@ -166,7 +167,10 @@ class VllmBridge {
   /// the block hashes over the tokens a next turn drops (check_session_turn).
   VllmBridge(Scheduler& s, std::vector<std::int64_t> gpu_block_sizes,
              bool stale_session_hashes = false)
-      : s_(s), sizes_(std::move(gpu_block_sizes)), stale_session_hashes_(stale_session_hashes) {}
+      : s_(s), sizes_(std::move(gpu_block_sizes)), stale_session_hashes_(stale_session_hashes) {
+    for (const GroupConfig& g : s_.config().groups)
+      has_mamba_ = has_mamba_ || g.kind == GroupKind::mamba;
+  }
 
   /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
   /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup;
@@ -179,6 +183,13 @@ class VllmBridge {
       if (load_limit >= 0 || e.load_limited) s_.limit_loads(e.id, load_limit);
       e.load_limited = load_limit >= 0;
       if (store_limit >= 0) s_.limit_stores(e.id, store_limit);
+    }
+    if (has_mamba_) {
+      // SEMANTICS 6.10: mamba blocks are stored only within the tokens vLLM computes as a
+      // prefill (its scheduler's prefill_end: the prompt, or what a resumed request recomputes).
+      const std::int64_t prompt = as_int(get(request, n_.num_prompt_tokens), "num_prompt_tokens");
+      const std::int64_t tokens = as_int(get(request, n_.num_tokens), "num_tokens");
+      s_.limit_state_stores(e.id, std::max<std::int64_t>(0, std::max(prompt, tokens - 1)));
     }
     e.local = num_computed_tokens;
     e.window_valid = false;
@@ -583,6 +594,7 @@ class VllmBridge {
   Scheduler& s_;
   std::vector<std::int64_t> sizes_;    // each group's GPU block size
   bool stale_session_hashes_ = false;  // check_session_turn
+  bool has_mamba_ = false;             // a mamba group: lookups set the final tokens
   std::unordered_map<std::string, Entry, StringHash, std::equal_to<>> requests_;
   // build_step's entries: the first used_ are this step's. Kept between steps, so a step
   // reuses their strings' and vectors' memory instead of allocating per request.
