@@ -159,9 +159,7 @@ struct CacheStats {
   std::uint64_t unsafe_skips = 0;
   /// SEMANTICS 6.10: mamba blocks not stored because they end past the tokens the engine
   /// finalised (limit_state_stores): their state was computed by decode steps, draft tokens
-  /// included, not by the prefill a later request would otherwise run. And (SEMANTICS 6 step
-  /// 1) written mamba GPU blocks that a step passed over (their end strictly inside its
-  /// tokens), which hold no state at their end.
+  /// included, not by the prefill a later request would otherwise run.
   std::uint64_t unfinal_state_skips = 0;
 };
 
@@ -210,10 +208,7 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// them (vLLM: the prompt, or what a resumed request recomputes). Past them a block holds a
   /// decode-time state, advanced over draft tokens under speculative decoding, which a later
   /// request's prefill would not compute (counted in unfinal_state_skips). Other groups are
-  /// unaffected. No limit until called; call again to move it. A request with final tokens
-  /// also has its mamba blocks checked against the promise that a block holds the state at its
-  /// end only where a step ended (vLLM's align mode): a written block a step passed over is
-  /// never stored (also counted in unfinal_state_skips). Throws invalid_argument for an
+  /// unaffected. No limit until called; call again to move it. Throws invalid_argument for an
   /// unknown request or a negative count.
   void limit_state_stores(std::string_view request_id, std::int64_t final_tokens);
 

@@ -183,31 +183,6 @@ void Scheduler::Impl::append_new_blocks(RequestState& r, const ScheduledRequest&
       // earlier in this step: with prefix caching requests share GPU blocks.
       fence.collect(fresh, flush);
     }
-    // An engine that gives the final tokens (vLLM's align mode) writes a state where a step
-    // ends only: check the blocks the step passed over.
-    if (layouts[g].kind == GroupKind::mamba && r.state_limit != kNoLimit) {
-      drop_passed_states(state, e, layouts[g].gpu_block_size);
-    }
-  }
-}
-
-void Scheduler::Impl::drop_passed_states(GroupState& state, const ScheduledRequest& e,
-                                         std::int64_t gbs) {
-  // SEMANTICS 6 step 1: a mamba block holds the state at its end only if a step ended there
-  // (vLLM's align mode gives the blocks a step passes over as null pads). A written block whose
-  // end lies strictly inside this step's tokens holds another state (an earlier step's, or
-  // none): the promise is checked, not assumed, and such a block is never stored.
-  const std::int64_t lo = e.num_computed_tokens;
-  const std::int64_t hi = lo + e.num_scheduled_tokens;
-  if (hi - lo < 2) return;  // a one-token step passes over no block's end
-  const std::int64_t end =
-      std::min((hi - 1) / gbs, static_cast<std::int64_t>(state.block_ids.size()));
-  for (std::int64_t k = lo / gbs; k < end; ++k) {
-    GpuBlockId& id = state.block_ids[static_cast<std::size_t>(k)];
-    if (id != null_block) {
-      id = null_block;
-      ++stats.unfinal_state_skips;
-    }
   }
 }
 

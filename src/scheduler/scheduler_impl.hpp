@@ -223,9 +223,6 @@ struct Scheduler::Impl {
   /// full-attention block with a hole is skipped and counted), nulling on the way the
   /// sub-blocks the engine has given out again since the request got them (SEMANTICS 6.9,
   /// counted in reused_sub_blocks); false if there is none.
-  /// SEMANTICS 6 step 1: nulls the written mamba blocks a step passed over (their end strictly
-  /// inside its tokens), for a request with final tokens (limit_state_stores).
-  void drop_passed_states(GroupState& state, const ScheduledRequest& e, std::int64_t gbs);
   bool collect_candidates(RequestState& r, std::span<const std::int64_t> blocks,
                           StoreScratch& scratch);
   /// Every id the engine allocated this step (or handed a load) starts a new generation.

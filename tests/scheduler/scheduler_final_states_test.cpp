@@ -69,30 +69,19 @@ TEST_CASE("limit_state_stores: a resumed request's raised limit stores its recom
   CHECK_THROWS_AS(h.s.limit_state_stores("nobody", 0), kvoffload::invalid_argument);
 }
 
-TEST_CASE("A written mamba block that a step passed over is never stored",
+TEST_CASE("A prefill checkpoint that the step passed over is stored as the state at its end",
           "[scheduler][store][final-states]") {
-  // SEMANTICS 6 step 1: the engine's promise (a mamba block holds the state at its end) holds
-  // only where a step ended; vLLM's align mode gives the blocks a step passes over as null.
-  // An engine that leaves them written (here: every block of a 100-token step) would have
-  // kvoffload store states that are not at those blocks' ends: they are dropped and counted,
-  // for a request with final tokens (the engine keeps align-mode states). Without them (an
-  // engine that writes every block's state, the control) all are stored.
-  for (const bool align : {true, false}) {
-    CAPTURE(align);
-    Harness h(make_config({full(32), mamba(32)}, 1, 64, 32));
-    const auto hashes = chain_hashes("passed", 4);
-    REQUIRE(h.lookup("A", {hashes.begin(), hashes.begin() + 3}, 100, 0) == 0);
-    if (align) h.s.limit_state_stores("A", 100);
-    h.alloc_none("A");
-    StepResult s = h.step("A", 0, 100, {ids(1, 4), ids(11, 4)});
-    REQUIRE(s.store_jobs.size() == 1);
-    if (align) {
-      CHECK(s.store_jobs[0].gpu.block_ids == std::vector<GpuBlockId>{1, 2, 3});  // no mamba
-      CHECK(s.store_jobs[0].gpu.group_sizes == std::vector<std::int64_t>{3, 0});
-      CHECK(h.s.cache_stats().unfinal_state_skips == 3);  // blocks 0-2 end inside 0-100
-    } else {
-      CHECK(s.store_jobs[0].gpu.group_sizes == std::vector<std::int64_t>{3, 3});
-      CHECK(h.s.cache_stats().unfinal_state_skips == 0);
-    }
-  }
+  // vLLM 0.32/0.33 align mode: a 300-token prefill in one step exports the state after 288
+  // tokens ((300 - 1) / 32 * 32) into column 8 (tokens 256-288), the running state into column
+  // 9; the rest are null pads. Column 8 ends at 288: that state is finalised and stored.
+  Harness h(make_config({mamba(32)}, 1, 64, 32));
+  const auto hashes = chain_hashes("checkpoint", 9);
+  REQUIRE(h.lookup("A", hashes, 300, 0) == 0);
+  h.s.limit_state_stores("A", 300);
+  h.alloc_none("A");
+  StepResult s = h.step("A", 0, 300, {{0, 0, 0, 0, 0, 0, 0, 0, 17, 18}});
+  REQUIRE(s.store_jobs.size() == 1);
+  CHECK(s.store_jobs[0].gpu.block_ids == std::vector<GpuBlockId>{17});
+  CHECK(s.store_jobs[0].gpu.block_indices == std::vector<std::int64_t>{8});
+  CHECK(h.s.cache_stats().unfinal_state_skips == 0);  // column 9 ends past 300: not offloadable
 }
