@@ -434,9 +434,14 @@ def check_engine_features(vllm_config: Any, kv_cache_config: Any) -> None:
     47: an allow-list, kvoffload.vllm_features), naming every such feature and what to
     change."""
     specs = [group.kv_cache_spec for group in kv_cache_config.kv_cache_groups]
+    hit_alignment = getattr(kv_cache_config, "cache_hit_alignment_tokens", None)
+    if hit_alignment is None:
+        hit_alignment = getattr(vllm_config.cache_config, "cache_hit_alignment_tokens", None)
     problems = engine_feature_problems(
         vllm_config, [type(s).__name__ for s in specs],
-        [g for g, s in enumerate(specs) if getattr(s, "is_draft", False)])
+        [g for g, s in enumerate(specs) if getattr(s, "is_draft", False)],
+        [int(s.block_size) for s in specs if type(s).__name__ == "MambaSpec"],
+        hit_alignment if isinstance(hit_alignment, int) else None)
     if problems:
         raise kv.InvalidArgument("kvoffload refuses this vLLM configuration (an engine feature "
                                  "it has not been proven with; docs/vllm-mapping.md, \"Engine "

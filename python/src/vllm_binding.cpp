@@ -178,18 +178,21 @@ class VllmBridge {
   /// request's idle window is dropped: a new store limit moves it.
   std::optional<std::int64_t> lookup(nb::handle request, std::int64_t num_computed_tokens,
                                      std::int64_t load_limit, std::int64_t store_limit) {
+    // SEMANTICS 6.10: mamba blocks are stored only within the tokens vLLM computes as a prefill
+    // (its scheduler's prefill_end: the prompt, or what a resumed request recomputes). Read
+    // before the request is registered, so a request without them changes nothing.
+    std::int64_t final_tokens = -1;
+    if (has_mamba_) {
+      const std::int64_t prompt = as_int(get(request, n_.num_prompt_tokens), "num_prompt_tokens");
+      const std::int64_t tokens = as_int(get(request, n_.num_tokens), "num_tokens");
+      final_tokens = std::max<std::int64_t>(0, std::max(prompt, tokens - 1));
+    }
     Entry& e = sync(request, /*always=*/true);
+    if (final_tokens >= 0) s_.limit_state_stores(e.id, final_tokens);
     if (!e.diverged) {  // a diverged request keeps the limits sync_entry gave it
       if (load_limit >= 0 || e.load_limited) s_.limit_loads(e.id, load_limit);
       e.load_limited = load_limit >= 0;
       if (store_limit >= 0) s_.limit_stores(e.id, store_limit);
-    }
-    if (has_mamba_) {
-      // SEMANTICS 6.10: mamba blocks are stored only within the tokens vLLM computes as a
-      // prefill (its scheduler's prefill_end: the prompt, or what a resumed request recomputes).
-      const std::int64_t prompt = as_int(get(request, n_.num_prompt_tokens), "num_prompt_tokens");
-      const std::int64_t tokens = as_int(get(request, n_.num_tokens), "num_tokens");
-      s_.limit_state_stores(e.id, std::max<std::int64_t>(0, std::max(prompt, tokens - 1)));
     }
     e.local = num_computed_tokens;
     e.window_valid = false;

@@ -375,3 +375,53 @@ def test_stale_session_hashes_follow_the_vllm_version():
     assert not stale_session_hashes("0.32.0+cpu") and not stale_session_hashes("0.33.0")
     assert not stale_session_hashes("1.0.0")
     assert stale_session_hashes("")  # unknown: the safe side
+
+
+@pytest.mark.parametrize("preempted", [False, True])
+def test_mamba_states_are_stored_only_within_vllms_prefill(preempted):
+    """Issue 47 (docs/semantics.md 6.10): the bridge gives each looked-up request's final
+    tokens, vLLM's prefill end max(num_prompt_tokens, num_tokens - 1). A 100-token prompt:
+    the mamba block ending at 128, completed by decode steps, is not stored. The same request
+    looked up again after a preemption with 140 tokens recomputes 139 as a prefill: the block
+    ending at 128 is a prefill state then, and stored."""
+    s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("mamba", 32)],
+                                        hash_block_size=32, host_blocks=64))
+    bridge = _kvoffload.VllmBridge(s._s, [32])
+    tokens = list(range(3, 103)) + (list(range(200, 240)) if preempted else [])
+    req = ns(request_id="m", block_hashes=[], num_tokens=0, kv_transfer_params=None,
+             num_prompt_tokens=100)
+    req_hashes = []
+    for i in range(len(tokens) // 32):
+        req_hashes.append(hashlib.sha256(repr(tokens[:(i + 1) * 32]).encode()).digest()[:16])
+    req.block_hashes, req.num_tokens = list(req_hashes[:3]), 100
+    if preempted:
+        req.block_hashes, req.num_tokens = list(req_hashes), 140
+    assert bridge.lookup(req, 0) == 0
+    bridge.allocated("m", ns(blocks=([],)), 0)
+    # Prefill as align mode chunks it: 0-96 (the state in block 2), then the rest of what vLLM
+    # computes as a prefill (to 100, or to 139 after the preemption: states at 128 and 139).
+    first = session_step(bridge, "m", 0, [0, 0, 7], 96)
+    assert [list(map(int, j.gpu_block_ids)) for j in first[1]] == [[7]]
+    if preempted:
+        _, stores, _, _ = bridge.build_step(ns(
+            scheduled_new_reqs=[], num_scheduled_tokens={"m": 43}, preempted_req_ids=set(),
+            scheduled_cached_reqs=ns(req_ids=["m"], num_computed_tokens=[96],
+                                     new_block_ids=[([8, 9],)], resumed_req_ids=set())))
+        assert [list(map(int, j.gpu_block_ids)) for j in stores] == [[8]]
+        assert s.stats()["unfinal_state_skips"] == 0
+        return
+    bridge.build_step(ns(
+        scheduled_new_reqs=[], num_scheduled_tokens={"m": 4}, preempted_req_ids=set(),
+        scheduled_cached_reqs=ns(req_ids=["m"], num_computed_tokens=[96],
+                                 new_block_ids=[([8],)], resumed_req_ids=set())))
+    # Decode: 100 -> 128 one token a step; block 3 (GPU block 8) completes at 128.
+    stored = []
+    for computed in range(100, 128):
+        if computed + 1 == 128:
+            req.block_hashes.append(req_hashes[3] if len(req_hashes) > 3 else
+                                    hashlib.sha256(b"decode").digest()[:16])
+        req.num_tokens = computed + 1
+        _, stores, _, _ = cached_step(bridge, "m", computed, 1)
+        stored += [list(map(int, j.gpu_block_ids)) for j in stores]
+    assert stored == []
+    assert s.stats()["unfinal_state_skips"] == 1

@@ -75,6 +75,8 @@ def test_a_plain_engine_is_accepted():
     mamba = VllmConfig(cache_config=CacheConfig(mamba_cache_mode="align"))
     assert problems(mamba, ("FullAttentionSpec", "MambaSpec")) == []
     assert problems(VllmConfig(speculative_config=SpeculativeConfig("ngram"))) == []
+    for dtype in ("fp8", "fp8_e4m3", "fp8_e5m2", "float32"):  # proven; the model's own
+        assert problems(VllmConfig(cache_config=CacheConfig(cache_dtype=dtype))) == []
 
 
 @pytest.mark.parametrize("config, kinds, words", [
@@ -88,8 +90,8 @@ def test_a_plain_engine_is_accepted():
      ["async scheduling", "--no-async-scheduling"]),
     (VllmConfig(scheduler_config=SchedulerConfig(scheduler_cls="my.Scheduler")),
      ("FullAttentionSpec",), ["custom scheduler class"]),
-    (VllmConfig(cache_config=CacheConfig(cache_dtype="fp8_e4m3")), ("FullAttentionSpec",),
-     ["KV-cache dtype 'fp8_e4m3'", "--kv-cache-dtype auto"]),
+    (VllmConfig(cache_config=CacheConfig(cache_dtype="fp8_inc")), ("FullAttentionSpec",),
+     ["KV-cache dtype 'fp8_inc'", "--kv-cache-dtype auto"]),
     (VllmConfig(cache_config=CacheConfig(mamba_cache_mode="all")), ("MambaSpec",),
      ["mamba_cache_mode 'all'", "--mamba-cache-mode align"]),
     # the allow-list: a cache field away from its default that the module does not know
@@ -122,6 +124,14 @@ def test_each_unproven_feature_is_refused_by_name(config, kinds, words):
     assert len(got) == 1, got
     for w in words:
         assert w in got[0], (w, got[0])
+
+
+def test_mamba_with_finer_prefix_hits_is_refused():
+    mamba = VllmConfig(cache_config=CacheConfig(mamba_cache_mode="align"))
+    got = engine_feature_problems(mamba, ["FullAttentionSpec", "MambaSpec"], (), [64], 32)
+    assert len(got) == 1 and "prefix hits aligned to 32 tokens with mamba blocks of 64" in got[0]
+    assert engine_feature_problems(mamba, ["MambaSpec"], (), [64], 64) == []
+    assert engine_feature_problems(mamba, ["MambaSpec"], (), [64], None) == []  # before 0.32
 
 
 def test_draft_model_groups_and_several_features_are_all_named():
