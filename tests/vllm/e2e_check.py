@@ -77,6 +77,9 @@ def make_setup(hybrid, factor, prefix_caching):
         device_config=DeviceConfig("cpu"),
         kv_events_config=KVEventsConfig(enable_kv_cache_events=True, publisher="null"))
     vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+    # This check drives vLLM's synchronous Scheduler; the connector refuses async scheduling
+    # (not proven: docs/vllm-mapping.md, "Engine features"), vLLM's default on 0.21 and 0.33.
+    vc.scheduler_config.async_scheduling = False
     vc.cache_config.num_gpu_blocks = NUM_BLOCKS
     return vc, kcc, layers
 

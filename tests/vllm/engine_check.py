@@ -67,6 +67,7 @@ import time
 import urllib.error
 import urllib.request
 
+import engine_features
 import engine_tables
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -338,9 +339,10 @@ def sc_wrongload(ctx):
 SCENARIOS = {"prefix": sc_prefix, "straddle": sc_straddle, "evict": sc_evict,
              "preempt": sc_preempt, "wrongload": sc_wrongload,
              "shared-store": sc_shared_store, "shared-load": sc_shared_load,
-             "tick": sc_tick, "salt": sc_salt, "cap": sc_cap, **engine_tables.SCENARIOS}
-CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "tables", "disk",
-          "shared", "server"]
+             "tick": sc_tick, "salt": sc_salt, "cap": sc_cap, **engine_tables.SCENARIOS,
+             **engine_features.SCENARIOS}
+CHECKS = ["prefix", "straddle", "evict", "preempt", "wrongload", "salt", "cap", "tables",
+          "features", "disk", "shared", "server"]
 
 
 def engine_main(spec_path, out_path):
@@ -359,6 +361,10 @@ def engine_main(spec_path, out_path):
               max_num_seqs=16)
     if spec.get("gpu_blocks"):
         kw["num_gpu_blocks_override"] = spec["gpu_blocks"]
+    if spec.get("speculative_config"):
+        kw["speculative_config"] = spec["speculative_config"]
+    if spec.get("kv_cache_dtype"):
+        kw["kv_cache_dtype"] = spec["kv_cache_dtype"]
     if spec.get("max_num_batched_tokens"):
         kw["max_num_batched_tokens"] = spec["max_num_batched_tokens"]
     if spec.get("events"):
@@ -389,7 +395,7 @@ def engine_main(spec_path, out_path):
                  ("hits", "hit_tokens", "load_jobs", "store_jobs", "blocks_loaded",
                   "blocks_stored", "evictions", "stores_skipped", "stores_without_room",
                   "failed_loads", "failed_stores", "partial_stores",
-                  "partial_misses")} if after else {}
+                  "partial_misses", "unfinal_state_skips")} if after else {}
         if conn is not None:  # the disk tiers' blocks found at start (after the first step)
             ctx.notes["restored"] = dict(getattr(conn, "restored_blocks", {}))
         result["scenarios"][name] = {"outputs": ctx.outputs, "notes": ctx.notes,
@@ -449,13 +455,14 @@ def cached(got):
 
 
 def main(wanted):
-    failed = []
+    failed, lines, cells = [], [], []
     root = tempfile.mkdtemp(prefix="kvoffload-engine-")
     models = {k: model_dir(k, root) for k in ("llama", "hybrid")}
     engine = [w for w in wanted if w != "server"]
 
     def line(text):
         print(text, flush=True)
+        lines.append(text)
         if "FAILED" in text:
             failed.append(text)
 
@@ -464,6 +471,8 @@ def main(wanted):
         for kind in ("llama", "hybrid"):
             sc = [s for s in (["prefix", "evict", "preempt", "salt", "cap"] if kind == "llama"
                               else ["prefix", "straddle", "wrongload"]) if s in engine]
+            if "features" in engine:  # issue 47's cells that need no engine of their own
+                sc += ["plogprobs", "parallel", "abort"]
             if kind == "llama" and ("shared" in engine or "disk" in engine):
                 sc += ["shared-store", "shared-load", "tick"]
             if sc:
@@ -502,6 +511,8 @@ def main(wanted):
                     sc.append("salt")
                 if kind == "llama" and f == 2 and "cap" in engine:
                     sc.append("cap")
+                if "features" in engine and f in ((1, 4) if kind == "llama" else (4,)):
+                    sc += ["plogprobs", "parallel", "abort"]
                 if sc:
                     spec["scenarios"] = sc
                     runs.append((f"{kind}-f{f}", kind, spec))
@@ -525,6 +536,10 @@ def main(wanted):
                         f"loaded, {st.get('blocks_stored')} stored, {st.get('evictions')} "
                         f"evictions, {st.get('stores_without_room')} stores without room)")
                 label = f"engine {name} {tag}"
+                if name in engine_features.FEATURE_OF:
+                    engine_features.judge(name, tag, base[kind][name]["outputs"], res, compare,
+                                          line, cells, "", kind, spec["extra"]["block_size"] // BLOCK)
+                    continue
                 if name == "wrongload":
                     if not notes.get("reversed_load_jobs"):
                         line(f"{label}: FAILED: no load job was reversed; {hits}")
@@ -600,12 +615,20 @@ def main(wanted):
     if "tables" in engine:
         tables = dict(models, **{k: engine_tables.model_dir(k, root) for k in ("mamba2", "nemotron")})
         engine_tables.tables_check(root, tables, run_engine, compare, BLOCK, line)
+    if "features" in engine:
+        feats = dict(models, **{k: engine_tables.model_dir(k, root) for k in ("mamba2", "nemotron")})
+        engine_features.features_check(root, feats, run_engine, compare, BLOCK, line, cells)
     if "disk" in engine:
         disk_check(models["llama"], root, base["llama"], line)
     if "shared" in engine:
         shared_check(models["llama"], root, base["llama"], line)
     if "server" in wanted:
         server_check(models["llama"], root, line)
+    cells += engine_features.cells_from_lines(lines)
+    table = os.environ.get("KVOFFLOAD_FEATURES_TABLE")
+    if table and cells:  # the feature matrix of docs/vllm-mapping.md, from these results
+        engine_features.write_table(table, cells)
+        print(f"engine: feature matrix ({len(cells)} cells) written to {table}", flush=True)
     print(f"engine: {len(failed)} failed" + (f" (engine and server logs: {root})" if failed else ""),
           flush=True)
     if not failed:

@@ -16,6 +16,10 @@ vLLM's align mode (prefix caching on), GPU blocks of 32; "hybrid" (engine_check'
                 (f = 2) GPU blocks give [0, s1, 0, s3, 0, s5, ...]; offloaded blocks with a
                 hole inside. A 300-token prompt, vLLM's prefix cache reset, then two prompts
                 sharing its first 288 and 192 tokens load from kvoffload.
+  mamba-decode  (issue 47) engine_features' turns on Mamba2 without drafts: T1 decodes across
+                mamba blocks; blocks completed during decode are not stored (their states
+                are decode-time states; counted in unfinal_state_skips) and T2's hit ends at
+                the last prefill state.
   window-reuse  (c) hybrid, f = 1, 30 host blocks, 64 GPU blocks, 600 tokens a step: A and B
                 (300 tokens) and C (560, max_offload_tokens 0) in one generate(). A's store
                 fills the host cache, B's waits for room while vLLM frees B's window blocks and
@@ -77,9 +81,14 @@ def gen_each(ctx, named, max_tokens=8):
     outs = ctx.llm.generate([TokensPrompt(prompt_token_ids=t) for _, t, _ in named], params,
                             use_tqdm=False)
     for (name, _, _), o in zip(named, outs):
-        c = o.outputs[0]
-        lps = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)]
-        ctx.outputs[name] = [list(c.token_ids), lps, int(o.num_cached_tokens or 0)]
+        record(ctx, name, o)
+
+
+def record(ctx, name, output):
+    """ctx.outputs[name]: the first sample's tokens and logprobs, and the cached tokens."""
+    c = output.outputs[0]
+    lps = [float(d[t].logprob) for t, d in zip(c.token_ids, c.logprobs)]
+    ctx.outputs[name] = [list(c.token_ids), lps, int(output.num_cached_tokens or 0)]
 
 
 def note_stats(ctx):
@@ -88,7 +97,8 @@ def note_stats(ctx):
         ctx.notes["kv"] = {k: s.get(k) for k in ("hits", "hit_tokens", "blocks_stored",
                                              "blocks_loaded", "partial_stores",
                                              "reused_sub_blocks", "unsafe_skips",
-                                             "stores_without_room", "failed_loads")}
+                                             "unfinal_state_skips", "stores_without_room",
+                                             "failed_loads")}
 
 
 def sc_mamba_hit(ctx):
@@ -133,7 +143,7 @@ SCENARIOS = {"mamba-hit": sc_mamba_hit, "mamba-chunks": sc_mamba_chunks,
 # "unit": the connector's block_size is unit * f (vLLM's largest GPU block among the groups).
 ENGINES = [
     ("mamba2-b96", "mamba2", {"max_num_batched_tokens": 96},
-     [(1, ["mamba-hit"]), (2, ["mamba-hit", "mamba-chunks"])]),
+     [(1, ["mamba-hit", "mamba-decode"]), (2, ["mamba-hit", "mamba-chunks", "mamba-decode"])]),
     ("mamba2-b64", "mamba2", {"max_num_batched_tokens": 64}, [(3, ["mamba-chunks"])]),
     ("nemotron-b128", "nemotron", {"max_num_batched_tokens": 128, "unit": 64},
      [(1, ["mamba-hit"])]),
@@ -177,12 +187,17 @@ def tables_check(root, models, run_engine, compare, block, line):
                 problems = [] if ok else [f"outputs differ from the engine without kvoffload: "
                                           f"{diff}"]
                 loaded = {"mamba-hit": ["C"], "mamba-chunks": ["Q288", "Q192"],
-                          "window-reuse": ["B100", "B160", "B230"]}[name]
+                          "window-reuse": ["B100", "B160", "B230"],
+                          "mamba-decode": ["T2", "P96", "P128", "P160"]}[name]
                 if not any(cached.get(n, 0) for n in loaded):
                     problems.append(f"none of {loaded} loaded anything from kvoffload")
                 if name == "mamba-chunks" and not kv.get("partial_stores"):
                     problems.append("no mamba block was stored partly written: the chunked "
                                     "tables' holes are not exercised")
+                # Issue 47: states of blocks completed during decode are never stored.
+                if name == "mamba-decode" and not kv.get("unfinal_state_skips"):
+                    problems.append("no decode-time mamba state was skipped: the case is not "
+                                    "exercised")
                 if name == "window-reuse" and not kv.get("reused_sub_blocks"):
                     problems.append("no store met a window block vLLM had given to another "
                                     "request: the case is not exercised")

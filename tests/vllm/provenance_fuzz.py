@@ -135,6 +135,7 @@ class Case:
                                            "host_blocks": self.host_blocks}),
             device_config=DeviceConfig("cpu"))
         vc.scheduler_config.disable_hybrid_kv_cache_manager = False
+        vc.scheduler_config.async_scheduling = False  # the synchronous Scheduler, as engines
         vc.cache_config.num_gpu_blocks = self.num_blocks
         return vc, kcc, layers
 
