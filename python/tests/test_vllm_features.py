@@ -157,3 +157,23 @@ def test_the_connector_refuses_at_start_with_every_problem():
         check_engine_features(config, kv_cache_config)
     assert "kvoffload refuses this vLLM configuration" in str(e.value)
     assert "with mamba layers" in str(e.value) and "--no-async-scheduling" in str(e.value)
+
+
+def test_the_connector_reads_vllms_hit_alignment():
+    """check_engine_features takes cache_hit_alignment_tokens from vLLM's KV-cache config (set
+    there before the connectors are built, 0.32+), and the mamba block sizes from the specs."""
+    import types
+
+    from kvoffload.vllm import check_engine_features
+
+    spec = type("MambaSpec", (), {"block_size": 64})()
+    config = VllmConfig(cache_config=CacheConfig(mamba_cache_mode="align"))
+    for alignment, refused in ((32, True), (64, False), (None, False)):
+        kv_cache_config = types.SimpleNamespace(
+            kv_cache_groups=[types.SimpleNamespace(kv_cache_spec=spec)],
+            cache_hit_alignment_tokens=alignment)
+        if refused:
+            with pytest.raises(kv.InvalidArgument, match="prefix hits aligned to 32 tokens"):
+                check_engine_features(config, kv_cache_config)
+        else:
+            check_engine_features(config, kv_cache_config)

