@@ -67,6 +67,8 @@ void bind_worker(nb::module_& m) {
             d["tls_errors"] = s.tls_errors;
             d["auth_errors"] = s.auth_errors;
             d["io_errors"] = s.io_errors;
+            d["timeouts"] = s.timeouts;
+            d["protocol_errors"] = s.protocol_errors;
             d["oversized"] = s.oversized;
             return d;
           },

@@ -65,6 +65,8 @@ std::string metrics_text(const Worker& worker, std::span<const MetricLabel> labe
   shared_family("kvoffload_worker_shared_tls_errors_total", &SharedTierStats::tls_errors);
   shared_family("kvoffload_worker_shared_auth_errors_total", &SharedTierStats::auth_errors);
   shared_family("kvoffload_worker_shared_io_errors_total", &SharedTierStats::io_errors);
+  shared_family("kvoffload_worker_shared_timeouts_total", &SharedTierStats::timeouts);
+  shared_family("kvoffload_worker_shared_protocol_errors_total", &SharedTierStats::protocol_errors);
   shared_family("kvoffload_worker_shared_oversized_total", &SharedTierStats::oversized);
   return w.take();
 }

@@ -1,12 +1,14 @@
 #pragma once
 
 // A small client for a Valkey (or Redis 7) cluster, what the shared tier talks through: our own
-// sockets (plain TCP or TLS through OpenSSL, AUTH with an ACL user), hiredis's reply parser,
-// and on top of them the cluster's rules: the slot map (CLUSTER SLOTS), key slots (CRC16 with
-// hash tags), MOVED and ASK redirects, map refresh, one connection per node, pipelined
-// batches, timeouts on connect and on every reply. A server without cluster support
-// (standalone Valkey or Redis) is one node owning every slot. Not thread-safe: one per thread.
+// sockets (plain TCP or TLS through OpenSSL, AUTH with an ACL user), our own bounded reply
+// reader, and on top of them the cluster's rules: the slot map (CLUSTER SLOTS), key slots (CRC16
+// with hash tags), MOVED and ASK redirects, map refresh, one connection per node, pipelined
+// batches, deadlines on connect, on each write and on each whole reply. A server without cluster
+// support (standalone Valkey or Redis) is one node owning every slot. Not thread-safe: one per
+// thread.
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -43,8 +45,10 @@ struct ClusterTls {
 struct ClusterClientConfig {
   std::vector<ClusterAddress> seeds;  ///< any nodes of the cluster; the rest is discovered
   int connect_timeout_ms = 200;
-  int reply_timeout_ms = 1000;  ///< for every reply (a stopped node costs this once)
-  int max_redirects = 5;        ///< MOVED/ASK hops per command before it fails
+  /// For each write and each whole reply, however its bytes trickle in; the TLS handshake and
+  /// AUTH get it too (a stopped or drip-feeding node costs this once, then is skipped).
+  int reply_timeout_ms = 1000;
+  int max_redirects = 5;  ///< MOVED/ASK hops per command before it fails
   /// A node that failed is not tried again for this long, doubled at each failure in a row up
   /// to max_backoff_ms, each wait drawn from [0.5, 1.5) of it (jitter: a fleet does not
   /// reconnect in step).
@@ -59,6 +63,10 @@ struct ClusterClientConfig {
   /// seeds count as unreachable. For deployments that pin their nodes, and for tests that
   /// must not reach anything else.
   bool only_seeds = false;
+  /// The flag cancel() sets (null: the client makes its own). Clients built with one flag are
+  /// cancelled together, including one built after it was set (a tier that replaces its
+  /// client after a failed batch).
+  std::shared_ptr<std::atomic<bool>> cancel{};
 };
 
 /// One command: `args` in full (the name first), then, if `value` is not empty, one more
@@ -71,8 +79,8 @@ struct ClusterCommand {
   /// reply_into.size() bytes, its bytes after the prefix are written to reply_into as they are
   /// parsed (one copy less) and the reply's text is the prefix (ClusterReply::in_place). The
   /// caller must treat reply_into as garbage unless it then accepts the reply.
-  /// A longer bulk string is not read into memory: it is skipped and answered as a string
-  /// with ClusterReply::oversized set.
+  /// A longer bulk string (or a shorter one over the 8 MiB reply bound) is not read into
+  /// memory: it is skipped and answered as a string with ClusterReply::oversized set.
   std::span<std::byte> reply_into{};
   std::size_t reply_prefix = 0;
   /// Called right before the command is written (the commands before it already are), so
@@ -111,7 +119,9 @@ struct ClusterStats {
   std::uint64_t tls_errors = 0;      ///< TLS handshakes that failed (certificate, protocol)
   std::uint64_t auth_errors = 0;     ///< connections whose AUTH was refused
   std::uint64_t io_errors = 0;       ///< connections dropped: timeout, reset, bad protocol
-  std::uint64_t oversized = 0;       ///< values longer than asked for, skipped unbuffered
+  std::uint64_t timeouts = 0;        ///< of io_errors: a write or a whole reply missed its deadline
+  std::uint64_t protocol_errors = 0;  ///< of io_errors: a reply broke the protocol or a bound
+  std::uint64_t oversized = 0;        ///< values longer than asked for, skipped unbuffered
 };
 
 class KVOFFLOAD_EXPORT ClusterClient {
@@ -128,6 +138,9 @@ class KVOFFLOAD_EXPORT ClusterClient {
   /// (and is skipped for down_backoff_ms), and the next call reloads the slot map.
   void run(std::span<const ClusterCommand> commands,
            const std::function<void(std::size_t, const ClusterReply&)>& on_reply);
+  /// From any thread: every wait of this client ends within about 50 ms and every later
+  /// command fails at once (for a bounded shutdown whatever the servers do).
+  void cancel() noexcept;
   /// Loads the slot map now; false if no node answered.
   bool refresh();
   [[nodiscard]] ClusterStats stats() const noexcept;

@@ -10,8 +10,11 @@
 // a value a writer without it forged, or moved from another key, is refused. Anything wrong
 // with a value, or with the cluster, fails the block (a miss for the scheduler) and is counted.
 
+#include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -51,7 +54,9 @@ struct SharedTierStats {
   std::uint64_t tls_errors = 0;      ///< TLS handshakes refused (certificate, name, protocol)
   std::uint64_t auth_errors = 0;     ///< AUTH refused (wrong user or password)
   std::uint64_t io_errors = 0;       ///< connections dropped mid-batch (timeout, reset)
-  std::uint64_t oversized = 0;       ///< values longer than a block, skipped unbuffered
+  std::uint64_t timeouts = 0;        ///< of io_errors: a write or a whole reply missed its deadline
+  std::uint64_t protocol_errors = 0;  ///< of io_errors: a reply broke the protocol or a bound
+  std::uint64_t oversized = 0;        ///< values longer than a block, skipped unbuffered
 };
 
 class KVOFFLOAD_EXPORT SharedTier final : public Tier {
@@ -64,8 +69,12 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   SharedTier(const SharedTierConfig& config, std::int64_t block_size_factor,
              std::string_view layout, std::uint64_t payload_bytes,
              std::function<std::span<std::byte>(HostBlockId)> host_block);
-  /// Finishes the jobs already submitted (each bounded by the timeouts), then stops.
+  /// Finishes the jobs already submitted for at most shutdown_grace() (a healthy cluster
+  /// drains its queue), then cancels the rest, which fail: bounded whatever the servers do.
   ~SharedTier() override;
+  /// How long the destructor lets submitted jobs finish: twice the reply timeout plus the
+  /// connect timeout, at least 5 s.
+  [[nodiscard]] std::chrono::milliseconds shutdown_grace() const noexcept { return grace_; }
 
   [[nodiscard]] Medium medium() const noexcept override { return Medium::shared; }
   /// 0: the cluster holds the values, not slots of this tier.
@@ -96,6 +105,9 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   std::uint64_t payload_bytes_ = 0;
   std::function<std::span<std::byte>(HostBlockId)> host_block_;
   ClusterClientConfig client_config_;
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
+  std::chrono::milliseconds grace_{5000};
+  std::future<void> finished_;             // ready once run() returned
   std::unique_ptr<ClusterClient> client_;  // the I/O thread's only; null after a failed batch
   ClusterStats client_seen_;               // client_'s counters already added to stats_
   std::string ttl_;                        // SETEX's seconds; empty: plain SET

@@ -1,4 +1,4 @@
-// The cluster layer over hiredis (include/kvoffload/cluster_client.hpp). How it follows the
+// The cluster layer over our connections (include/kvoffload/cluster_client.hpp). How it follows the
 // cluster specification, as the common cluster clients (hiredis-cluster, redis-py's
 // RedisCluster, Jedis) do:
 // - the slot map comes from CLUSTER SLOTS of any reachable node (the seeds first time, then the
@@ -9,18 +9,19 @@
 //   touching the map; more than max_redirects hops fail the command; an empty host in a
 //   redirect (Redis 7+) means the node that sent it;
 // - every node gets its commands as one pipelined batch (all are written, then the replies are
-//   read in order), on one connection per node with a timeout on connect and on every read;
+//   read in order), on one connection per node with a deadline on the connect, on each write
+//   and on each whole reply (node_connection.hpp), every reply bounded (resp_reader.hpp);
 // - an I/O error (timeout, reset, malformed reply) drops the connection: the commands of that
 //   batch without a reply fail, the node is skipped (a jittered backoff that doubles at each
 //   failure in a row), the map is reloaded; nodes the new map no longer names are disconnected.
 
 #include "kvoffload/tiers/cluster_client.hpp"
 
-#include <hiredis/hiredis.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -41,8 +42,13 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::string_view str_of(const redisReply* r) {
-  return {r->str, r->len};
+// What an ACL refusal's warning adds: the commands the tier's user needs.
+constexpr std::string_view kAclNeeded =
+    "the server needs AUTH with a user allowed cluster|slots, asking, get, set, setex and "
+    "exists on kvo:*";
+
+bool is_acl_refusal(std::string_view text) {
+  return text.starts_with("NOPERM") || text.starts_with("NOAUTH") || text.starts_with("WRONGPASS");
 }
 
 /// "host:port" (the port after the last ':', so IPv6 addresses work); nullopt if malformed.
@@ -58,89 +64,6 @@ std::optional<ClusterAddress> split_address(std::string_view text) {
   // A cluster bus suffix ("host:port@bus") is not part of a reply address; refused here.
   return ClusterAddress{std::string(text.substr(0, colon)), port};
 }
-
-/// Where the reply being read should put a value's bytes (ClusterCommand::reply_into).
-struct InPlace {
-  std::span<std::byte> into;
-  std::size_t prefix = 0;
-  bool done = false;  // the reply's bytes after `prefix` went to `into`
-};
-
-// hiredis's reply objects, built as its default functions build them (freeReplyObject frees
-// them), except that a top-level bulk string of exactly prefix + into.size() bytes goes
-// straight to `into`, leaving only the prefix in the reply: one copy less for large values.
-redisReply* new_reply() {
-  return static_cast<redisReply*>(std::calloc(1, sizeof(redisReply)));
-}
-
-void attach(const redisReadTask* task, redisReply* r) {
-  if (task->parent != nullptr) {
-    auto* parent = static_cast<redisReply*>(task->parent->obj);
-    parent->element[task->idx] = r;
-  }
-}
-
-void* create_string(const redisReadTask* task, char* str, size_t len) {
-  redisReply* r = new_reply();
-  if (r == nullptr) return nullptr;
-  r->type = task->type;
-  auto* where = static_cast<InPlace*>(task->privdata);
-  std::size_t keep = len;
-  if (where != nullptr && task->parent == nullptr && task->type == REDIS_REPLY_STRING &&
-      !where->into.empty() && len == where->prefix + where->into.size()) {
-    std::memcpy(where->into.data(), str + where->prefix, where->into.size());
-    where->done = true;
-    keep = where->prefix;
-  }
-  auto* buf = static_cast<char*>(std::malloc(keep + 1));
-  if (buf == nullptr) {
-    std::free(r);
-    return nullptr;
-  }
-  std::memcpy(buf, str, keep);
-  buf[keep] = '\0';
-  r->str = buf;
-  r->len = keep;
-  attach(task, r);
-  return r;
-}
-
-void* create_array(const redisReadTask* task, int elements) {
-  redisReply* r = new_reply();
-  if (r == nullptr) return nullptr;
-  r->type = REDIS_REPLY_ARRAY;
-  if (elements > 0) {
-    r->element = static_cast<redisReply**>(
-        std::calloc(static_cast<std::size_t>(elements), sizeof(redisReply*)));
-    if (r->element == nullptr) {
-      std::free(r);
-      return nullptr;
-    }
-  }
-  r->elements = static_cast<std::size_t>(std::max(elements, 0));
-  attach(task, r);
-  return r;
-}
-
-void* create_integer(const redisReadTask* task, long long value) {
-  redisReply* r = new_reply();
-  if (r == nullptr) return nullptr;
-  r->type = REDIS_REPLY_INTEGER;
-  r->integer = value;
-  attach(task, r);
-  return r;
-}
-
-void* create_nil(const redisReadTask* task) {
-  redisReply* r = new_reply();
-  if (r == nullptr) return nullptr;
-  r->type = REDIS_REPLY_NIL;
-  attach(task, r);
-  return r;
-}
-
-redisReplyObjectFunctions kReplyFunctions = {create_string, create_array, create_integer,
-                                             create_nil, freeReplyObject};
 
 }  // namespace
 
@@ -195,27 +118,36 @@ struct ClusterClient::Impl {
   std::vector<std::pair<std::size_t, std::string_view>> iov_ref;
   std::size_t encoded_bytes = 0;  // in heads and iov_ref, not yet sent
   static constexpr std::size_t kFlushBytes = 1 << 20;
-  // The destination of the reply being read (ClusterCommand::reply_into), for createString.
-  InPlace in_place;
+  // Nodes known at most: a slot map can name 16384 (one per slot), each a connect to try.
+  static constexpr std::size_t kMaxNodes = 1024;
+  std::shared_ptr<std::atomic<bool>> cancelled;
   std::unique_ptr<detail::TlsContext> tls;  // null: plain TCP
   std::minstd_rand jitter{std::random_device{}()};
   std::string last_error;
   // The warnings already logged (an operator's mistake is said once, not at every retry).
   std::string warned;
 
-  explicit Impl(ClusterClientConfig c) : config(std::move(c)) {
+  explicit Impl(ClusterClientConfig c)
+      : config(std::move(c)),
+        cancelled(config.cancel != nullptr ? config.cancel
+                                           : std::make_shared<std::atomic<bool>>(false)) {
     slots.fill(-1);
-    for (const ClusterAddress& a : config.seeds)
-      nodes[static_cast<std::size_t>(node_of(a))].seed = true;
+    for (const ClusterAddress& a : config.seeds) {
+      const int i = node_of(a);
+      if (i >= 0) nodes[static_cast<std::size_t>(i)].seed = true;
+    }
     if (config.tls.enabled) tls = std::make_unique<detail::TlsContext>(config.tls);
   }
 
+  /// The node's index, added if new; -1 once kMaxNodes are known (a slot map or redirect
+  /// naming more is not followed there: its slots have no owner).
   int node_of(const ClusterAddress& a) {
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       if (nodes[i].address.port == a.port && nodes[i].address.host == a.host) {
         return static_cast<int>(i);
       }
     }
+    if (nodes.size() >= kMaxNodes) return -1;
     nodes.push_back(Node{a, nullptr, {}, 0, false});
     return static_cast<int>(nodes.size() - 1);
   }
@@ -236,6 +168,13 @@ struct ClusterClient::Impl {
     map_stale = true;
   }
 
+  /// A connection dropped mid-command: counted by why.
+  void count_failure(const detail::NodeConnection& c) {
+    ++stats.io_errors;
+    if (c.failure() == detail::IoFailure::timeout) ++stats.timeouts;
+    if (c.failure() == detail::IoFailure::protocol) ++stats.protocol_errors;
+  }
+
   void note_error(const Node& n, std::string_view what, bool warn) {
     last_error = fmt::format("{}:{}: {}", n.address.host, n.address.port, what);
     if (warn && warned != last_error) {
@@ -246,6 +185,7 @@ struct ClusterClient::Impl {
 
   bool connect(Node& n) {
     if (n.conn != nullptr) return true;
+    if (cancelled->load(std::memory_order_relaxed)) return false;
     if (Clock::now() < n.down_until) return false;
     if (config.only_seeds && !n.seed) {
       ++stats.connect_errors;
@@ -259,8 +199,7 @@ struct ClusterClient::Impl {
     o.username = config.username;
     o.password = config.password;
     o.keepalive = config.keepalive;
-    o.functions = &kReplyFunctions;  // in-place values
-    o.privdata = &in_place;
+    o.cancel = cancelled.get();
     detail::ConnectFailure failure = detail::ConnectFailure::none;
     std::string why;
     n.conn = detail::NodeConnection::open(n.address, o, failure, why);
@@ -305,7 +244,7 @@ struct ClusterClient::Impl {
   }
 
   /// Writes every encoded command to the node's connection (values are not copied). False on
-  /// an error or a timeout (SO_SNDTIMEO, set with the reply timeout).
+  /// an error or a missed deadline (the reply timeout, per write).
   bool send_encoded(Node& n) {
     std::vector<iovec> iov;
     iov.reserve(iov_ref.size());
@@ -328,60 +267,51 @@ struct ClusterClient::Impl {
     Node& n = nodes[index];  // a deque: stays valid while node_of adds nodes
     if (!connect(n)) return false;
     static constexpr std::array<std::string_view, 2> kSlots{"CLUSTER", "SLOTS"};
-    void* raw = nullptr;
-    if (!n.conn->command(kSlots, &raw)) {
-      ++stats.io_errors;
+    detail::RespValue reply;
+    if (!n.conn->command(kSlots, reply)) {
+      count_failure(*n.conn);
       note_error(n, "CLUSTER SLOTS got no reply: " + n.conn->error(), false);
       mark_down(n, "CLUSTER SLOTS got no reply");
       return false;
     }
-    auto* reply = static_cast<redisReply*>(raw);
     std::array<int, detail::kClusterSlots> map;
     map.fill(-1);
-    if (reply->type == REDIS_REPLY_ERROR &&
-        str_of(reply).find("cluster support disabled") != std::string_view::npos) {
+    using detail::RespType;
+    if (reply.type == RespType::error &&
+        reply.text.find("cluster support disabled") != std::string::npos) {
       // A standalone server: it owns every slot.
-      freeReplyObject(reply);
       map.fill(static_cast<int>(index));
       install_map(map);
       return true;
     }
-    if (reply->type == REDIS_REPLY_ERROR &&
-        (str_of(reply).starts_with("NOAUTH") || str_of(reply).starts_with("WRONGPASS") ||
-         str_of(reply).starts_with("NOPERM"))) {
+    if (reply.type == RespType::error && is_acl_refusal(reply.text)) {
       // Connected, but the server wants a user and password we did not give, or the user
       // may not read the slot map.
       ++stats.auth_errors;
-      note_error(n,
-                 fmt::format("{} (the server needs AUTH with a user allowed cluster|slots, "
-                             "asking, get, set, setex and exists)",
-                             str_of(reply)),
-                 true);
-      freeReplyObject(reply);
+      note_error(n, fmt::format("{} ({})", reply.text, kAclNeeded), true);
       mark_down(n, "AUTH needed");
       return false;
     }
-    bool ok = reply->type == REDIS_REPLY_ARRAY;
-    for (std::size_t i = 0; ok && i < reply->elements; ++i) {
-      const redisReply* e = reply->element[i];
+    bool ok = reply.type == RespType::array;
+    for (std::size_t i = 0; ok && i < reply.elements.size(); ++i) {
+      const detail::RespValue& e = reply.elements[i];
       // [start, end, [host, port, id...], replicas...]
-      ok = e->type == REDIS_REPLY_ARRAY && e->elements >= 3 &&
-           e->element[0]->type == REDIS_REPLY_INTEGER &&
-           e->element[1]->type == REDIS_REPLY_INTEGER && e->element[2]->type == REDIS_REPLY_ARRAY &&
-           e->element[2]->elements >= 2 && e->element[2]->element[0]->type == REDIS_REPLY_STRING &&
-           e->element[2]->element[1]->type == REDIS_REPLY_INTEGER;
+      ok = e.type == RespType::array && e.elements.size() >= 3 &&
+           e.elements[0].type == RespType::integer && e.elements[1].type == RespType::integer &&
+           e.elements[2].type == RespType::array && e.elements[2].elements.size() >= 2 &&
+           e.elements[2].elements[0].type == RespType::string &&
+           e.elements[2].elements[1].type == RespType::integer;
       if (!ok) break;
-      const long long first = e->element[0]->integer;
-      const long long last = e->element[1]->integer;
-      const long long port = e->element[2]->element[1]->integer;
+      const long long first = e.elements[0].integer;
+      const long long last = e.elements[1].integer;
+      const long long port = e.elements[2].elements[1].integer;
       ok = first >= 0 && first <= last && last < detail::kClusterSlots && port > 0 && port <= 65535;
       if (!ok) break;
-      std::string host(str_of(e->element[2]->element[0]));
+      std::string host = e.elements[2].elements[0].text;
       if (host.empty() || host == "?") host = n.address.host;  // "the node you asked"
       const int owner = node_of(ClusterAddress{host, static_cast<int>(port)});
       for (long long s = first; s <= last; ++s) map[static_cast<std::size_t>(s)] = owner;
     }
-    freeReplyObject(reply);
     if (!ok) {
       // An answer that is not a slot map (an error: cluster support off, say).
       detail::logger().warn("cluster: {}:{} gave no usable CLUSTER SLOTS answer", n.address.host,
@@ -435,13 +365,15 @@ struct ClusterClient::Impl {
     auto address = split_address(text.substr(b + 1));
     if (!address) return std::nullopt;
     if (address->host.empty()) address->host = nodes[static_cast<std::size_t>(from)].address.host;
-    return std::pair{slot, node_of(*address)};
+    const int node = node_of(*address);
+    if (node < 0) return std::nullopt;
+    return std::pair{slot, node};
   }
 
   void run(std::span<const ClusterCommand> commands,
            const std::function<void(std::size_t, const ClusterReply&)>& on_reply) {
     stats.commands += commands.size();
-    if (!have_map || map_stale) (void)refresh();
+    if (!cancelled->load(std::memory_order_relaxed) && (!have_map || map_stale)) (void)refresh();
     const auto fail = [&](std::size_t i) {
       ++stats.failed;
       on_reply(i, ClusterReply{});
@@ -505,8 +437,8 @@ struct ClusterClient::Impl {
     encoded_bytes = 0;
     if (!ok) {
       detail::logger().debug("cluster: sending to {}:{} failed: {}", n.address.host, n.address.port,
-                             std::strerror(errno));
-      ++stats.io_errors;
+                             n.conn->error());
+      count_failure(*n.conn);
       mark_down(n, "send failed");
     }
     return ok;
@@ -518,25 +450,14 @@ struct ClusterClient::Impl {
                   const std::function<void(std::size_t)>& fail, std::vector<Pending>& next) {
     Node& n = nodes[static_cast<std::size_t>(node)];
     std::size_t answered = 0;
+    detail::RespValue r;
     for (; answered < batch.size(); ++answered) {
       const Pending& p = batch[answered];
-      void* raw = nullptr;
-      in_place = InPlace{};
-      if (p.asking) {
-        if (!n.conn->get_reply(&raw)) break;
-        freeReplyObject(raw);  // +OK to ASKING
-      }
+      if (p.asking && !n.conn->read_reply(r)) break;  // +OK to ASKING
       const ClusterCommand& command = commands[p.index];
-      in_place = InPlace{command.reply_into, command.reply_prefix, false};
-      bool oversized = false;
-      const bool got = command.reply_into.empty()
-                           ? n.conn->get_reply(&raw)
-                           : n.conn->get_bounded_reply(
-                                 &raw, command.reply_prefix + command.reply_into.size(), oversized);
-      const bool wrote_in_place = in_place.done;
-      in_place = InPlace{};
-      if (!got) break;
-      if (oversized) {
+      if (!command.reply_into.empty()) n.conn->expect(command.reply_into, command.reply_prefix);
+      if (!n.conn->read_reply(r)) break;
+      if (r.skipped) {
         ++stats.oversized;
         ClusterReply skipped;
         skipped.kind = ClusterReplyKind::string;
@@ -544,27 +465,26 @@ struct ClusterClient::Impl {
         on_reply(p.index, skipped);
         continue;
       }
-      auto* r = static_cast<redisReply*>(raw);
       ClusterReply reply;
-      switch (r->type) {
-        case REDIS_REPLY_STRING:
+      switch (r.type) {
+        case detail::RespType::string:
           reply.kind = ClusterReplyKind::string;
-          reply.text = str_of(r);
-          reply.in_place = wrote_in_place;
+          reply.text = r.text;
+          reply.in_place = r.in_place;
           break;
-        case REDIS_REPLY_NIL: reply.kind = ClusterReplyKind::nil; break;
-        case REDIS_REPLY_INTEGER:
+        case detail::RespType::nil: reply.kind = ClusterReplyKind::nil; break;
+        case detail::RespType::integer:
           reply.kind = ClusterReplyKind::integer;
-          reply.integer = r->integer;
+          reply.integer = r.integer;
           break;
-        case REDIS_REPLY_STATUS:
+        case detail::RespType::status:
           reply.kind = ClusterReplyKind::status;
-          reply.text = str_of(r);
+          reply.text = r.text;
           break;
-        case REDIS_REPLY_ARRAY: reply.kind = ClusterReplyKind::array; break;
-        default:
+        case detail::RespType::array: reply.kind = ClusterReplyKind::array; break;
+        case detail::RespType::error:
           reply.kind = ClusterReplyKind::error;
-          reply.text = str_of(r);
+          reply.text = r.text;
           break;
       }
       const bool moved = reply.kind == ClusterReplyKind::error && reply.text.starts_with("MOVED ");
@@ -585,12 +505,16 @@ struct ClusterClient::Impl {
           fail(p.index);
         }
       } else {
+        if (reply.kind == ClusterReplyKind::error && is_acl_refusal(reply.text)) {
+          // A user that may read but not write (or the reverse): the operator's to fix.
+          ++stats.auth_errors;
+          note_error(n, fmt::format("{} ({})", reply.text, kAclNeeded), true);
+        }
         on_reply(p.index, reply);
       }
-      freeReplyObject(r);
     }
     if (answered < batch.size()) {
-      ++stats.io_errors;
+      count_failure(*n.conn);
       note_error(n, n.conn->error(), false);
       mark_down(n, n.conn->error());
       for (std::size_t i = answered; i < batch.size(); ++i) fail(batch[i].index);
@@ -616,6 +540,10 @@ ClusterClient::~ClusterClient() = default;
 void ClusterClient::run(std::span<const ClusterCommand> commands,
                         const std::function<void(std::size_t, const ClusterReply&)>& on_reply) {
   impl_->run(commands, on_reply);
+}
+
+void ClusterClient::cancel() noexcept {
+  impl_->cancelled->store(true);
 }
 
 bool ClusterClient::refresh() {

@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <hiredis/hiredis.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -15,8 +14,9 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
-#include <charconv>
+#include <chrono>
 #include <climits>
 #include <csignal>
 #include <cstring>
@@ -71,15 +71,30 @@ class SigpipeBlocked {
   bool already_pending_ = false;
 };
 
-timeval to_timeval(int ms) {
-  timeval tv{};
-  tv.tv_sec = ms / 1000;
-  tv.tv_usec = static_cast<suseconds_t>((ms % 1000) * 1000);
-  return tv;
+/// Polls `fd` for `events` until `deadline`, in slices that look at `cancel`: 1 ready, 0 the
+/// deadline passed, -1 an error (errno) or cancelled (errno ECANCELED).
+int poll_until(int fd, short events, std::chrono::steady_clock::time_point deadline,
+               const std::atomic<bool>* cancel) {
+  for (;;) {
+    if (cancel != nullptr && cancel->load(std::memory_order_relaxed)) {
+      errno = ECANCELED;
+      return -1;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          deadline - std::chrono::steady_clock::now())
+                          .count();
+    if (left <= 0) return 0;
+    pollfd p{fd, events, 0};
+    const int rc = ::poll(&p, 1, static_cast<int>(std::min<long long>(left, kCancelPollMs)));
+    if (rc > 0) return 1;
+    if (rc < 0 && errno != EINTR) return -1;
+  }
 }
 
-/// A TCP connection within `timeout_ms`, or -1 with `why`.
-int connect_tcp(const ClusterAddress& a, int timeout_ms, bool keepalive, std::string& why) {
+/// A TCP connection within `timeout_ms`, or -1 with `why`. The socket stays non-blocking:
+/// every later wait is a poll with a deadline.
+int connect_tcp(const ClusterAddress& a, int timeout_ms, bool keepalive,
+                const std::atomic<bool>* cancel, std::string& why) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
@@ -89,20 +104,21 @@ int connect_tcp(const ClusterAddress& a, int timeout_ms, bool keepalive, std::st
     why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
     return -1;
   }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   int fd = -1;
   for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, ai->ai_protocol);
     if (fd < 0) continue;
     int rc = ::connect(fd, ai->ai_addr, ai->ai_addrlen);
     if (rc != 0 && errno == EINPROGRESS) {
-      pollfd p{fd, POLLOUT, 0};
-      rc = ::poll(&p, 1, timeout_ms);
+      rc = poll_until(fd, POLLOUT, deadline, cancel);
       int err = 0;
       socklen_t len = sizeof err;
       if (rc == 1 && ::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) == 0 && err == 0) {
         rc = 0;
       } else {
-        why = rc == 0 ? "connect timed out" : std::strerror(err != 0 ? err : errno);
+        why = rc == 0 ? fmt::format("connect timed out ({} ms)", timeout_ms)
+                      : std::strerror(err != 0 ? err : errno);
         rc = -1;
       }
     } else if (rc != 0) {
@@ -115,8 +131,6 @@ int connect_tcp(const ClusterAddress& a, int timeout_ms, bool keepalive, std::st
   }
   ::freeaddrinfo(found);
   if (fd < 0) return -1;
-  // Blocking from here on, every read and write bounded by the socket timeouts.
-  (void)::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   const int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   if (keepalive) {
@@ -136,10 +150,6 @@ bool is_ip_address(const std::string& host) {
   return ::inet_pton(AF_INET, host.c_str(), &a4) == 1 ||
          ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
 }
-
-constexpr std::size_t kReadChunk = 64 << 10;
-// The reader frees a buffer above this once it is empty (a large value does not stay).
-constexpr std::size_t kReaderMaxBuf = 16 << 20;
 
 }  // namespace
 
@@ -188,13 +198,12 @@ std::unique_ptr<NodeConnection> NodeConnection::open(const ClusterAddress& addre
                                                      const ConnectionOptions& o,
                                                      ConnectFailure& failure, std::string& why) {
   failure = ConnectFailure::network;
-  const int fd = connect_tcp(address, o.connect_timeout_ms, o.keepalive, why);
+  const int fd = connect_tcp(address, o.connect_timeout_ms, o.keepalive, o.cancel, why);
   if (fd < 0) return nullptr;
-  std::unique_ptr<NodeConnection> c(new NodeConnection());
+  std::unique_ptr<NodeConnection> c(new NodeConnection(o));
   c->fd_ = fd;
-  const timeval tv = to_timeval(o.reply_timeout_ms);
-  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  c->reply_timeout_ms_ = o.reply_timeout_ms;
+  c->cancel_ = o.cancel;
   if (o.tls != nullptr) {
     failure = ConnectFailure::tls;
     c->ssl_ = SSL_new(o.tls->get());
@@ -216,14 +225,24 @@ std::unique_ptr<NodeConnection> NodeConnection::open(const ClusterAddress& addre
       why = fmt::format("TLS: cannot verify the name \"{}\"", name);
       return nullptr;
     }
+    // The handshake within the reply timeout, as a command would be.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(o.reply_timeout_ms);
     int rc = 0;
-    {
-      const SigpipeBlocked guard;
-      rc = SSL_connect(c->ssl_);
+    int e = SSL_ERROR_NONE;
+    for (;;) {
+      {
+        const SigpipeBlocked guard;
+        rc = SSL_connect(c->ssl_);
+      }
+      if (rc == 1) break;
+      e = SSL_get_error(c->ssl_, rc);
+      if ((e != SSL_ERROR_WANT_READ && e != SSL_ERROR_WANT_WRITE) ||
+          !c->wait(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) {
+        break;
+      }
     }
     if (rc != 1) {
       const long verify = SSL_get_verify_result(c->ssl_);
-      const int e = SSL_get_error(c->ssl_, rc);
       if (verify == X509_V_OK &&
           (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_SYSCALL)) {
         // No answer in time, or the connection dropped: an outage (a stopped node still
@@ -240,49 +259,51 @@ std::unique_ptr<NodeConnection> NodeConnection::open(const ClusterAddress& addre
       return nullptr;
     }
   }
-  c->reader_ = redisReaderCreateWithFunctions(o.functions);
-  if (c->reader_ == nullptr) {
-    why = "out of memory";
-    return nullptr;
-  }
-  c->reader_->privdata = o.privdata;
-  c->reader_->maxbuf = kReaderMaxBuf;
   if (!o.password.empty()) {
     failure = ConnectFailure::auth;
     const std::string_view user = o.username.empty() ? "default" : o.username;
     const std::array<std::string_view, 3> auth{"AUTH", user, o.password};
-    void* raw = nullptr;
-    if (!c->command(auth, &raw)) {
+    RespValue r;
+    if (!c->command(auth, r)) {
       failure = ConnectFailure::network;  // not a refusal: nothing answered (TLS expected?)
       why = "AUTH got no reply: " + c->error();
       return nullptr;
     }
-    auto* r = static_cast<redisReply*>(raw);
-    const bool ok = r->type == REDIS_REPLY_STATUS;
-    if (!ok) {
+    if (r.type != RespType::status) {
       why = fmt::format("AUTH as \"{}\" refused: {}", user,
-                        r->type == REDIS_REPLY_ERROR ? std::string_view(r->str, r->len)
-                                                     : std::string_view("an unexpected reply"));
+                        r.type == RespType::error ? std::string_view(r.text)
+                                                  : std::string_view("an unexpected reply"));
+      return nullptr;
     }
-    freeReplyObject(r);
-    if (!ok) return nullptr;
   }
   failure = ConnectFailure::none;
   return c;
 }
 
 NodeConnection::~NodeConnection() {
-  if (reader_ != nullptr) redisReaderFree(reader_);
   if (ssl_ != nullptr) SSL_free(ssl_);  // no close_notify: the socket closes anyway
   if (fd_ >= 0) ::close(fd_);
 }
 
-bool NodeConnection::fail(std::string why) {
+bool NodeConnection::fail(IoFailure kind, std::string why) {
+  failure_ = kind;
   why_ = std::move(why);
   return false;
 }
 
+bool NodeConnection::wait(short events, Clock::time_point deadline) {
+  const int rc = poll_until(fd_, events, deadline, cancel_);
+  if (rc == 1) return true;
+  if (rc == 0) {
+    return fail(IoFailure::timeout,
+                fmt::format("{} timed out ({} ms)", (events & POLLOUT) != 0 ? "send" : "reply",
+                            reply_timeout_ms_));
+  }
+  return fail(IoFailure::other, errno == ECANCELED ? "cancelled" : std::strerror(errno));
+}
+
 bool NodeConnection::write_all(std::span<iovec> iov) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(reply_timeout_ms_);
   std::size_t first = 0;
   while (first < iov.size()) {
     std::size_t wrote = 0;
@@ -293,7 +314,9 @@ bool NodeConnection::write_all(std::span<iovec> iov) {
       const ssize_t w = ::sendmsg(fd_, &m, MSG_NOSIGNAL);
       if (w < 0) {
         if (errno == EINTR) continue;
-        return fail(errno == EAGAIN ? "send timed out" : std::strerror(errno));
+        if (errno != EAGAIN) return fail(IoFailure::other, std::strerror(errno));
+        if (!wait(POLLOUT, deadline)) return false;
+        continue;
       }
       wrote = static_cast<std::size_t>(w);
     } else {
@@ -305,9 +328,11 @@ bool NodeConnection::write_all(std::span<iovec> iov) {
       }
       if (w <= 0) {
         const int e = SSL_get_error(ssl_, w);
-        return fail(e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ
-                        ? "send timed out"
-                        : "TLS write failed: " + ssl_error_text(std::strerror(errno)));
+        if (e == SSL_ERROR_WANT_WRITE || e == SSL_ERROR_WANT_READ) {
+          if (!wait(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) return false;
+          continue;  // the same bytes again, as SSL_write requires
+        }
+        return fail(IoFailure::other, "TLS write failed: " + ssl_error_text(std::strerror(errno)));
       }
       wrote = static_cast<std::size_t>(w);
     }
@@ -320,87 +345,64 @@ bool NodeConnection::write_all(std::span<iovec> iov) {
   return true;
 }
 
-long NodeConnection::read_some(char* buf, std::size_t n) {
+long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadline) {
   for (;;) {
     if (ssl_ == nullptr) {
       const ssize_t got = ::read(fd_, buf, n);
-      if (got < 0 && errno == EINTR) continue;
-      if (got < 0) why_ = errno == EAGAIN ? "reply timed out" : std::strerror(errno);
-      if (got == 0) why_ = "the server closed the connection";
-      return got;
+      if (got > 0) return got;
+      if (got == 0) {
+        (void)fail(IoFailure::closed, "the server closed the connection");
+        return 0;
+      }
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN) {
+        (void)fail(IoFailure::other, std::strerror(errno));
+        return -1;
+      }
+      if (!wait(POLLIN, deadline)) return -1;
+      continue;
     }
     const int got = SSL_read(ssl_, buf, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
     if (got > 0) return got;
     const int e = SSL_get_error(ssl_, got);
     if (e == SSL_ERROR_ZERO_RETURN) {
-      why_ = "the server closed the connection";
+      (void)fail(IoFailure::closed, "the server closed the connection");
       return 0;
     }
     if (e == SSL_ERROR_SYSCALL && errno == EINTR) continue;
-    why_ = e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE
-               ? "reply timed out"
-               : "TLS read failed: " + ssl_error_text(std::strerror(errno));
+    if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+      if (wait(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) continue;
+      return -1;
+    }
+    (void)fail(e == SSL_ERROR_SYSCALL && got == 0 ? IoFailure::closed : IoFailure::other,
+               "TLS read failed: " + ssl_error_text(std::strerror(errno)));
     return -1;
   }
 }
 
-bool NodeConnection::fill() {
-  std::array<char, kReadChunk> buf;  // NOLINT(cppcoreguidelines-pro-type-member-init)
-  const long got = read_some(buf.data(), buf.size());
-  if (got <= 0) return false;
-  if (redisReaderFeed(reader_, buf.data(), static_cast<std::size_t>(got)) != REDIS_OK) {
-    return fail(reader_->errstr);
-  }
-  return true;
-}
-
-bool NodeConnection::get_reply(void** reply) {
-  *reply = nullptr;
+bool NodeConnection::read_reply(RespValue& reply) {
+  // One deadline for the whole reply, however its bytes trickle in.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(reply_timeout_ms_);
   for (;;) {
-    if (redisReaderGetReply(reader_, reply) != REDIS_OK) {
-      return fail(std::string("protocol error: ") + reader_->errstr);
+    switch (reader_.parse(reply)) {
+      case RespReader::Status::done: return true;
+      case RespReader::Status::error:
+        return fail(IoFailure::protocol, "protocol error: " + reader_.error());
+      case RespReader::Status::more: break;
     }
-    if (*reply != nullptr) return true;
-    if (!fill()) return false;
+    const std::span<char> direct = reader_.direct();
+    const std::span<char> to = direct.empty() ? reader_.space() : direct;
+    const long got = read_some(to.data(), to.size(), deadline);
+    if (got <= 0) return false;
+    if (direct.empty()) {
+      reader_.commit(static_cast<std::size_t>(got));
+    } else {
+      reader_.commit_direct(static_cast<std::size_t>(got));
+    }
   }
 }
 
-bool NodeConnection::get_bounded_reply(void** reply, std::size_t max_bytes, bool& oversized) {
-  oversized = false;
-  *reply = nullptr;
-  // The next reply's first line, before the reader parses (and buffers) its body.
-  for (;;) {
-    const std::string_view ahead(reader_->buf + reader_->pos, reader_->len - reader_->pos);
-    const std::size_t eol = ahead.find("\r\n");
-    if (eol == std::string_view::npos) {
-      if (ahead.size() > 32) return get_reply(reply);  // no bulk string header: the reader says
-      if (!fill()) return false;
-      continue;
-    }
-    if (!ahead.starts_with('$')) return get_reply(reply);
-    long long length = -1;
-    const auto [end, ec] = std::from_chars(ahead.data() + 1, ahead.data() + eol, length);
-    if (ec != std::errc{} || end != ahead.data() + eol || length < 0 ||
-        static_cast<unsigned long long>(length) <= max_bytes) {
-      return get_reply(reply);
-    }
-    // Too long: skip its bytes (line, body, CRLF) from the buffer, then from the socket.
-    const auto total = static_cast<std::size_t>(eol + 2) + static_cast<std::size_t>(length) + 2;
-    const std::size_t buffered = std::min(total, ahead.size());
-    reader_->pos += buffered;
-    std::size_t left = total - buffered;
-    std::array<char, kReadChunk> sink;  // NOLINT(cppcoreguidelines-pro-type-member-init)
-    while (left > 0) {
-      const long got = read_some(sink.data(), std::min(left, sink.size()));
-      if (got <= 0) return false;
-      left -= static_cast<std::size_t>(got);
-    }
-    oversized = true;
-    return true;
-  }
-}
-
-bool NodeConnection::command(std::span<const std::string_view> args, void** reply) {
+bool NodeConnection::command(std::span<const std::string_view> args, RespValue& reply) {
   std::string out = fmt::format("*{}\r\n", args.size());
   for (const std::string_view a : args) {
     fmt::format_to(std::back_inserter(out), "${}\r\n", a.size());
@@ -408,7 +410,7 @@ bool NodeConnection::command(std::span<const std::string_view> args, void** repl
     out += "\r\n";
   }
   iovec iov{out.data(), out.size()};
-  return write_all(std::span(&iov, 1)) && get_reply(reply);
+  return write_all(std::span(&iov, 1)) && read_reply(reply);
 }
 
 }  // namespace kvoffload::detail

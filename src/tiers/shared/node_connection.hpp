@@ -1,13 +1,17 @@
 #pragma once
 
 // Internal: one connection of the cluster client to one node, plain TCP or TLS (OpenSSL),
-// authenticated with AUTH when a password is configured. Our own socket I/O with hiredis's
-// reply parser (redisReader) on top, so that TLS, timeouts and the bound on a value's size are
-// ours. Blocking sockets with SO_RCVTIMEO/SO_SNDTIMEO of the reply timeout; the connect is
-// bounded by the connect timeout. Not thread-safe: one per thread (the client's).
+// authenticated with AUTH when a password is configured, with our bounded reply reader
+// (resp_reader.hpp). Every wait has a deadline: the socket is non-blocking and each wait is a
+// poll() for what is left of it. The connect and the TLS handshake share the connect timeout;
+// each write_all() and each whole reply gets the reply timeout (a node that drip-feeds a reply
+// a byte at a time misses it like one that says nothing). A cancel flag (another thread's)
+// ends any wait within kCancelPollMs. Not thread-safe: one per thread (the client's).
 
 #include <sys/uio.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -16,9 +20,8 @@
 #include <string_view>
 
 #include "kvoffload/tiers/cluster_client.hpp"
+#include "tiers/shared/resp_reader.hpp"
 
-struct redisReader;
-struct redisReplyObjectFunctions;
 struct ssl_ctx_st;
 struct ssl_st;
 
@@ -50,10 +53,16 @@ struct ConnectionOptions {
   std::string_view username;        ///< AUTH's user (empty: "default")
   std::string_view password;        ///< empty: no AUTH
   bool keepalive = true;
-  /// The reader's functions and their privdata (the client's in-place values).
-  redisReplyObjectFunctions* functions = nullptr;
-  void* privdata = nullptr;
+  RespLimits limits{};
+  /// Set by another thread to end every wait at once (the connection then fails).
+  const std::atomic<bool>* cancel = nullptr;
 };
+
+/// How long a wait sleeps at most before it looks at the cancel flag.
+inline constexpr int kCancelPollMs = 50;
+
+/// Why a call failed, for the client's counters.
+enum class IoFailure : std::uint8_t { none, timeout, closed, protocol, other };
 
 class NodeConnection {
  public:
@@ -65,30 +74,39 @@ class NodeConnection {
   NodeConnection(const NodeConnection&) = delete;
   NodeConnection& operator=(const NodeConnection&) = delete;
 
-  /// Writes every byte of `iov` (modified as it goes); false on an error or a timeout.
+  /// Writes every byte of `iov` (modified as it goes) within the reply timeout; false on an
+  /// error or a missed deadline.
   bool write_all(std::span<iovec> iov);
-  /// The next reply (a redisReply* built by the options' functions; the caller frees it);
-  /// false on an error, a timeout or a protocol error (then `why` says which).
-  bool get_reply(void** reply);
-  /// Reads the next reply if it is a bulk string of at most `max_bytes`; a longer one is read
-  /// and thrown away without being buffered, `oversized` set and *reply null. Replies of
-  /// other kinds are read as get_reply does.
-  bool get_bounded_reply(void** reply, std::size_t max_bytes, bool& oversized);
+  /// For the next reply only: a bulk string of prefix + into.size() bytes goes to `into`
+  /// (RespReader::expect).
+  void expect(std::span<std::byte> into, std::size_t prefix) noexcept {
+    reader_.expect(into, prefix);
+  }
+  /// The next reply, whole, within the reply timeout; false on an error, a missed deadline or
+  /// a reply that breaks the protocol or a bound (error() and failure() say which).
+  bool read_reply(RespValue& reply);
   /// Sends one command of plain arguments and reads its reply (for set-up commands).
-  bool command(std::span<const std::string_view> args, void** reply);
+  bool command(std::span<const std::string_view> args, RespValue& reply);
   [[nodiscard]] const std::string& error() const noexcept { return why_; }
+  [[nodiscard]] IoFailure failure() const noexcept { return failure_; }
 
  private:
-  NodeConnection() = default;
-  /// Reads what the socket has (up to `n` bytes): > 0 bytes, 0 at end of stream, < 0 error.
-  long read_some(char* buf, std::size_t n);
-  bool fill();  // one read_some into the reader
-  bool fail(std::string why);
+  using Clock = std::chrono::steady_clock;
+  explicit NodeConnection(const ConnectionOptions& o) : reader_(o.limits) {}
+  /// Waits until the socket is ready for `events` or the deadline passes (false, failure set).
+  bool wait(short events, Clock::time_point deadline);
+  /// Reads up to `n` bytes: > 0 bytes, else false with the failure set (end of stream, a
+  /// missed deadline, an error).
+  long read_some(char* buf, std::size_t n, Clock::time_point deadline);
+  bool fail(IoFailure kind, std::string why);
 
   int fd_ = -1;
   ssl_st* ssl_ = nullptr;
-  redisReader* reader_ = nullptr;
+  int reply_timeout_ms_ = 1000;
+  const std::atomic<bool>* cancel_ = nullptr;
+  RespReader reader_;
   std::string why_;
+  IoFailure failure_ = IoFailure::none;
 };
 
 }  // namespace kvoffload::detail

@@ -31,6 +31,7 @@ class ClusterPresence final : public PresenceCheck {
       std::lock_guard lock(mutex_);
       stopping_ = true;
     }
+    client_->cancel();  // a check waiting on a slow node ends now: its answer is not wanted
     ready_.notify_all();
     thread_.join();
   }

@@ -79,12 +79,20 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   check_mac_ = keys_->value_mac();
   checker_ = std::make_unique<detail::HelperThread>();
   client_config_ = cc;
-  client_ = std::make_unique<ClusterClient>(cc);  // loads the TLS files: named errors
+  client_config_.cancel = cancel_;
+  client_ = std::make_unique<ClusterClient>(client_config_);  // loads the TLS files: named errors
+  grace_ = std::max(std::chrono::milliseconds(5000),
+                    std::chrono::milliseconds(2 * c.reply_timeout_ms + c.connect_timeout_ms));
   if (c.ttl_seconds > 0) ttl_ = std::to_string(c.ttl_seconds);
   const std::string text = fmt::format("kvoffload shared tier v4\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
   digest_ = XXH3_64bits(text.data(), text.size());
-  thread_ = std::thread([this] { run(); });
+  std::promise<void> finished;
+  finished_ = finished.get_future();
+  thread_ = std::thread([this, done = std::move(finished)]() mutable {
+    run();
+    done.set_value();
+  });
 }
 
 void SharedTier::add_client_stats(SharedTierStats& delta) {
@@ -93,12 +101,20 @@ void SharedTier::add_client_stats(SharedTierStats& delta) {
   delta.tls_errors += now.tls_errors - client_seen_.tls_errors;
   delta.auth_errors += now.auth_errors - client_seen_.auth_errors;
   delta.io_errors += now.io_errors - client_seen_.io_errors;
+  delta.timeouts += now.timeouts - client_seen_.timeouts;
+  delta.protocol_errors += now.protocol_errors - client_seen_.protocol_errors;
   delta.oversized += now.oversized - client_seen_.oversized;
   client_seen_ = now;
 }
 
 SharedTier::~SharedTier() {
   stop();
+  if (finished_.wait_for(grace_) != std::future_status::ready) {
+    detail::logger().warn(
+        "shared tier: jobs still running {} ms after shutdown began; the rest are cancelled",
+        grace_.count());
+    cancel_->store(true);
+  }
   thread_.join();
 }
 
@@ -291,6 +307,8 @@ void SharedTier::run() {
       stats_.tls_errors += delta.tls_errors;
       stats_.auth_errors += delta.auth_errors;
       stats_.io_errors += delta.io_errors;
+      stats_.timeouts += delta.timeouts;
+      stats_.protocol_errors += delta.protocol_errors;
       stats_.oversized += delta.oversized;
     }
     // Stats first: a caller that sees the job finished sees its counters too.

@@ -1,0 +1,214 @@
+// The cluster client against a hostile server of our own (tests/support/hostile_server.hpp):
+// a node that drip-feeds or stalls, replies far larger than a block in every shape, lines of
+// megabytes, a connection cut mid-reply, redirect loops and a slot map naming nodes that do
+// not answer. Each must end in failed commands that are counted, within a bounded time, with a
+// bounded growth of this process's memory, and with every command answered exactly once.
+
+#include <sys/socket.h>
+
+#include <catch2/catch_test_macros.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kvoffload/tiers/cluster_client.hpp"
+#include "support/hostile_server.hpp"
+
+using namespace kvoffload;
+using kvoffload::test::HostileBehavior;
+using kvoffload::test::HostileReply;
+using kvoffload::test::HostileServer;
+using kvoffload::test::RssWatch;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr long kMiB = 1 << 20;
+
+ClusterClientConfig config_for(const HostileServer& s, int reply_timeout_ms) {
+  ClusterClientConfig c;
+  c.seeds = {ClusterAddress{"127.0.0.1", s.port()}};
+  c.reply_timeout_ms = reply_timeout_ms;
+  c.only_seeds = true;
+  return c;
+}
+
+struct Outcome {
+  int failed = 0;
+  int answered = 0;
+  int oversized = 0;
+  double seconds = 0;
+};
+
+/// `n` GETs (read in place into a 4 KiB block) and one EXISTS; every command answered once.
+Outcome run_gets(ClusterClient& c, int n) {
+  std::vector<std::vector<std::byte>> blocks(static_cast<std::size_t>(n),
+                                             std::vector<std::byte>(4096));
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back("k" + std::to_string(i));
+  std::vector<ClusterCommand> commands;
+  for (int i = 0; i < n; ++i) {
+    commands.push_back(ClusterCommand{.key = keys[static_cast<std::size_t>(i)],
+                                      .args = {"GET", keys[static_cast<std::size_t>(i)]},
+                                      .reply_into = blocks[static_cast<std::size_t>(i)],
+                                      .reply_prefix = 16});
+  }
+  commands.push_back(ClusterCommand{.key = "e", .args = {"EXISTS", "e"}});
+  std::vector<int> calls(commands.size(), 0);
+  Outcome o;
+  const auto start = Clock::now();
+  c.run(commands, [&](std::size_t i, const ClusterReply& r) {
+    ++calls.at(i);
+    ++o.answered;
+    if (r.kind == ClusterReplyKind::failed) ++o.failed;
+    if (r.oversized) ++o.oversized;
+  });
+  o.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  for (const int k : calls) REQUIRE(k == 1);
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("Hostile node: a reply dripped a byte at a time misses its deadline",
+          "[cluster_client]") {
+  // A whole, valid value, 1 byte every 20 ms: every read is well inside any per-read timeout,
+  // the reply never is inside the 300 ms one.
+  HostileBehavior b;
+  b.reply.head = "$4112\r\n" + std::string(4112, 'v') + "\r\n";
+  b.drip_ms = 20;
+  HostileServer server(b);
+  ClusterClient c(config_for(server, 300));
+  const Outcome o = run_gets(c, 8);
+  CHECK(o.failed == 9);
+  CHECK(o.seconds < 2.0);  // one deadline, then the node is skipped: not 9 of them
+  CHECK(c.stats().timeouts >= 1);
+  CHECK(c.stats().io_errors >= 1);
+  // Skipped for its backoff: the next batch fails at once.
+  const Outcome again = run_gets(c, 2);
+  CHECK(again.failed == 3);
+  CHECK(again.seconds < 0.2);
+}
+
+TEST_CASE("Hostile node: one that never answers is cancelled from another thread",
+          "[cluster_client]") {
+  HostileBehavior b;
+  b.stall = true;
+  HostileServer server(b);
+  ClusterClient c(config_for(server, 20000));  // a deadline far away: cancel() must end it
+  std::thread canceller([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    c.cancel();
+  });
+  const Outcome o = run_gets(c, 4);
+  canceller.join();
+  CHECK(o.failed == 5);
+  CHECK(o.seconds < 1.5);
+  // Cancelled for good: nothing more is sent.
+  const int sent = server.commands();
+  CHECK(run_gets(c, 2).failed == 3);
+  CHECK(server.commands() == sent);
+}
+
+TEST_CASE("Hostile node: oversized replies of every shape are refused unbuffered",
+          "[cluster_client]") {
+  struct Case {
+    const char* name;
+    HostileReply reply;
+    bool oversized;  // a top-level value of the wrong size: skipped, the connection kept
+  };
+  const std::string chunk(64 << 10, 'x');
+  const std::vector<Case> cases = {
+      {"five million integers", {"*5000000\r\n", ":1\r\n", 5000000, ""}, false},
+      {"an array holding a 100 MiB string", {"*1\r\n$104857600\r\n", chunk, 1600, "\r\n"}, false},
+      {"a 100 MiB string where a block was asked", {"$104857600\r\n", chunk, 1600, "\r\n"}, true},
+      {"a 32 MiB error line", {"-ERR ", chunk, 512, "\r\n"}, false},
+      {"a 32 MiB status line", {"+", chunk, 512, "\r\n"}, false},
+      {"arrays nested 100 deep", {"", "*1\r\n", 100, ":1\r\n"}, false},
+  };
+  for (const Case& k : cases) {
+    CAPTURE(k.name);
+    HostileBehavior b;
+    b.reply = k.reply;
+    HostileServer server(b);
+    RssWatch rss;
+    ClusterClient c(config_for(server, 5000));
+    const Outcome o = run_gets(c, 1);
+    CHECK(o.seconds < 5.0);
+    // The reader holds at most its 8 MiB reply budget; the rest is this test's own.
+    CHECK(rss.growth() < 24 * kMiB);
+    if (k.oversized) {
+      CHECK(o.oversized == 1);
+      CHECK(c.stats().oversized == 1);
+    } else {
+      CHECK(o.failed == 2);  // the GET and the EXISTS behind it on the dropped connection
+      CHECK(c.stats().protocol_errors == 1);
+    }
+  }
+}
+
+TEST_CASE("Hostile node: a connection cut mid-reply, and a redirect loop", "[cluster_client]") {
+  {
+    HostileBehavior b;
+    b.reply.head = "$4112\r\n" + std::string(4112, 'v') + "\r\n";
+    b.cut_after = 100;
+    HostileServer server(b);
+    ClusterClient c(config_for(server, 2000));
+    const Outcome o = run_gets(c, 3);
+    CHECK(o.failed == 4);
+    CHECK(o.seconds < 1.0);  // the close is seen at once, not at the deadline
+    CHECK(c.stats().io_errors == 1);
+    CHECK(c.stats().timeouts == 0);
+  }
+  {
+    HostileBehavior b;
+    b.reply.head = "-MOVED 0 127.0.0.1:PORT\r\n";
+    HostileServer server(b);
+    ClusterClientConfig config = config_for(server, 2000);
+    config.max_redirects = 5;
+    ClusterClient c(config);
+    const Outcome o = run_gets(c, 3);
+    CHECK(o.failed == 4);
+    CHECK(o.seconds < 2.0);
+    CHECK(c.stats().moved == 4 * 5);  // each command followed max_redirects times, no more
+  }
+}
+
+TEST_CASE("Hostile node: a slot map naming nodes that do not answer, thousands of them",
+          "[cluster_client]") {
+  // Two ports that accept connections and never answer (a listen backlog nobody accepts
+  // from), and 3000 more nodes that refuse: the client keeps at most 1024 nodes, and each
+  // command costs at most one deadline on the node it goes to.
+  std::vector<int> silent;
+  for (int i = 0; i < 2; ++i) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+    REQUIRE(::listen(fd, 8) == 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    silent.push_back(fd);
+    silent.push_back(ntohs(a.sin_port));
+  }
+  const auto entry = [](int first, int last, int port) {
+    return "*3\r\n:" + std::to_string(first) + "\r\n:" + std::to_string(last) +
+           "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port) + "\r\n";
+  };
+  std::string slots = "*3002\r\n" + entry(0, 8191, silent[1]) + entry(8192, 9999, silent[3]);
+  for (int s = 10000; s < 13000; ++s) slots += entry(s, s, 40000 + (s - 10000));
+  HostileBehavior b;
+  b.slots = slots;
+  HostileServer server(b);
+  ClusterClientConfig config = config_for(server, 300);
+  config.only_seeds = false;
+  RssWatch rss;
+  ClusterClient c(config);
+  const Outcome o = run_gets(c, 32);  // keys over every part of the map
+  CHECK(o.failed == 33);
+  CHECK(o.seconds < 3.0);
+  CHECK(rss.growth() < 24 * kMiB);
+  for (std::size_t i = 0; i < silent.size(); i += 2) ::close(silent[i]);
+}
