@@ -94,11 +94,15 @@ class HostileServer {
       const int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
       if (c < 0) return;
       std::lock_guard lock(mutex_);
-      if (++connections_ > 1000 || static_cast<int>(workers_.size()) >= kMaxConnections) {
+      if (++connections_ > 1000 || active_.load() >= kMaxConnections) {
         ::close(c);
         continue;
       }
-      workers_.emplace_back([this, c] { serve(c); });
+      ++active_;
+      workers_.emplace_back([this, c] {
+        serve(c);
+        --active_;
+      });
     }
   }
 
@@ -202,6 +206,7 @@ class HostileServer {
   std::atomic<bool> stop_{false};
   std::atomic<int> commands_{0};
   std::atomic<int> connections_{0};
+  std::atomic<int> active_{0};
   std::mutex mutex_;
   std::list<std::thread> workers_;
   std::thread acceptor_;

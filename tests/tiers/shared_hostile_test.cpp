@@ -212,3 +212,56 @@ TEST_CASE("Hostile node: a slot map naming nodes that do not answer, thousands o
   CHECK(rss.growth() < 24 * kMiB);
   for (std::size_t i = 0; i < silent.size(); i += 2) ::close(silent[i]);
 }
+
+TEST_CASE("Hostile node: a silent node holds back only the commands sent to it",
+          "[cluster_client]") {
+  // Slots 0-8191 on a node that never answers, the rest on one that answers at once. The
+  // first command goes to the silent node: its reply's deadline must not hold back the
+  // other node's replies, which are passed on as they arrive.
+  HostileBehavior quiet;
+  quiet.stall = true;
+  HostileServer silent(quiet);
+  const auto entry = [](int first, int last, int port) {
+    return "*3\r\n:" + std::to_string(first) + "\r\n:" + std::to_string(last) +
+           "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port) + "\r\n";
+  };
+  HostileBehavior fast_b;
+  fast_b.reply.head = ":1\r\n";
+  fast_b.slots = "*2\r\n" + entry(0, 8191, silent.port()) + entry(8192, 16383, -1);
+  const std::size_t at = fast_b.slots.find(":-1\r\n");
+  fast_b.slots.replace(at, 5, ":PORT\r\n");
+  HostileServer fast(fast_b);
+  ClusterClientConfig config = config_for(fast, 1000);
+  config.only_seeds = false;
+  ClusterClient c(config);
+  std::vector<std::string> keys;
+  std::vector<bool> on_silent;
+  for (int i = 0; keys.size() < 12; ++i) {
+    const std::string k = "key" + std::to_string(i);
+    const bool low = cluster_key_slot(k) < 8192;
+    // Silent first, then alternate.
+    if (keys.empty() ? !low : low == on_silent.back()) continue;
+    keys.push_back(k);
+    on_silent.push_back(low);
+  }
+  std::vector<ClusterCommand> commands;
+  for (const std::string& k : keys) commands.push_back({.key = k, .args = {"EXISTS", k}});
+  std::vector<double> at_s(keys.size(), -1);
+  std::vector<ClusterReplyKind> kind(keys.size());
+  const auto start = Clock::now();
+  c.run(commands, [&](std::size_t i, const ClusterReply& r) {
+    at_s[i] = std::chrono::duration<double>(Clock::now() - start).count();
+    kind[i] = r.kind;
+  });
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    CAPTURE(i, keys[i], on_silent[i], at_s[i]);
+    if (on_silent[i]) {
+      CHECK(kind[i] == ClusterReplyKind::failed);
+      CHECK(at_s[i] >= 0.9);  // its deadline
+    } else {
+      CHECK(kind[i] == ClusterReplyKind::integer);
+      CHECK(at_s[i] < 0.5);  // long before the silent node's deadline
+    }
+  }
+  CHECK(c.stats().timeouts == 1);
+}

@@ -8,15 +8,18 @@
 //   before the next batch; ASK sends ASKING and the command to the node named, once, without
 //   touching the map; more than max_redirects hops fail the command; an empty host in a
 //   redirect (Redis 7+) means the node that sent it;
-// - every node gets its commands as one pipelined batch (all are written, then the replies are
-//   read in order), on one connection per node with a deadline on the connect, on each write
-//   and on each whole reply (node_connection.hpp), every reply bounded (resp_reader.hpp);
+// - every node gets its commands as one pipelined batch (all are written, then the replies of
+//   every node are read as they arrive, a poll() over their connections, so a slow node holds
+//   back only its own commands), on one connection per node with a deadline on the connect, on
+//   each write and on each whole reply (node_connection.hpp), every reply bounded
+//   (resp_reader.hpp);
 // - an I/O error (timeout, reset, malformed reply) drops the connection: the commands of that
 //   batch without a reply fail, the node is skipped (a jittered backoff that doubles at each
 //   failure in a row), the map is reloaded; nodes the new map no longer names are disconnected.
 
 #include "kvoffload/tiers/cluster_client.hpp"
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -404,10 +407,7 @@ struct ClusterClient::Impl {
           for (const Pending& p : batches[b].second) fail(p.index);
         }
       }
-      for (std::size_t b = 0; b < batches.size(); ++b) {
-        if (sent[b])
-          read_batch(batches[b].first, batches[b].second, commands, on_reply, fail, next);
-      }
+      read_batches(batches, sent, commands, on_reply, fail, next);
       pending.swap(next);
     }
   }
@@ -444,81 +444,162 @@ struct ClusterClient::Impl {
     return ok;
   }
 
-  void read_batch(int node, std::span<const Pending> batch,
-                  std::span<const ClusterCommand> commands,
-                  const std::function<void(std::size_t, const ClusterReply&)>& on_reply,
-                  const std::function<void(std::size_t)>& fail, std::vector<Pending>& next) {
-    Node& n = nodes[static_cast<std::size_t>(node)];
-    std::size_t answered = 0;
-    detail::RespValue r;
-    for (; answered < batch.size(); ++answered) {
-      const Pending& p = batch[answered];
-      if (p.asking && !n.conn->read_reply(r)) break;  // +OK to ASKING
-      const ClusterCommand& command = commands[p.index];
-      if (!command.reply_into.empty()) n.conn->expect(command.reply_into, command.reply_prefix);
-      if (!n.conn->read_reply(r)) break;
-      if (r.skipped) {
-        ++stats.oversized;
-        ClusterReply skipped;
-        skipped.kind = ClusterReplyKind::string;
-        skipped.oversized = true;
-        on_reply(p.index, skipped);
+  using OnReply = std::function<void(std::size_t, const ClusterReply&)>;
+
+  /// One node's batch being read: the command whose reply comes next, and that reply's
+  /// deadline (the reply timeout from the end of the one before).
+  struct Reading {
+    int node = -1;
+    std::span<const Pending> batch;
+    std::size_t next = 0;
+    bool asking_read = false;  // the next command's ASKING was answered
+    bool started = false;      // its reply's destination was given to the reader
+    Clock::time_point deadline;
+    detail::RespValue reply;  // being parsed: stays put while the Reading lives
+  };
+
+  /// Reads every sent batch's replies at once: whichever node has bytes is parsed, so a slow
+  /// node holds back only its own commands (each by at most one deadline, then it is
+  /// dropped); the others' replies are passed on as they arrive.
+  void read_batches(const std::vector<std::pair<int, std::vector<Pending>>>& batches,
+                    const std::vector<bool>& sent, std::span<const ClusterCommand> commands,
+                    const OnReply& on_reply, const std::function<void(std::size_t)>& fail,
+                    std::vector<Pending>& next) {
+    const auto timeout = std::chrono::milliseconds(config.reply_timeout_ms);
+    std::vector<Reading> reading(batches.size());  // never resized: each reply stays put
+    for (std::size_t b = 0; b < batches.size(); ++b) {
+      Reading& g = reading[b];
+      g.node = batches[b].first;
+      g.batch = batches[b].second;
+      g.next = sent[b] ? 0 : g.batch.size();
+      g.deadline = Clock::now() + timeout;
+    }
+    std::vector<pollfd> fds;
+    std::vector<Reading*> polled;
+    for (;;) {
+      for (Reading& g : reading) advance(g, commands, on_reply, fail, next);
+      fds.clear();
+      polled.clear();
+      const Clock::time_point now = Clock::now();
+      Clock::time_point wake = now + std::chrono::milliseconds(detail::kCancelPollMs);
+      const bool stop = cancelled->load(std::memory_order_relaxed);
+      for (Reading& g : reading) {
+        if (g.next >= g.batch.size()) continue;
+        detail::NodeConnection& c = *nodes[static_cast<std::size_t>(g.node)].conn;
+        if (stop || now >= g.deadline) {
+          (void)(stop ? c.give_up(detail::IoFailure::other, "cancelled") : c.timed_out());
+          drop(g, fail);
+          continue;
+        }
+        fds.push_back(pollfd{c.fd(), c.want_events(), 0});
+        polled.push_back(&g);
+        wake = std::min(wake, g.deadline);
+      }
+      if (fds.empty()) return;
+      const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();
+      (void)::poll(fds.data(), fds.size(), static_cast<int>(std::max<long long>(ms, 0)));
+    }
+  }
+
+  /// Parses what `g`'s node has sent, passing each whole reply on; drops the node on a
+  /// failure.
+  void advance(Reading& g, std::span<const ClusterCommand> commands, const OnReply& on_reply,
+               const std::function<void(std::size_t)>& fail, std::vector<Pending>& next) {
+    while (g.next < g.batch.size()) {
+      const Pending& p = g.batch[g.next];
+      detail::NodeConnection& c = *nodes[static_cast<std::size_t>(g.node)].conn;
+      const bool asking_reply = p.asking && !g.asking_read;  // +OK to ASKING comes first
+      if (!g.started) {
+        const ClusterCommand& command = commands[p.index];
+        if (!asking_reply && !command.reply_into.empty()) {
+          c.expect(command.reply_into, command.reply_prefix);
+        }
+        g.started = true;
+      }
+      const int got = c.poll_reply(g.reply);
+      if (got == 0) return;
+      if (got < 0) return drop(g, fail);
+      g.started = false;
+      g.deadline = Clock::now() + std::chrono::milliseconds(config.reply_timeout_ms);
+      if (asking_reply) {
+        g.asking_read = true;
         continue;
       }
-      ClusterReply reply;
-      switch (r.type) {
-        case detail::RespType::string:
-          reply.kind = ClusterReplyKind::string;
-          reply.text = r.text;
-          reply.in_place = r.in_place;
-          break;
-        case detail::RespType::nil: reply.kind = ClusterReplyKind::nil; break;
-        case detail::RespType::integer:
-          reply.kind = ClusterReplyKind::integer;
-          reply.integer = r.integer;
-          break;
-        case detail::RespType::status:
-          reply.kind = ClusterReplyKind::status;
-          reply.text = r.text;
-          break;
-        case detail::RespType::array: reply.kind = ClusterReplyKind::array; break;
-        case detail::RespType::error:
-          reply.kind = ClusterReplyKind::error;
-          reply.text = r.text;
-          break;
-      }
-      const bool moved = reply.kind == ClusterReplyKind::error && reply.text.starts_with("MOVED ");
-      const bool ask = reply.kind == ClusterReplyKind::error && reply.text.starts_with("ASK ");
-      if (moved || ask) {
-        const auto target = redirect_target(reply.text, node);
-        if (target && p.hops < config.max_redirects) {
-          if (moved) {
-            ++stats.moved;
-            slots[static_cast<std::size_t>(target->first)] = target->second;
-            map_stale = true;
-          } else {
-            ++stats.asked;
-          }
-          next.push_back(Pending{p.index, target->second, ask, p.hops + 1});
-        } else {
-          detail::logger().debug("cluster: command {} not followed: {}", p.index, reply.text);
-          fail(p.index);
-        }
-      } else {
-        if (reply.kind == ClusterReplyKind::error && is_acl_refusal(reply.text)) {
-          // A user that may read but not write (or the reverse): the operator's to fix.
-          ++stats.auth_errors;
-          note_error(n, fmt::format("{} ({})", reply.text, kAclNeeded), true);
-        }
-        on_reply(p.index, reply);
-      }
+      g.asking_read = false;
+      ++g.next;
+      dispatch(g.node, p, g.reply, on_reply, fail, next);
     }
-    if (answered < batch.size()) {
-      count_failure(*n.conn);
-      note_error(n, n.conn->error(), false);
-      mark_down(n, n.conn->error());
-      for (std::size_t i = answered; i < batch.size(); ++i) fail(batch[i].index);
+  }
+
+  /// The node of `g` failed mid-batch: counted, marked down, and its unanswered commands fail.
+  void drop(Reading& g, const std::function<void(std::size_t)>& fail) {
+    Node& n = nodes[static_cast<std::size_t>(g.node)];
+    count_failure(*n.conn);
+    note_error(n, n.conn->error(), false);
+    mark_down(n, n.conn->error());
+    for (std::size_t i = g.next; i < g.batch.size(); ++i) fail(g.batch[i].index);
+    g.next = g.batch.size();
+  }
+
+  /// One reply to command p: passed on, or followed (MOVED, ASK) into `next`.
+  void dispatch(int node, const Pending& p, const detail::RespValue& r, const OnReply& on_reply,
+                const std::function<void(std::size_t)>& fail, std::vector<Pending>& next) {
+    if (r.skipped) {
+      ++stats.oversized;
+      ClusterReply skipped;
+      skipped.kind = ClusterReplyKind::string;
+      skipped.oversized = true;
+      on_reply(p.index, skipped);
+      return;
     }
+    ClusterReply reply;
+    switch (r.type) {
+      case detail::RespType::string:
+        reply.kind = ClusterReplyKind::string;
+        reply.text = r.text;
+        reply.in_place = r.in_place;
+        break;
+      case detail::RespType::nil: reply.kind = ClusterReplyKind::nil; break;
+      case detail::RespType::integer:
+        reply.kind = ClusterReplyKind::integer;
+        reply.integer = r.integer;
+        break;
+      case detail::RespType::status:
+        reply.kind = ClusterReplyKind::status;
+        reply.text = r.text;
+        break;
+      case detail::RespType::array: reply.kind = ClusterReplyKind::array; break;
+      case detail::RespType::error:
+        reply.kind = ClusterReplyKind::error;
+        reply.text = r.text;
+        break;
+    }
+    const bool moved = reply.kind == ClusterReplyKind::error && reply.text.starts_with("MOVED ");
+    const bool ask = reply.kind == ClusterReplyKind::error && reply.text.starts_with("ASK ");
+    if (!moved && !ask) {
+      if (reply.kind == ClusterReplyKind::error && is_acl_refusal(reply.text)) {
+        // A user that may read but not write (or the reverse): the operator's to fix.
+        ++stats.auth_errors;
+        note_error(nodes[static_cast<std::size_t>(node)],
+                   fmt::format("{} ({})", reply.text, kAclNeeded), true);
+      }
+      on_reply(p.index, reply);
+      return;
+    }
+    const auto target = redirect_target(reply.text, node);
+    if (!target || p.hops >= config.max_redirects) {
+      detail::logger().debug("cluster: command {} not followed: {}", p.index, reply.text);
+      fail(p.index);
+      return;
+    }
+    if (moved) {
+      ++stats.moved;
+      slots[static_cast<std::size_t>(target->first)] = target->second;
+      map_stale = true;
+    } else {
+      ++stats.asked;
+    }
+    next.push_back(Pending{p.index, target->second, ask, p.hops + 1});
   }
 };
 

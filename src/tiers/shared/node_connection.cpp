@@ -345,7 +345,7 @@ bool NodeConnection::write_all(std::span<iovec> iov) {
   return true;
 }
 
-long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadline) {
+long NodeConnection::read_now(char* buf, std::size_t n) {
   for (;;) {
     if (ssl_ == nullptr) {
       const ssize_t got = ::read(fd_, buf, n);
@@ -355,12 +355,12 @@ long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadl
         return 0;
       }
       if (errno == EINTR) continue;
-      if (errno != EAGAIN) {
-        (void)fail(IoFailure::other, std::strerror(errno));
-        return -1;
+      if (errno == EAGAIN) {
+        want_ = POLLIN;
+        return kWouldBlock;
       }
-      if (!wait(POLLIN, deadline)) return -1;
-      continue;
+      (void)fail(IoFailure::other, std::strerror(errno));
+      return -1;
     }
     const int got = SSL_read(ssl_, buf, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
     if (got > 0) return got;
@@ -371,13 +371,47 @@ long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadl
     }
     if (e == SSL_ERROR_SYSCALL && errno == EINTR) continue;
     if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
-      if (wait(e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT, deadline)) continue;
-      return -1;
+      want_ = e == SSL_ERROR_WANT_READ ? POLLIN : POLLOUT;
+      return kWouldBlock;
     }
     (void)fail(e == SSL_ERROR_SYSCALL && got == 0 ? IoFailure::closed : IoFailure::other,
                "TLS read failed: " + ssl_error_text(std::strerror(errno)));
     return -1;
   }
+}
+
+long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadline) {
+  for (;;) {
+    const long got = read_now(buf, n);
+    if (got != kWouldBlock) return got;
+    if (!wait(want_, deadline)) return -1;
+  }
+}
+
+int NodeConnection::poll_reply(RespValue& reply) {
+  for (;;) {
+    switch (reader_.parse(reply)) {
+      case RespReader::Status::done: return 1;
+      case RespReader::Status::error:
+        (void)fail(IoFailure::protocol, "protocol error: " + reader_.error());
+        return -1;
+      case RespReader::Status::more: break;
+    }
+    const std::span<char> direct = reader_.direct();
+    const std::span<char> to = direct.empty() ? reader_.space() : direct;
+    const long got = read_now(to.data(), to.size());
+    if (got == kWouldBlock) return 0;
+    if (got <= 0) return -1;
+    if (direct.empty()) {
+      reader_.commit(static_cast<std::size_t>(got));
+    } else {
+      reader_.commit_direct(static_cast<std::size_t>(got));
+    }
+  }
+}
+
+bool NodeConnection::timed_out() {
+  return fail(IoFailure::timeout, fmt::format("reply timed out ({} ms)", reply_timeout_ms_));
 }
 
 bool NodeConnection::read_reply(RespValue& reply) {

@@ -87,6 +87,16 @@ class NodeConnection {
   bool read_reply(RespValue& reply);
   /// Sends one command of plain arguments and reads its reply (for set-up commands).
   bool command(std::span<const std::string_view> args, RespValue& reply);
+  /// Without waiting (for several nodes read at once): 1, the next reply is in `reply`; 0,
+  /// more bytes are needed (poll fd() for want_events()); -1, failed (error(), failure()).
+  /// Call again with the same `reply` until it returns 1 or -1.
+  int poll_reply(RespValue& reply);
+  [[nodiscard]] int fd() const noexcept { return fd_; }
+  [[nodiscard]] short want_events() const noexcept { return want_; }
+  /// The caller's deadline for the reply being read passed: fails with a timeout.
+  bool timed_out();
+  /// The caller gives up on this connection (cancelled): fails with `why`.
+  bool give_up(IoFailure kind, std::string why) { return fail(kind, std::move(why)); }
   [[nodiscard]] const std::string& error() const noexcept { return why_; }
   [[nodiscard]] IoFailure failure() const noexcept { return failure_; }
 
@@ -95,14 +105,18 @@ class NodeConnection {
   explicit NodeConnection(const ConnectionOptions& o) : reader_(o.limits) {}
   /// Waits until the socket is ready for `events` or the deadline passes (false, failure set).
   bool wait(short events, Clock::time_point deadline);
-  /// Reads up to `n` bytes: > 0 bytes, else false with the failure set (end of stream, a
-  /// missed deadline, an error).
+  static constexpr long kWouldBlock = -2;
+  /// Reads up to `n` bytes without waiting: > 0 bytes; kWouldBlock (want_ says for what);
+  /// else 0 or -1 with the failure set (end of stream, an error).
+  long read_now(char* buf, std::size_t n);
+  /// read_now, waiting until the deadline: > 0 bytes, else the failure is set.
   long read_some(char* buf, std::size_t n, Clock::time_point deadline);
   bool fail(IoFailure kind, std::string why);
 
   int fd_ = -1;
   ssl_st* ssl_ = nullptr;
   int reply_timeout_ms_ = 1000;
+  short want_ = 0x001;  // POLLIN
   const std::atomic<bool>* cancel_ = nullptr;
   RespReader reader_;
   std::string why_;

@@ -54,36 +54,64 @@ class ClusterPresence final : public PresenceCheck {
   }
 
  private:
+  /// Checks taken together: every queued one (up to kMaxTaken) goes out in one pipelined run,
+  /// and each is answered as soon as its own replies are in, so a check whose keys live on
+  /// healthy nodes is not held back by a slow node another check's keys live on.
+  static constexpr std::size_t kMaxTaken = 64;
+
   void run() {
+    std::vector<Check> checks;
     for (;;) {
-      Check check;
+      checks.clear();
       {
         std::unique_lock lock(mutex_);
         ready_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
         if (stopping_) return;  // answers nobody will read
-        check = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      PresenceAnswer a{check.ticket, std::vector<bool>(check.keys.size(), false)};
-      // One EXISTS per key naming every rank's row (they share a slot): present if all are.
-      std::vector<std::string> names(check.keys.size() * static_cast<std::size_t>(tp_size_));
-      std::vector<ClusterCommand> commands(check.keys.size());
-      for (std::size_t i = 0; i < check.keys.size(); ++i) {
-        ClusterCommand& c = commands[i];
-        c.args.push_back("EXISTS");
-        for (int rank = 0; rank < tp_size_; ++rank) {
-          std::string& name = names[i * static_cast<std::size_t>(tp_size_) + rank];
-          name = keys_.name(check.keys[i], rank, check.epoch);
-          c.args.push_back(name);
+        while (!queue_.empty() && checks.size() < kMaxTaken) {
+          checks.push_back(std::move(queue_.front()));
+          queue_.pop_front();
         }
-        c.key = c.args[1];
       }
-      client_->run(commands, [&](std::size_t i, const ClusterReply& r) {
-        a.present[i] = r.kind == ClusterReplyKind::integer && r.integer == tp_size_;
-        if (r.kind != ClusterReplyKind::integer) ++a.errors;
+      // One EXISTS per key naming every rank's row (they share a slot): present if all are.
+      const auto ranks = static_cast<std::size_t>(tp_size_);
+      std::vector<PresenceAnswer> answers;
+      std::vector<std::size_t> left;  // per check: its keys not answered yet
+      std::vector<std::pair<std::size_t, std::size_t>> whose;  // per command: (check, key)
+      std::size_t total = 0;
+      for (const Check& c : checks) total += c.keys.size();
+      std::vector<std::string> names(total * ranks);
+      std::vector<ClusterCommand> commands(total);
+      std::size_t i = 0;
+      for (std::size_t k = 0; k < checks.size(); ++k) {
+        const Check& check = checks[k];
+        answers.push_back(
+            PresenceAnswer{check.ticket, std::vector<bool>(check.keys.size(), false)});
+        left.push_back(check.keys.size());
+        for (std::size_t j = 0; j < check.keys.size(); ++j, ++i) {
+          ClusterCommand& c = commands[i];
+          c.args.push_back("EXISTS");
+          for (std::size_t rank = 0; rank < ranks; ++rank) {
+            std::string& name = names[i * ranks + rank];
+            name = keys_.name(check.keys[j], static_cast<int>(rank), check.epoch);
+            c.args.push_back(name);
+          }
+          c.key = c.args[1];
+          whose.emplace_back(k, j);
+        }
+      }
+      const auto answer = [&](std::size_t k) {
+        std::lock_guard lock(mutex_);
+        answers_.push_back(std::move(answers[k]));
+      };
+      for (std::size_t k = 0; k < checks.size(); ++k) {
+        if (left[k] == 0) answer(k);  // a check of no keys
+      }
+      client_->run(commands, [&](std::size_t c, const ClusterReply& r) {
+        const auto [k, j] = whose[c];
+        answers[k].present[j] = r.kind == ClusterReplyKind::integer && r.integer == tp_size_;
+        if (r.kind != ClusterReplyKind::integer) ++answers[k].errors;
+        if (--left[k] == 0) answer(k);
       });
-      std::lock_guard lock(mutex_);
-      answers_.push_back(std::move(a));
     }
   }
 
