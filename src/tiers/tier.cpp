@@ -19,6 +19,13 @@ void check_host_blocks(const TierJob& job,
       throw invalid_argument(fmt::format("tier job {}: {}", job.id, e.what()));
     }
   }
+  // Two promotions into one host block would race, and the block would hold whichever
+  // finished last under the other's key.
+  if (job.kind == JobKind::promote) {
+    const auto [i, j] = first_repeat(job.host_block_ids);
+    KVOFFLOAD_EXPECTS(i == j, "tier job {}: blocks {} and {} are both promoted into host block {}",
+                      job.id, i, j, job.host_block_ids[i]);
+  }
 }
 
 TierQueue::TierQueue(std::string name, bool failures_expected)

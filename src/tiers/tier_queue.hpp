@@ -7,6 +7,7 @@
 // a copy, so take() hands out every queued promote block before any write block; each kind
 // keeps its submission order.
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -16,6 +17,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "kvoffload/job.hpp"
@@ -23,10 +25,26 @@
 
 namespace kvoffload::detail {
 
-/// Checks every host block of `job` exists (host_block throws invalid_argument otherwise),
-/// naming the job in the error.
+/// Checks every host block of `job` exists (host_block throws invalid_argument otherwise) and
+/// that a promotion fills each at most once, naming the job in the error.
 void check_host_blocks(const TierJob& job,
                        const std::function<std::span<std::byte>(HostBlockId)>& host_block);
+
+/// The first two positions holding equal values (i < j), or {0, 0} if all are distinct.
+template <typename T>
+std::pair<std::size_t, std::size_t> first_repeat(const std::vector<T>& values) {
+  std::vector<std::size_t> order(values.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return values[a] != values[b] ? values[a] < values[b] : a < b;
+  });
+  for (std::size_t k = 1; k < order.size(); ++k) {
+    if (values[order[k - 1]] == values[order[k]]) {
+      return {std::min(order[k - 1], order[k]), std::max(order[k - 1], order[k])};
+    }
+  }
+  return {0, 0};
+}
 
 class TierQueue {
  public:

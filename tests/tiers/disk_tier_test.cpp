@@ -223,7 +223,25 @@ TEST_CASE("Bad tier jobs are refused before any I/O", "[disk][tier]") {
   j = job_of(1, JobKind::write, 0, 2, 0, 0);
   j.slots.pop_back();
   CHECK_THROWS_AS(tier.submit(j), invalid_argument);
-  CHECK(tier.slots().stats().writes == 0);
+  // Hand-made jobs the scheduler never builds: one slot written twice, one host block
+  // promoted into twice. (Reading one host block into two slots, or one slot into two host
+  // blocks, is fine.)
+  j = job_of(1, JobKind::write, 0, 2, 0, 0);
+  j.slots[1] = 0;
+  CHECK_THROWS_WITH(tier.submit(j), Catch::Matchers::ContainsSubstring("both written to slot 0"));
+  j = job_of(1, JobKind::promote, 0, 3, 0, 0);
+  j.host_block_ids[2] = 0;
+  CHECK_THROWS_WITH(tier.submit(j), Catch::Matchers::ContainsSubstring(
+                                        "0 and 2 are both promoted into host block 0"));
+  j = job_of(1, JobKind::write, 0, 2, 0, 0);
+  j.host_block_ids[1] = 0;
+  CHECK_NOTHROW(tier.submit(j));
+  j = job_of(2, JobKind::promote, 0, 2, 2, 0);
+  j.slots[1] = 0;
+  CHECK_NOTHROW(tier.submit(j));
+  const std::vector<JobId> ids{1, 2};
+  tier.wait(ids);
+  CHECK(tier.slots().stats().writes == 2);
   DiskTierConfig bad = config_in(dir, 4);
   bad.io_threads = 0;
   CHECK_THROWS_AS(DiskTier(bad, "l", kBlockBytes, [&](HostBlockId id) { return pool.block(id); }),
@@ -382,7 +400,7 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   const int depth = GENERATE(1, 2, 3, 8);
   INFO("io_depth " << depth);
   TempDir dir;
-  Pool pool(16);
+  Pool pool(8 + 200);
   for (int i = 0; i < 8; ++i) pool.fill(i, 300 + static_cast<std::uint64_t>(i));
   DiskTierConfig c = config_in(dir, 200, 1);
   c.io_depth = depth;
@@ -401,13 +419,14 @@ TEST_CASE("Any queue depth moves every block of a large job", "[disk][tier]") {
   TierJob p = w;
   p.id = 2;
   p.kind = JobKind::promote;
-  for (auto& h : p.host_block_ids) h = 8 + h;
+  // Each slot into a host block of its own (a promotion fills a host block once).
+  for (int i = 0; i < 200; ++i) p.host_block_ids[static_cast<std::size_t>(i)] = 8 + i;
   tier.submit(p);
   const std::vector<JobId> pid{2};
   const auto got = finish(tier, pid);
   REQUIRE(got.size() == 1);
   CHECK(got[0].ok);
-  for (int i = 0; i < 8; ++i) CHECK(pool.holds(8 + i, 300 + static_cast<std::uint64_t>(i)));
+  for (int i = 0; i < 200; ++i) CHECK(pool.holds(8 + i, 300 + static_cast<std::uint64_t>(i % 8)));
 }
 
 TEST_CASE("A worker derived from the scheduler's config has its tiers, factor and pool",

@@ -133,6 +133,13 @@ void DiskTier::check(const TierJob& job) const {
                       "tier job {}: slot {} is outside the tier's 0..{}", job.id, slot,
                       slots_.num_slots() - 1);
   }
+  // Two writes to one slot would race: the slot could end up with one block's header and
+  // the other's payload (a counted miss, but never a block worth keeping).
+  if (job.kind == JobKind::write) {
+    const auto [i, j] = detail::first_repeat(job.slots);
+    KVOFFLOAD_EXPECTS(i == j, "tier job {}: blocks {} and {} are both written to slot {}", job.id,
+                      i, j, job.slots[i]);
+  }
   detail::check_host_blocks(job, host_block_);
 }
 
