@@ -323,3 +323,39 @@ TEST_CASE(
   CHECK(r.scan_report().valid == 4);
   CHECK(fs::exists(layout_of(dir.path, kNew)));
 }
+
+TEST_CASE("Disk slots: a root, layout directory or file of another user is refused", "[disk]") {
+  // Another local user who created the root first (a predictable path like /tmp/kv) could
+  // swap the layout directory and plant a slab file of valid slots (the checksums are public):
+  // a hit would serve their bytes. Only directories and files of this process's user, in a
+  // root no one else may write, are used.
+  TempDir dir;
+  const fs::path root = dir.path / "root";
+  DiskSlotsConfig c = config_in(root);
+  const fs::path layout = layout_of(root, c.layout_digest);
+  {
+    DiskSlots d(c);
+    REQUIRE(d.write(0, key_of(1), 0, payload_of(1)));
+  }
+  CHECK(DiskSlots(c).scanned()[0] == key_of(1));  // ours: restored
+
+  // Writable by others: refused (this user's, but anyone could plant in it).
+  fs::permissions(root, fs::perms(0777));
+  CHECK_THROWS_WITH(DiskSlots(c),
+                    ContainsSubstring(root.string()) && ContainsSubstring("writable by others"));
+  fs::permissions(root, fs::perms(0700));
+  CHECK_NOTHROW(DiskSlots(c));
+  if (::geteuid() != 0) {
+    SKIP("giving files to another user needs root (CI runs as root)");
+  }
+  constexpr uid_t kOther = 65534;  // nobody
+  for (const fs::path& p : {root, layout, layout / "slab-0.kvo"}) {
+    CAPTURE(p);
+    REQUIRE(::chown(p.c_str(), kOther, kOther) == 0);
+    CHECK_THROWS_WITH(DiskSlots(c), ContainsSubstring(p.string()) &&
+                                        (ContainsSubstring("belongs to uid 65534") ||
+                                         ContainsSubstring("belongs to another user")));
+    REQUIRE(::chown(p.c_str(), ::geteuid(), ::getegid()) == 0);
+  }
+  CHECK(DiskSlots(c).scanned()[0] == key_of(1));  // all ours again
+}

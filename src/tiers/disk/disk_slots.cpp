@@ -156,7 +156,34 @@ struct Fd {
 };
 
 std::string errno_text(int err) {
-  return err == ELOOP ? "it is a symbolic link (refused)" : std::strerror(err);
+  if (err == ELOOP) return "it is a symbolic link (refused)";
+  if (err == EPERM) {
+    return "it belongs to another user (refused: its slots could be planted; remove it)";
+  }
+  return std::strerror(err);
+}
+
+/// Throws io_error unless the directory `fd` (at `path`) belongs to this process's user and
+/// no one else may write in it: otherwise another local user could plant slab files (with
+/// checksums recomputed) or swap a layout directory, and a hit would serve their bytes.
+void check_private_directory(int fd, const std::string& path, std::string_view what) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    throw io_error(
+        fmt::format("disk tier: cannot stat {} {}: {}", what, path, std::strerror(errno)));
+  }
+  if (st.st_uid != ::geteuid()) {
+    throw io_error(fmt::format(
+        "disk tier: {} {} belongs to uid {}, not to this process's user (uid {}): another user "
+        "could plant slots in it; give the tier a directory of its own (created 0700 if missing)",
+        what, path, st.st_uid, ::geteuid()));
+  }
+  if ((st.st_mode & 022) != 0) {
+    throw io_error(fmt::format(
+        "disk tier: {} {} is writable by others (mode {:04o}): another user could plant slots "
+        "in it; make it 0700 or give the tier a private directory",
+        what, path, st.st_mode & 07777));
+  }
 }
 
 /// `path` without trailing slashes (so that lstat looks at a link itself, not its target).
@@ -204,6 +231,10 @@ int open_private_file(int dir_fd, const char* name, int flags) {
   if (::fstat(fd.fd, &st) != 0) return -1;
   if (!S_ISREG(st.st_mode)) {
     errno = EINVAL;
+    return -1;
+  }
+  if (st.st_uid != ::geteuid()) {  // planted by another user: never read, never written
+    errno = EPERM;
     return -1;
   }
   if ((st.st_mode & 0777) != 0600 && ::fchmod(fd.fd, 0600) != 0) return -1;
@@ -264,9 +295,17 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
   const std::string root = strip_slashes(config.directory);
   layout_dir_ = fmt::format("{}/{}", root == "/" ? "" : root, hex16(config.layout_digest));
   try {
-    // The root: created 0700 if missing (an existing one keeps its mode), never a link.
+    // The root: created 0700 if missing (an existing one keeps its mode), never a link,
+    // this user's, and writable by no one else.
     make_directories(root);
     check_directory(root, "directory");
+    {
+      const Fd root_fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+      if (root_fd.fd < 0) {
+        throw io_error(fmt::format("disk tier: cannot open {}: {}", root, errno_text(errno)));
+      }
+      check_private_directory(root_fd.fd, root, "directory");
+    }
     // This layout's directory: 0700, never a link, locked by this object while it lives.
     if (::mkdir(layout_dir_.c_str(), 0700) != 0 && errno != EEXIST) {
       throw io_error(
@@ -278,9 +317,10 @@ DiskSlots::DiskSlots(const DiskSlotsConfig& config) : config_(config) {
       throw io_error(fmt::format("disk tier: cannot open {}: {}", layout_dir_, errno_text(errno)));
     }
     struct stat st {};
-    if (::fstat(dir_fd.fd, &st) == 0 && (st.st_mode & 0777) != 0700) {
+    if (::fstat(dir_fd.fd, &st) == 0 && st.st_uid == ::geteuid() && (st.st_mode & 0777) != 0700) {
       (void)::fchmod(dir_fd.fd, 0700);  // ours: narrowed like the files
     }
+    check_private_directory(dir_fd.fd, layout_dir_, "layout directory");
     lock_fd_ = open_private_file(dir_fd.fd, kLockName, O_RDWR);
     if (lock_fd_ < 0) {
       throw io_error(fmt::format("disk tier: cannot open {}/{}: {}", layout_dir_, kLockName,
