@@ -68,6 +68,33 @@ void disk_tier(void) {
     CHECK(n_events == 2 && n_media == 2); /* stored in host memory, then on disk */
     CHECK(n_media == 2 && strcmp(media[0], "host") == 0 && strcmp(media[1], "disk") == 0);
   }
+  {
+    /* Hand-made tier jobs the scheduler never builds are refused before any I/O: two blocks
+       promoted into one host block, or one slot written twice (the I/Os would race). */
+    kvoffload_key_t keys[2];
+    int32_t hosts[2] = {0, 0};
+    int64_t slots[2] = {0, 1};
+    kvoffload_tier_job_t job;
+    memset(&job, 0, sizeof job);
+    keys[0].hash = hash_of(90);
+    keys[0].group = 0;
+    keys[1].hash = hash_of(91);
+    keys[1].group = 0;
+    job.id = 9001;
+    job.kind = KVOFFLOAD_JOB_TIER_PROMOTE;
+    job.request_id = "";
+    job.keys = keys;
+    job.host_block_ids = hosts;
+    job.slots = slots;
+    job.num_blocks = 2;
+    FAILS_WITH(kvoffload_worker_submit_tier(w, &job), KVOFFLOAD_INVALID_ARGUMENT,
+               "both promoted into host block 0");
+    job.kind = KVOFFLOAD_JOB_TIER_WRITE;
+    hosts[1] = 1;
+    slots[1] = 0;
+    FAILS_WITH(kvoffload_worker_submit_tier(w, &job), KVOFFLOAD_INVALID_ARGUMENT,
+               "both written to slot 0");
+  }
   OK(kvoffload_worker_destroy(w));
   OK(kvoffload_scheduler_destroy(s));
 
