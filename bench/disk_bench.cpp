@@ -46,31 +46,12 @@ std::optional<double> fio_bandwidth(const fs::path& file, bool write, std::uint6
   return side["bw_bytes"].get<double>();
 }
 
-/// `n` blocks moved by tier jobs submitted at once, timed together: host blocks cycled over
-/// the pool, a job per lap (a promotion may fill each host block once). Ids from id * 2^20.
+/// `n` blocks moved by tier jobs (time_tier_jobs: host blocks cycled over the pool).
 double time_job(DiskTier& tier, JobId id, JobKind kind, std::int64_t n, std::int64_t pool_blocks) {
-  std::vector<TierJob> jobs;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (i % pool_blocks == 0) {
-      TierJob& job = jobs.emplace_back();
-      job.id = (id << 20) + static_cast<JobId>(jobs.size());
-      job.kind = kind;
-    }
-    TierJob& job = jobs.back();
-    job.keys.push_back(bench_key(i, 0x5a));
-    job.host_block_ids.push_back(static_cast<HostBlockId>(i % pool_blocks));
-    job.slots.push_back(i);
-  }
-  std::vector<JobId> ids;
-  for (const TierJob& job : jobs) ids.push_back(job.id);
-  const auto start = std::chrono::steady_clock::now();
-  for (const TierJob& job : jobs) tier.submit(job);
-  tier.wait(ids);
-  const double s = seconds_since(start);
-  for (const FinishedTierJob& f : tier.get_finished()) {
-    if (!f.ok) throw error("disk bench: a tier job failed (see the log)");
-  }
-  return s;
+  return time_tier_jobs(
+      tier, id, kind, n, pool_blocks, [](std::int64_t i) { return bench_key(i, 0x5a); },
+      [](std::int64_t i) { return i; },
+      [&](std::int64_t i) { return static_cast<HostBlockId>(i % pool_blocks); });
 }
 
 nlohmann::json throughput(const Options& opt, const fs::path& dir, std::uint64_t total) {

@@ -83,43 +83,24 @@ std::optional<std::pair<double, double>> tool_rates(const std::string& tool,
   return std::pair{set, get};
 }
 
-/// n blocks moved by tier jobs submitted at once, timed together: distinct keys from distinct
-/// host blocks (the tier's pattern), or with one_key, one key from one host block n times (the
-/// baseline's pattern: one value rewritten or reread, hot in both caches). A promotion may
-/// fill each host block once per job: a job per lap over the pool (per block with one_key);
-/// the tier's batches take blocks from several jobs in a row. Ids from id * 2^20.
+/// n blocks moved by tier jobs (time_tier_jobs): distinct keys from distinct host blocks (the
+/// tier's pattern), or with one_key, one key n times (the baseline's pattern: one value
+/// rewritten or reread, hot in the server's cache), written from one host block.
 double time_job(SharedTier& tier, JobId id, JobKind kind, std::int64_t n, std::int64_t pool_blocks,
                 std::uint64_t salt, bool one_key) {
-  const std::int64_t lap = one_key && kind == JobKind::promote ? 1 : pool_blocks;
-  std::vector<TierJob> jobs;
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (i % lap == 0) {
-      TierJob& job = jobs.emplace_back();
-      job.id = (id << 20) + static_cast<JobId>(jobs.size());
-      job.kind = kind;
-    }
-    TierJob& job = jobs.back();
-    job.keys.push_back(bench_key(one_key ? 0 : i, salt));
-    job.host_block_ids.push_back(static_cast<HostBlockId>(one_key ? 0 : i % pool_blocks));
-    job.slots.push_back(-1);
-  }
-  std::vector<JobId> ids;
-  for (const TierJob& job : jobs) ids.push_back(job.id);
-  const auto start = std::chrono::steady_clock::now();
-  for (const TierJob& job : jobs) tier.submit(job);
-  tier.wait(ids);
-  const double s = seconds_since(start);
-  for (const FinishedTierJob& f : tier.get_finished()) {
-    if (f.ok) continue;
+  try {
+    return time_tier_jobs(
+        tier, id, kind, n, pool_blocks,
+        [&](std::int64_t i) { return bench_key(one_key ? 0 : i, salt); },
+        [](std::int64_t) { return std::int64_t{-1}; },
+        [&](std::int64_t i) { return static_cast<HostBlockId>(one_key ? 0 : i % pool_blocks); });
+  } catch (const error& e) {
     const SharedTierStats st = tier.shared_stats();
-    throw error("shared bench: a " + std::string(to_string(kind)) +
-                " job failed: " + std::to_string(f.failed_blocks) + " of " + std::to_string(n) +
-                " blocks (read misses " + std::to_string(st.read_misses) + ", bad values " +
-                std::to_string(st.bad_values) + ", read errors " + std::to_string(st.read_errors) +
-                ", write errors " + std::to_string(st.write_errors) +
-                "); is the cluster up and big enough?");
+    throw error(std::string(e.what()) + " of " + std::to_string(n) + " (read misses " +
+                std::to_string(st.read_misses) + ", bad values " + std::to_string(st.bad_values) +
+                ", read errors " + std::to_string(st.read_errors) + ", write errors " +
+                std::to_string(st.write_errors) + "); is the cluster up and big enough?");
   }
-  return s;
 }
 
 /// The bench's own client settings (the cleaner's, the owner lookup's): TLS and AUTH as given.

@@ -1,5 +1,6 @@
 #include "tier_bench_common.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -38,6 +39,47 @@ Key bench_key(std::int64_t i, std::uint64_t salt) {
   std::memcpy(b, &i, sizeof i);
   std::memcpy(b + 8, &salt, sizeof salt);
   return Key{BlockHash::from_bytes(b), 0};
+}
+
+double time_tier_jobs(Tier& tier, JobId id, JobKind kind, std::int64_t n, std::int64_t pool_blocks,
+                      const std::function<Key(std::int64_t)>& key_of,
+                      const std::function<std::int64_t(std::int64_t)>& slot_of,
+                      const std::function<HostBlockId(std::int64_t)>& write_block_of) {
+  const bool promote = kind == JobKind::promote;
+  const std::int64_t lap = promote ? std::max<std::int64_t>(pool_blocks / 2, 1) : pool_blocks;
+  std::vector<TierJob> jobs;
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (i % lap == 0) {
+      TierJob& job = jobs.emplace_back();
+      job.id = (id << 20) + static_cast<JobId>(jobs.size());
+      job.kind = kind;
+    }
+    TierJob& job = jobs.back();
+    job.keys.push_back(key_of(i));
+    // Promotions: job k fills half k % 2 of the pool.
+    const std::int64_t half = static_cast<std::int64_t>((jobs.size() - 1) % 2) * lap;
+    job.host_block_ids.push_back(promote ? static_cast<HostBlockId>(half + i % lap)
+                                         : write_block_of(i));
+    job.slots.push_back(slot_of(i));
+  }
+  const auto start = std::chrono::steady_clock::now();
+  for (std::size_t k = 0; k < jobs.size(); ++k) {
+    if (promote && k >= 2) tier.wait(std::span(&jobs[k - 2].id, 1));
+    tier.submit(jobs[k]);
+  }
+  std::vector<JobId> ids;
+  for (const TierJob& job : jobs) ids.push_back(job.id);
+  tier.wait(ids);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (const FinishedTierJob& f : tier.get_finished()) {
+    if (!f.ok) {
+      throw error("tier bench: tier job " + std::to_string(f.job) + " (" +
+                  std::string(to_string(kind)) + ") failed: " + std::to_string(f.failed_blocks) +
+                  " block(s)");
+    }
+  }
+  return seconds;
 }
 
 TierRig::TierRig(std::uint64_t page_bytes, TierConfig tier, std::vector<BlockHash> prefix)

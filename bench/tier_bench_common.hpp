@@ -16,6 +16,7 @@
 #include "bench_common.hpp"
 #include "kvoffload/config.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "kvoffload/tiers/tier.hpp"
 #include "kvoffload/worker.hpp"
 
 namespace kvbench {
@@ -34,6 +35,18 @@ struct HostPool {
 
 /// Block i's key (group 0); another salt gives other keys.
 kvoffload::Key bench_key(std::int64_t i, std::uint64_t salt);
+
+/// Times `n` blocks moved by tier jobs of `kind` (keys key_of(i), slots slot_of(i)) through a
+/// pool of `pool_blocks` host blocks: writes as one job per lap over the pool, all submitted
+/// at once; promotions, which may not fill a host block another promotion is still filling,
+/// as jobs of half the pool each, the halves in turn, two in flight (each submitted once the
+/// one two before it has finished). Job ids from `id` * 2^20. Throws naming the first job
+/// that failed. Returns seconds.
+double time_tier_jobs(kvoffload::Tier& tier, kvoffload::JobId id, kvoffload::JobKind kind,
+                      std::int64_t n, std::int64_t pool_blocks,
+                      const std::function<kvoffload::Key(std::int64_t)>& key_of,
+                      const std::function<std::int64_t(std::int64_t)>& slot_of,
+                      const std::function<kvoffload::HostBlockId(std::int64_t)>& write_block_of);
 
 /// One engine: a scheduler with one tier below host memory (a disk or a shared tier) and a
 /// worker (host backend) whose "GPU" cache is ordinary memory; one full-attention group,

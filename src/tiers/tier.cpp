@@ -39,6 +39,18 @@ void TierQueue::submit(const TierJob& job) {
     std::lock_guard lock(mutex_);
     KVOFFLOAD_EXPECTS(!jobs_.contains(job.id), "tier job {}: submitted twice to the {}", job.id,
                       name_);
+    if (job.kind == JobKind::promote) {
+      // Two promotions in flight into one host block race: the block could be reported
+      // filled by one with the other's bytes.
+      for (const HostBlockId h : job.host_block_ids) {
+        const auto it = filling_.find(h);
+        KVOFFLOAD_EXPECTS(it == filling_.end(),
+                          "tier job {}: host block {} is being filled by tier job {}, still "
+                          "running on the {}",
+                          job.id, h, it == filling_.end() ? 0 : it->second, name_);
+      }
+      for (const HostBlockId h : job.host_block_ids) filling_.emplace(h, job.id);
+    }
     if (state->remaining == 0) {
       finished_.push_back(FinishedTierJob{job.id, job.kind, true, 0});
       job_done_.notify_all();
@@ -78,6 +90,9 @@ void TierQueue::done(const Task& task, bool ok) {
                  to_string(j.job.kind), j.failed, j.job.keys.size());
   }
   const JobId id = j.job.id;
+  if (j.job.kind == JobKind::promote) {
+    for (const HostBlockId h : j.job.host_block_ids) filling_.erase(h);
+  }
   jobs_.erase(id);  // destroys j
   job_done_.notify_all();
 }

@@ -86,6 +86,7 @@ class TierQueue {
   std::condition_variable work_ready_;
   std::condition_variable job_done_;
   std::unordered_map<JobId, std::unique_ptr<Job>> jobs_;  // submitted, not finished
+  std::unordered_map<HostBlockId, JobId> filling_;        // host blocks promotions fill
   std::deque<Task> promotes_;                             // blocks of promote jobs, taken first
   std::deque<Task> writes_;                               // blocks of write jobs
   std::vector<FinishedTierJob> finished_;

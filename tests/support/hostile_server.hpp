@@ -41,6 +41,7 @@ struct HostileBehavior {
   HostileReply reply;         ///< to every command but CLUSTER SLOTS
   std::string slots;          ///< the CLUSTER SLOTS answer (empty: every slot is ours)
   int drip_ms = 0;            ///< > 0: the reply a byte at a time, this far apart
+  int gap_ms = 0;             ///< > 0: each reply (whole) this long after the one before
   bool stall = false;         ///< never answer (CLUSTER SLOTS still answered)
   std::size_t cut_after = 0;  ///< > 0: close the connection after this many reply bytes
   bool slots_too = false;     ///< drip and stall apply to CLUSTER SLOTS as well
@@ -141,6 +142,11 @@ class HostileServer {
     if (hostile && b_.stall) {
       while (!stop_) std::this_thread::sleep_for(std::chrono::milliseconds(10));
       return false;
+    }
+    if (hostile && b_.gap_ms > 0) {
+      for (int waited = 0; waited < b_.gap_ms && !stop_; waited += 10) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
     }
     std::size_t sent = 0;
     if (slots) {

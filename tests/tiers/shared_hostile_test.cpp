@@ -265,3 +265,96 @@ TEST_CASE("Hostile node: a silent node holds back only the commands sent to it",
   }
   CHECK(c.stats().timeouts == 1);
 }
+
+TEST_CASE("Hostile node: replies each just inside a per-reply timeout miss the batch's deadline",
+          "[cluster_client]") {
+  // Each whole reply 600 ms after the one before, inside a 1 s timeout per reply: a batch of
+  // 6 would take 3.6 s. The batch's replies are all due 1 s after it was written.
+  HostileBehavior b;
+  b.reply.head = ":1\r\n";
+  b.gap_ms = 600;
+  HostileServer server(b);
+  ClusterClient c(config_for(server, 1000));
+  std::vector<ClusterCommand> commands;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 6; ++i) keys.push_back("k" + std::to_string(i));
+  for (const std::string& k : keys) commands.push_back({.key = k, .args = {"EXISTS", k}});
+  int answered = 0, failed = 0;
+  const auto start = Clock::now();
+  c.run(commands, [&](std::size_t, const ClusterReply& r) {
+    ++answered;
+    if (r.kind == ClusterReplyKind::failed) ++failed;
+  });
+  CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 1.5);
+  CHECK(answered == 6);
+  CHECK(failed == 5);  // the first reply came in time
+  CHECK(c.stats().timeouts == 1);
+}
+
+TEST_CASE("Hostile node: ASK loops, replies nobody asked for, and megabytes for a count",
+          "[cluster_client]") {
+  SECTION("an ASK loop is followed max_redirects times, then fails") {
+    HostileBehavior b;
+    b.reply.head = "-ASK 0 127.0.0.1:PORT\r\n";
+    HostileServer server(b);
+    ClusterClientConfig config = config_for(server, 1000);
+    config.max_redirects = 3;
+    ClusterClient c(config);
+    const Outcome o = run_gets(c, 2);
+    CHECK(o.failed == 3);
+    CHECK(c.stats().asked == 3 * 3);
+    CHECK(o.seconds < 2.0);
+  }
+  SECTION("two replies per command: the batch is answered, the connection dropped") {
+    HostileBehavior b;
+    b.reply.head = ":1\r\n:1\r\n";
+    HostileServer server(b);
+    ClusterClient c(config_for(server, 1000));
+    std::vector<ClusterReplyKind> kinds;
+    const std::vector<ClusterCommand> one{{.key = "a", .args = {"EXISTS", "a"}}};
+    c.run(one, [&](std::size_t, const ClusterReply& r) { kinds.push_back(r.kind); });
+    CHECK(kinds == std::vector<ClusterReplyKind>{ClusterReplyKind::integer});
+    // The extra reply arrives with the first one (one send): caught after the batch, before
+    // it could answer the next batch's first command.
+    CHECK(c.stats().protocol_errors == 1);
+  }
+  SECTION("an 8 MB string where a count belongs is refused at its header") {
+    HostileBehavior b;
+    b.reply = HostileReply{"$8000000\r\n", std::string(1 << 16, 'x'), 122, "\r\n"};
+    HostileServer server(b);
+    RssWatch rss;
+    ClusterClient c(config_for(server, 2000));
+    std::vector<ClusterReplyKind> kinds;
+    const std::vector<ClusterCommand> one{{.key = "a", .args = {"EXISTS", "a"}}};
+    c.run(one, [&](std::size_t, const ClusterReply& r) { kinds.push_back(r.kind); });
+    CHECK(kinds == std::vector<ClusterReplyKind>{ClusterReplyKind::failed});
+    CHECK(c.stats().protocol_errors == 1);
+    CHECK(rss.growth() < 6 * kMiB);
+  }
+}
+
+TEST_CASE("Cluster client: a node given by name is resolved within its deadline",
+          "[cluster_client]") {
+  // Names go through the resolver with a deadline (getaddrinfo_a): a slot map may name any
+  // host, and a resolver that hangs must cost a failed connect, not a stuck tier.
+  HostileBehavior b;
+  b.reply.head = ":1\r\n";
+  HostileServer server(b);
+  ClusterClientConfig config = config_for(server, 1000);
+  config.seeds = {ClusterAddress{"localhost", server.port()}};
+  config.only_seeds = false;  // the server's slot map names 127.0.0.1
+  ClusterClient c(config);
+  std::vector<ClusterReplyKind> kinds;
+  const std::vector<ClusterCommand> one{{.key = "a", .args = {"EXISTS", "a"}}};
+  c.run(one, [&](std::size_t, const ClusterReply& r) { kinds.push_back(r.kind); });
+  CHECK(kinds == std::vector<ClusterReplyKind>{ClusterReplyKind::integer});
+  // A name that does not resolve fails the connect, counted, within the deadline.
+  config.seeds = {ClusterAddress{"no-such-host.invalid", server.port()}};
+  ClusterClient bad(config);
+  const auto start = Clock::now();
+  kinds.clear();
+  bad.run(one, [&](std::size_t, const ClusterReply& r) { kinds.push_back(r.kind); });
+  CHECK(kinds == std::vector<ClusterReplyKind>{ClusterReplyKind::failed});
+  CHECK(bad.stats().connect_errors == 1);
+  CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 2.0);
+}

@@ -4,6 +4,7 @@
 // shutdown is bounded whatever the node does. No real cluster: label unit.
 
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -87,9 +88,9 @@ TEST_CASE("Hostile node: a drip-feeding node costs the engine misses, not progre
   CHECK(r.mismatches == 0);
   CHECK(r.invariant_violations == 0);
   CHECK(server.commands() > 0);  // the node was asked, and dripped
-  // Deadlines, then the node skipped: as much finished as with a dead port, give or take the
-  // requests a check held back for a deadline.
-  CHECK(r.requests_finished >= finished_dead * 3 / 4);
+  // Deadlines, then the node skipped: about as much finished as with a dead port, give or
+  // take the requests a check held back for a deadline (per-read timeouts finished none).
+  CHECK(r.requests_finished >= finished_dead / 2);
   CHECK(r.shared_promotions == 0);
   const auto stop = Clock::now();
   e.reset();  // the tier and the presence thread stop within their bounds
@@ -162,8 +163,8 @@ TEST_CASE("Hostile node: an ACL user without write access counts auth errors and
 TEST_CASE("Hostile node: an existence check on a silent node does not hold back the others",
           "[shared_tier]") {
   // Slots 0-8191 on a node that never answers, the rest on one that answers "present". Check
-  // 1 asks only keys of the silent node, check 2 (submitted after it) only keys of the other:
-  // check 2 is answered long before check 1's deadline, check 1 at it, as absent with errors.
+  // 1 asks only keys of the silent node; check 2, submitted while check 1 waits, only keys of
+  // the other: check 2 is answered at once, check 1 at its deadline, as absent with errors.
   HostileBehavior quiet;
   quiet.stall = true;
   HostileServer silent(quiet);
@@ -189,6 +190,8 @@ TEST_CASE("Hostile node: an existence check on a silent node does not hold back 
   const std::shared_ptr<PresenceCheck> presence = make_cluster_presence(c, 1);
   const auto start = Clock::now();
   presence->submit(1, 0, on_silent);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // check 1 is waiting now
+  const double second_submitted = seconds_since(start);
   presence->submit(2, 0, on_fast);
   std::optional<PresenceAnswer> first, second;
   std::optional<double> first_at, second_at;
@@ -201,10 +204,34 @@ TEST_CASE("Hostile node: an existence check on a silent node does not hold back 
   }
   REQUIRE(first);
   REQUIRE(second);
-  CHECK(*second_at < 0.5);
+  CHECK(*second_at - second_submitted < 0.5);
   CHECK(second->errors == 0);
   CHECK(second->present == std::vector<bool>(4, true));
   CHECK(*first_at >= 0.9);
   CHECK(first->errors == 4);
   CHECK(first->present == std::vector<bool>(4, false));
+}
+
+TEST_CASE("Hostile node: a promotion into a host block another is still filling is refused",
+          "[shared_tier]") {
+  // The first promotion waits on a silent node; a second job into its host block would race
+  // it (the block reported filled with the other's bytes): refused until the first is done.
+  kvtest::TierPool pool(4, kBlockBytes);
+  HostileBehavior b;
+  b.stall = true;
+  HostileServer server(b);
+  SharedTier tier(store_on(server, 1000), 1, "layout", kBlockBytes,
+                  [&](HostBlockId id) { return pool.block(id); });
+  using kvoffload::test::job;
+  tier.submit(job(1, JobKind::promote, {kvtest::tier_key(1)}, {0}));
+  CHECK_THROWS_WITH(
+      tier.submit(job(2, JobKind::promote, {kvtest::tier_key(2)}, {0})),
+      Catch::Matchers::ContainsSubstring("host block 0 is being filled by tier job 1"));
+  CHECK_NOTHROW(tier.submit(job(3, JobKind::promote, {kvtest::tier_key(3)}, {1})));
+  const std::vector<JobId> first{1, 3};
+  tier.wait(first);
+  CHECK(tier.get_finished().size() == 2);
+  CHECK_NOTHROW(tier.submit(job(4, JobKind::promote, {kvtest::tier_key(2)}, {0})));  // free again
+  const std::vector<JobId> last{4};
+  tier.wait(last);
 }

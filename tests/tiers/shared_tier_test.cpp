@@ -284,7 +284,7 @@ TEST_CASE("Shared tier: values forged or moved by a writer without the fleet sec
   ClusterClient client(kvoffload::test::cluster_config());
   const auto get = [&](const std::string& k) {
     std::string value;
-    const ClusterCommand c{.key = k, .args = {"GET", k}};
+    const ClusterCommand c{.key = k, .args = {"GET", k}, .max_reply_bytes = 1 << 20};
     client.run(std::span(&c, 1), [&](std::size_t, const ClusterReply& r) {
       REQUIRE(r.kind == ClusterReplyKind::string);
       value = r.text;

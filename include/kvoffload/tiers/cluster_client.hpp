@@ -79,10 +79,14 @@ struct ClusterCommand {
   /// reply_into.size() bytes, its bytes after the prefix are written to reply_into as they are
   /// parsed (one copy less) and the reply's text is the prefix (ClusterReply::in_place). The
   /// caller must treat reply_into as garbage unless it then accepts the reply.
-  /// A longer bulk string (or a shorter one over the 8 MiB reply bound) is not read into
-  /// memory: it is skipped and answered as a string with ClusterReply::oversized set.
+  /// A longer bulk string (or a shorter one over max_reply_bytes) is not read into memory: it
+  /// is skipped and answered as a string with ClusterReply::oversized set.
   std::span<std::byte> reply_into{};
   std::size_t reply_prefix = 0;
+  /// The most memory its reply may take (strings and array elements, checked as each header
+  /// arrives; a value read in place does not count), up to 8 MiB: a reply over it fails the
+  /// command and drops the connection. A status, an integer or an error fits the default.
+  std::size_t max_reply_bytes = 64 << 10;
   /// Called right before the command is written (the commands before it already are), so
   /// work on its value (a checksum) overlaps the node's work on the ones before. Called again
   /// if a redirect sends the command again.
@@ -105,7 +109,7 @@ struct ClusterReply {
   long long integer = 0;
   std::string_view text;
   bool in_place = false;   ///< a string whose bytes after the prefix went to reply_into
-  bool oversized = false;  ///< a string longer than reply_prefix + reply_into: skipped, no text
+  bool oversized = false;  ///< a string longer than asked for, or too large: skipped, no text
 };
 
 struct ClusterStats {

@@ -348,11 +348,21 @@ struct ClusterClient::Impl {
       if (owner >= 0) named[static_cast<std::size_t>(owner)] = true;
     }
     const std::size_t known = nodes.size();
-    for (std::size_t i = 0; i < known; ++i) {
+    // Each silent node costs a connect and a reply timeout: the nodes asked after the phase
+    // budget are not asked this time (the next run asks again).
+    const Clock::time_point stop = Clock::now() + phase_budget();
+    for (std::size_t i = 0; i < known && Clock::now() < stop; ++i) {
       if (!nodes[i].seed && !named[i]) continue;
       if (load_map_from(i)) return true;
     }
     return false;
+  }
+
+  /// How long the connects and writes of one round (or the map's reload) may take in all:
+  /// each node's own are bounded by the timeouts, but a map naming many silent nodes would
+  /// add them up.
+  [[nodiscard]] std::chrono::milliseconds phase_budget() const {
+    return std::chrono::milliseconds(config.connect_timeout_ms + 2 * config.reply_timeout_ms);
   }
 
   /// Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..." into (slot, node); an empty host (Redis
@@ -401,8 +411,12 @@ struct ClusterClient::Impl {
         it->second.push_back(p);
       }
       std::vector<bool> sent(batches.size(), false);
+      const Clock::time_point send_stop = Clock::now() + phase_budget();
       for (std::size_t b = 0; b < batches.size(); ++b) {
-        sent[b] = send_batch(batches[b].first, batches[b].second, commands);
+        // Past the round's budget the remaining nodes' commands fail untried (counted as
+        // failed; the nodes are not marked down: nothing is known of them).
+        sent[b] =
+            Clock::now() < send_stop && send_batch(batches[b].first, batches[b].second, commands);
         if (!sent[b]) {
           for (const Pending& p : batches[b].second) fail(p.index);
         }
@@ -446,8 +460,9 @@ struct ClusterClient::Impl {
 
   using OnReply = std::function<void(std::size_t, const ClusterReply&)>;
 
-  /// One node's batch being read: the command whose reply comes next, and that reply's
-  /// deadline (the reply timeout from the end of the one before).
+  /// One node's batch being read: the command whose reply comes next, and the deadline of
+  /// every reply of the batch (the reply timeout from when the batches were written: a node
+  /// that answers each reply just inside a per-reply timeout still misses it).
   struct Reading {
     int node = -1;
     std::span<const Pending> batch;
@@ -514,13 +529,15 @@ struct ClusterClient::Impl {
         if (!asking_reply && !command.reply_into.empty()) {
           c.expect(command.reply_into, command.reply_prefix);
         }
+        // The tier's commands get a status, an integer, an error or a value (read in place
+        // or skipped): 64 KiB by default, not the 8 MiB a slot map may need.
+        c.limit_next(command.max_reply_bytes);
         g.started = true;
       }
       const int got = c.poll_reply(g.reply);
       if (got == 0) return;
       if (got < 0) return drop(g, fail);
       g.started = false;
-      g.deadline = Clock::now() + std::chrono::milliseconds(config.reply_timeout_ms);
       if (asking_reply) {
         g.asking_read = true;
         continue;
@@ -528,6 +545,11 @@ struct ClusterClient::Impl {
       g.asking_read = false;
       ++g.next;
       dispatch(g.node, p, g.reply, on_reply, fail, next);
+      if (g.next == g.batch.size() && c.buffered() > 0) {
+        // Bytes nobody asked for: the next batch's replies would be out of step.
+        (void)c.give_up(detail::IoFailure::protocol, "bytes after the last reply of a batch");
+        return drop(g, fail);
+      }
     }
   }
 

@@ -20,6 +20,7 @@
 #include <climits>
 #include <csignal>
 #include <cstring>
+#include <memory>
 
 #include "common/expects.hpp"
 
@@ -91,19 +92,91 @@ int poll_until(int fd, short events, std::chrono::steady_clock::time_point deadl
   }
 }
 
-/// A TCP connection within `timeout_ms`, or -1 with `why`. The socket stays non-blocking:
-/// every later wait is a poll with a deadline.
-int connect_tcp(const ClusterAddress& a, int timeout_ms, bool keepalive,
-                const std::atomic<bool>* cancel, std::string& why) {
+/// A name's resolution, which may outlive its caller (getaddrinfo_a cannot always cancel
+/// one): shared by the caller and the resolver's completion notice, freed by the last.
+struct Resolution {
+  std::string host, port;
   addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(a.port);
-  if (const int rc = ::getaddrinfo(a.host.c_str(), port.c_str(), &hints, &found); rc != 0) {
-    why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
-    return -1;
+  gaicb request{};
+  Resolution() = default;
+  Resolution(const Resolution&) = delete;
+  Resolution& operator=(const Resolution&) = delete;
+  ~Resolution() {
+    if (request.ar_result != nullptr) ::freeaddrinfo(request.ar_result);
   }
+};
+
+void resolution_done(sigval v) {
+  delete static_cast<std::shared_ptr<Resolution>*>(v.sival_ptr);
+}
+
+/// The addresses of `host` (an IP address at once; a name through the resolver, within
+/// `timeout_ms`: a slot map may name any host, and a resolver that hangs must not stall the
+/// tier), or null with `why`.
+std::shared_ptr<Resolution> resolve(const ClusterAddress& a, int timeout_ms,
+                                    const std::atomic<bool>* cancel, std::string& why) {
+  auto r = std::make_shared<Resolution>();
+  r->host = a.host;
+  r->port = std::to_string(a.port);
+  r->hints.ai_family = AF_UNSPEC;
+  r->hints.ai_socktype = SOCK_STREAM;
+  r->hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  int rc = ::getaddrinfo(r->host.c_str(), r->port.c_str(), &r->hints, &found);
+  if (rc == 0) {
+    r->request.ar_result = found;
+    return r;
+  }
+  if (rc != EAI_NONAME) {
+    why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
+    return nullptr;
+  }
+  r->hints.ai_flags = AI_NUMERICSERV;
+  r->request.ar_name = r->host.c_str();
+  r->request.ar_service = r->port.c_str();
+  r->request.ar_request = &r->hints;
+  sigevent notice{};
+  notice.sigev_notify = SIGEV_THREAD;
+  notice.sigev_notify_function = resolution_done;
+  auto* ref = new std::shared_ptr<Resolution>(r);
+  notice.sigev_value.sival_ptr = ref;
+  std::array<gaicb*, 1> list{&r->request};
+  if (rc = ::getaddrinfo_a(GAI_NOWAIT, list.data(), 1, &notice); rc != 0) {
+    delete ref;
+    why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
+    return nullptr;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (;;) {
+    rc = ::gai_error(&r->request);
+    if (rc == 0) return r;
+    if (rc != EAI_INPROGRESS) {
+      why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
+      return nullptr;
+    }
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::steady_clock::duration::zero() ||
+        (cancel != nullptr && cancel->load(std::memory_order_relaxed))) {
+      break;
+    }
+    const auto wait =
+        std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(kCancelPollMs));
+    const timespec ts{0, static_cast<long>(wait.count())};
+    const std::array<const gaicb*, 1> waiting{&r->request};
+    (void)::gai_suspend(waiting.data(), 1, &ts);
+  }
+  (void)::gai_cancel(&r->request);  // if it cannot be, the notice frees it when it ends
+  why = fmt::format("resolving {} timed out ({} ms)", a.host, timeout_ms);
+  return nullptr;
+}
+
+/// A TCP connection within `timeout_ms` (the name resolved within `resolve_ms`), or -1 with
+/// `why`. The socket stays non-blocking: every later wait is a poll with a deadline.
+int connect_tcp(const ClusterAddress& a, int timeout_ms, int resolve_ms, bool keepalive,
+                const std::atomic<bool>* cancel, std::string& why) {
+  const std::shared_ptr<Resolution> resolved = resolve(a, resolve_ms, cancel, why);
+  if (resolved == nullptr) return -1;
+  addrinfo* found = resolved->request.ar_result;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   int fd = -1;
   for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
@@ -129,7 +202,6 @@ int connect_tcp(const ClusterAddress& a, int timeout_ms, bool keepalive,
       fd = -1;
     }
   }
-  ::freeaddrinfo(found);
   if (fd < 0) return -1;
   const int one = 1;
   (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -162,6 +234,7 @@ TlsContext::TlsContext(const ClusterTls& tls) : server_name_(tls.server_name) {
     throw invalid_argument(what);
   };
   SSL_CTX_set_min_proto_version(ctx_, TLS1_2_VERSION);
+  SSL_CTX_set_options(ctx_, SSL_OP_NO_RENEGOTIATION);  // a server may not restart the handshake
   SSL_CTX_set_verify(ctx_, SSL_VERIFY_PEER, nullptr);
   if (!tls.ca_file.empty()) {
     if (SSL_CTX_load_verify_locations(ctx_, tls.ca_file.c_str(), nullptr) != 1) {
@@ -198,7 +271,9 @@ std::unique_ptr<NodeConnection> NodeConnection::open(const ClusterAddress& addre
                                                      const ConnectionOptions& o,
                                                      ConnectFailure& failure, std::string& why) {
   failure = ConnectFailure::network;
-  const int fd = connect_tcp(address, o.connect_timeout_ms, o.keepalive, o.cancel, why);
+  // A name (not an IP address) is resolved within the connect and reply timeouts together.
+  const int fd = connect_tcp(address, o.connect_timeout_ms,
+                             o.connect_timeout_ms + o.reply_timeout_ms, o.keepalive, o.cancel, why);
   if (fd < 0) return nullptr;
   std::unique_ptr<NodeConnection> c(new NodeConnection(o));
   c->fd_ = fd;
@@ -362,7 +437,12 @@ long NodeConnection::read_now(char* buf, std::size_t n) {
       (void)fail(IoFailure::other, std::strerror(errno));
       return -1;
     }
-    const int got = SSL_read(ssl_, buf, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
+    int got = 0;
+    {
+      // SSL_read may write (a TLS 1.3 KeyUpdate): a closed peer must not raise SIGPIPE.
+      const SigpipeBlocked guard;
+      got = SSL_read(ssl_, buf, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
+    }
     if (got > 0) return got;
     const int e = SSL_get_error(ssl_, got);
     if (e == SSL_ERROR_ZERO_RETURN) {
@@ -389,7 +469,10 @@ long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadl
 }
 
 int NodeConnection::poll_reply(RespValue& reply) {
-  for (;;) {
+  // At most kMaxReads reads per call: the caller looks at its deadline and cancel flag in
+  // between, also while a peer keeps the socket full.
+  constexpr int kMaxReads = 16;
+  for (int reads = 0;; ++reads) {
     switch (reader_.parse(reply)) {
       case RespReader::Status::done: return 1;
       case RespReader::Status::error:
@@ -397,6 +480,7 @@ int NodeConnection::poll_reply(RespValue& reply) {
         return -1;
       case RespReader::Status::more: break;
     }
+    if (reads == kMaxReads) return 0;
     const std::span<char> direct = reader_.direct();
     const std::span<char> to = direct.empty() ? reader_.space() : direct;
     const long got = read_now(to.data(), to.size());
@@ -423,6 +507,10 @@ bool NodeConnection::read_reply(RespValue& reply) {
       case RespReader::Status::error:
         return fail(IoFailure::protocol, "protocol error: " + reader_.error());
       case RespReader::Status::more: break;
+    }
+    if (Clock::now() >= deadline) return timed_out();  // also while bytes keep coming
+    if (cancel_ != nullptr && cancel_->load(std::memory_order_relaxed)) {
+      return fail(IoFailure::other, "cancelled");
     }
     const std::span<char> direct = reader_.direct();
     const std::span<char> to = direct.empty() ? reader_.space() : direct;

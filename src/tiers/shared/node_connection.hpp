@@ -3,10 +3,11 @@
 // Internal: one connection of the cluster client to one node, plain TCP or TLS (OpenSSL),
 // authenticated with AUTH when a password is configured, with our bounded reply reader
 // (resp_reader.hpp). Every wait has a deadline: the socket is non-blocking and each wait is a
-// poll() for what is left of it. The connect and the TLS handshake share the connect timeout;
-// each write_all() and each whole reply gets the reply timeout (a node that drip-feeds a reply
-// a byte at a time misses it like one that says nothing). A cancel flag (another thread's)
-// ends any wait within kCancelPollMs. Not thread-safe: one per thread (the client's).
+// poll() for what is left of it. The TCP connect gets the connect timeout; the TLS handshake,
+// AUTH, each write_all() and each reply read with read_reply() get the reply timeout (a node
+// that drip-feeds a reply a byte at a time misses it like one that says nothing); the cluster
+// client gives a pipelined batch's replies (poll_reply) one deadline for all. A cancel flag
+// (another thread's) ends any wait within kCancelPollMs. Not thread-safe: one per thread.
 
 #include <sys/uio.h>
 
@@ -82,6 +83,10 @@ class NodeConnection {
   void expect(std::span<std::byte> into, std::size_t prefix) noexcept {
     reader_.expect(into, prefix);
   }
+  /// For the next reply only: a smaller memory budget (RespReader::limit_next).
+  void limit_next(std::size_t bytes) noexcept { reader_.limit_next(bytes); }
+  /// Bytes received and not yet parsed: after a batch's last reply, a protocol violation.
+  [[nodiscard]] std::size_t buffered() const noexcept { return reader_.buffered(); }
   /// The next reply, whole, within the reply timeout; false on an error, a missed deadline or
   /// a reply that breaks the protocol or a bound (error() and failure() say which).
   bool read_reply(RespValue& reply);

@@ -20,7 +20,8 @@ bool parse_number(std::string_view digits, long long& out) {
 
 }  // namespace
 
-RespReader::RespReader(RespLimits limits) : limits_(limits), buf_(kFirstBuffer) {}
+RespReader::RespReader(RespLimits limits)
+    : limits_(limits), buf_(kFirstBuffer), budget_(limits.max_reply_bytes) {}
 
 void RespReader::expect(std::span<std::byte> into, std::size_t prefix) noexcept {
   into_ = into;
@@ -65,7 +66,7 @@ RespReader::Status RespReader::fail(std::string why) {
 }
 
 bool RespReader::charge(std::size_t bytes) {
-  if (bytes > limits_.max_reply_bytes - spent_) return false;
+  if (spent_ > budget_ || bytes > budget_ - spent_) return false;
   spent_ += bytes;
   return true;
 }
@@ -90,6 +91,7 @@ RespReader::Status RespReader::complete() {
   expecting_ = false;
   into_ = {};
   prefix_ = 0;
+  budget_ = limits_.max_reply_bytes;
   return Status::done;
 }
 
@@ -169,7 +171,7 @@ RespReader::Status RespReader::on_line(std::string_view line, RespValue& out) {
         sink_ = Sink::in_place;
         v.in_place = true;
         v.text.reserve(prefix_);
-      } else if ((!expected || size < prefix_ + into_.size()) && size <= limits_.max_reply_bytes &&
+      } else if ((!expected || size < prefix_ + into_.size()) && size <= budget_ &&
                  charge(static_cast<std::size_t>(size))) {
         sink_ = Sink::text;
         v.text.reserve(static_cast<std::size_t>(size));
@@ -178,7 +180,7 @@ RespReader::Status RespReader::on_line(std::string_view line, RespValue& out) {
         v.skipped = true;
       } else {
         return fail(fmt::format("a bulk string of {} bytes is over the reply's budget of {}", size,
-                                limits_.max_reply_bytes));
+                                budget_));
       }
       phase_ = Phase::bulk;
       return Status::more;
@@ -193,10 +195,10 @@ RespReader::Status RespReader::on_line(std::string_view line, RespValue& out) {
         return fail(fmt::format("arrays nested deeper than {}", limits_.max_depth));
       }
       const auto count = static_cast<unsigned long long>(n);
-      if (count > (limits_.max_reply_bytes - spent_) / sizeof(RespValue) ||
+      if (spent_ > budget_ || count > (budget_ - spent_) / sizeof(RespValue) ||
           !charge(static_cast<std::size_t>(count) * sizeof(RespValue))) {
         return fail(fmt::format("an array of {} elements is over the reply's budget of {} bytes",
-                                count, limits_.max_reply_bytes));
+                                count, budget_));
       }
       v.type = RespType::array;
       v.elements.resize(static_cast<std::size_t>(count));

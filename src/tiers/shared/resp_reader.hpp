@@ -11,6 +11,7 @@
 // Not thread-safe: one per connection. The connection reads into space() (or, while a value
 // streams in place, into direct()) and calls commit(); parse() then builds the reply.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -57,6 +58,11 @@ class RespReader {
   /// streams its bytes after the prefix into `into`; a longer one, or a shorter one over the
   /// budget, is skipped unbuffered (RespValue::skipped) instead of breaking the connection.
   void expect(std::span<std::byte> into, std::size_t prefix) noexcept;
+  /// For the next reply only: a smaller budget than max_reply_bytes (a command whose reply
+  /// is an integer or a status line has no use for megabytes).
+  void limit_next(std::size_t bytes) noexcept {
+    budget_ = std::min(bytes, limits_.max_reply_bytes);
+  }
 
   /// Where the next bytes from the socket go, and how many arrived there.
   [[nodiscard]] std::span<char> space();
@@ -102,6 +108,7 @@ class RespReader {
   std::vector<Frame> frames_;
   bool started_ = false;  // a reply is partly parsed (the root is in use)
   std::size_t spent_ = 0;
+  std::size_t budget_ = 0;  // this reply's: max_reply_bytes unless limit_next()
   // The bulk string being read.
   RespValue* bulk_ = nullptr;
   Sink sink_ = Sink::text;

@@ -3,6 +3,7 @@
 
 #include "kvoffload/tiers/shared_presence.hpp"
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -21,19 +22,24 @@ namespace {
 
 class ClusterPresence final : public PresenceCheck {
  public:
-  ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor)
-      : keys_(c, block_size_factor), tp_size_(c.tp_size) {
-    client_ = std::make_unique<ClusterClient>(detail::cluster_client_config(c));
-    thread_ = std::thread([this] { run(); });
+  ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor) : tp_size_(c.tp_size) {
+    ClusterClientConfig cc = detail::cluster_client_config(c);
+    cc.cancel = cancel_;  // one flag stops every checker's client
+    for (int i = 0; i < kCheckers; ++i) {
+      checkers_.push_back(std::make_unique<Checker>(c, block_size_factor, cc));
+    }
+    for (auto& checker : checkers_) {
+      checker->thread = std::thread([this, w = checker.get()] { run(*w); });
+    }
   }
   ~ClusterPresence() override {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
     }
-    client_->cancel();  // a check waiting on a slow node ends now: its answer is not wanted
+    cancel_->store(true);  // a check waiting on a slow node ends now: its answer is not wanted
     ready_.notify_all();
-    thread_.join();
+    for (auto& checker : checkers_) checker->thread.join();
   }
   ClusterPresence(const ClusterPresence&) = delete;
   ClusterPresence& operator=(const ClusterPresence&) = delete;
@@ -58,8 +64,19 @@ class ClusterPresence final : public PresenceCheck {
   /// and each is answered as soon as its own replies are in, so a check whose keys live on
   /// healthy nodes is not held back by a slow node another check's keys live on.
   static constexpr std::size_t kMaxTaken = 64;
+  /// Threads taking checks, each with its own connections: a check submitted while one
+  /// thread's run waits on a slow node goes to another.
+  static constexpr int kCheckers = 4;
 
-  void run() {
+  struct Checker {
+    Checker(const SharedTierConfig& c, std::int64_t factor, const ClusterClientConfig& cc)
+        : keys(c, factor), client(std::make_unique<ClusterClient>(cc)) {}
+    SharedKeys keys;  // its thread's only
+    std::unique_ptr<ClusterClient> client;
+    std::thread thread;
+  };
+
+  void run(Checker& w) {
     std::vector<Check> checks;
     for (;;) {
       checks.clear();
@@ -92,7 +109,7 @@ class ClusterPresence final : public PresenceCheck {
           c.args.push_back("EXISTS");
           for (std::size_t rank = 0; rank < ranks; ++rank) {
             std::string& name = names[i * ranks + rank];
-            name = keys_.name(check.keys[j], static_cast<int>(rank), check.epoch);
+            name = w.keys.name(check.keys[j], static_cast<int>(rank), check.epoch);
             c.args.push_back(name);
           }
           c.key = c.args[1];
@@ -106,7 +123,7 @@ class ClusterPresence final : public PresenceCheck {
       for (std::size_t k = 0; k < checks.size(); ++k) {
         if (left[k] == 0) answer(k);  // a check of no keys
       }
-      client_->run(commands, [&](std::size_t c, const ClusterReply& r) {
+      w.client->run(commands, [&](std::size_t c, const ClusterReply& r) {
         const auto [k, j] = whose[c];
         answers[k].present[j] = r.kind == ClusterReplyKind::integer && r.integer == tp_size_;
         if (r.kind != ClusterReplyKind::integer) ++answers[k].errors;
@@ -115,9 +132,9 @@ class ClusterPresence final : public PresenceCheck {
     }
   }
 
-  SharedKeys keys_;  // the thread's only (after construction)
   int tp_size_ = 1;
-  std::unique_ptr<ClusterClient> client_;
+  std::shared_ptr<std::atomic<bool>> cancel_ = std::make_shared<std::atomic<bool>>(false);
+  std::vector<std::unique_ptr<Checker>> checkers_;
   std::mutex mutex_;
   std::condition_variable ready_;
   struct Check {
@@ -128,7 +145,6 @@ class ClusterPresence final : public PresenceCheck {
   std::deque<Check> queue_;
   std::vector<PresenceAnswer> answers_;
   bool stopping_ = false;
-  std::thread thread_;
 };
 
 }  // namespace
