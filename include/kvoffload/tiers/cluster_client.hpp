@@ -4,9 +4,9 @@
 // sockets (plain TCP or TLS through OpenSSL, AUTH with an ACL user), our own bounded reply
 // reader, and on top of them the cluster's rules: the slot map (CLUSTER SLOTS), key slots (CRC16
 // with hash tags), MOVED and ASK redirects, map refresh, one connection per node, pipelined
-// batches, deadlines on connect, on each write and on each whole reply. A server without cluster
-// support (standalone Valkey or Redis) is one node owning every slot. Not thread-safe: one per
-// thread.
+// batches, deadlines on connect, on each write and on each batch's replies. A server without
+// cluster support (standalone Valkey or Redis) is one node owning every slot. Not thread-safe: one
+// per thread.
 
 #include <atomic>
 #include <cstddef>
@@ -45,8 +45,11 @@ struct ClusterTls {
 struct ClusterClientConfig {
   std::vector<ClusterAddress> seeds;  ///< any nodes of the cluster; the rest is discovered
   int connect_timeout_ms = 200;
-  /// For each write and each whole reply, however its bytes trickle in; the TLS handshake and
-  /// AUTH get it too (a stopped or drip-feeding node costs this once, then is skipped).
+  /// For each write, and for all the replies of a pipelined batch together (from when it was
+  /// written), however their bytes trickle in; the TLS handshake, AUTH and the slot map get
+  /// it too (a stopped or drip-feeding node costs this once, then is skipped). A round's
+  /// connects and writes over all nodes stop after connect + 2 x this; a name is resolved
+  /// within connect + this.
   int reply_timeout_ms = 1000;
   int max_redirects = 5;  ///< MOVED/ASK hops per command before it fails
   /// A node that failed is not tried again for this long, doubled at each failure in a row up
@@ -123,7 +126,7 @@ struct ClusterStats {
   std::uint64_t tls_errors = 0;      ///< TLS handshakes that failed (certificate, protocol)
   std::uint64_t auth_errors = 0;     ///< connections whose AUTH was refused
   std::uint64_t io_errors = 0;       ///< connections dropped: timeout, reset, bad protocol
-  std::uint64_t timeouts = 0;        ///< of io_errors: a write or a whole reply missed its deadline
+  std::uint64_t timeouts = 0;  ///< of io_errors: a write or a batch's replies missed the deadline
   std::uint64_t protocol_errors = 0;  ///< of io_errors: a reply broke the protocol or a bound
   std::uint64_t oversized = 0;        ///< values longer than asked for, skipped unbuffered
 };
