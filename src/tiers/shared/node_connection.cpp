@@ -18,9 +18,13 @@
 #include <cerrno>
 #include <chrono>
 #include <climits>
+#include <condition_variable>
 #include <csignal>
 #include <cstring>
 #include <memory>
+#include <mutex>
+#include <system_error>
+#include <thread>
 
 #include "common/expects.hpp"
 
@@ -92,82 +96,91 @@ int poll_until(int fd, short events, std::chrono::steady_clock::time_point deadl
   }
 }
 
-/// A name's resolution, which may outlive its caller (getaddrinfo_a cannot always cancel
-/// one): shared by the caller and the resolver's completion notice, freed by the last.
+/// A name's resolution, which may outlive its caller: getaddrinfo cannot be interrupted, so
+/// a resolution that misses its deadline is left to its thread, which frees it when it ends.
+/// (Not getaddrinfo_a: its helper threads are glibc's own, which ThreadSanitizer cannot see.)
 struct Resolution {
   std::string host, port;
-  addrinfo hints{};
-  gaicb request{};
+  std::mutex mutex;
+  std::condition_variable done_cv;
+  bool done = false;
+  int rc = 0;
+  addrinfo* result = nullptr;
   Resolution() = default;
   Resolution(const Resolution&) = delete;
   Resolution& operator=(const Resolution&) = delete;
   ~Resolution() {
-    if (request.ar_result != nullptr) ::freeaddrinfo(request.ar_result);
+    if (result != nullptr) ::freeaddrinfo(result);
   }
 };
 
-void resolution_done(sigval v) {
-  delete static_cast<std::shared_ptr<Resolution>*>(v.sival_ptr);
-}
+// Resolutions whose thread still runs (abandoned ones included): a slot map naming many names
+// behind a resolver that hangs must not pile up threads.
+std::atomic<int> resolutions_running{0};
+constexpr int kMaxResolutionsRunning = 16;
 
-/// The addresses of `host` (an IP address at once; a name through the resolver, within
-/// `timeout_ms`: a slot map may name any host, and a resolver that hangs must not stall the
-/// tier), or null with `why`.
+/// The addresses of `host` (an IP address at once; a name on a thread of its own, waited for
+/// at most `timeout_ms`: a slot map may name any host, and a resolver that hangs must not
+/// stall the tier), or null with `why`.
 std::shared_ptr<Resolution> resolve(const ClusterAddress& a, int timeout_ms,
                                     const std::atomic<bool>* cancel, std::string& why) {
   auto r = std::make_shared<Resolution>();
   r->host = a.host;
   r->port = std::to_string(a.port);
-  r->hints.ai_family = AF_UNSPEC;
-  r->hints.ai_socktype = SOCK_STREAM;
-  r->hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  int rc = ::getaddrinfo(r->host.c_str(), r->port.c_str(), &r->hints, &found);
-  if (rc == 0) {
-    r->request.ar_result = found;
-    return r;
-  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
+  int rc = ::getaddrinfo(r->host.c_str(), r->port.c_str(), &hints, &r->result);
+  if (rc == 0) return r;
   if (rc != EAI_NONAME) {
     why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
     return nullptr;
   }
-  r->hints.ai_flags = AI_NUMERICSERV;
-  r->request.ar_name = r->host.c_str();
-  r->request.ar_service = r->port.c_str();
-  r->request.ar_request = &r->hints;
-  sigevent notice{};
-  notice.sigev_notify = SIGEV_THREAD;
-  notice.sigev_notify_function = resolution_done;
-  auto* ref = new std::shared_ptr<Resolution>(r);
-  notice.sigev_value.sival_ptr = ref;
-  std::array<gaicb*, 1> list{&r->request};
-  if (rc = ::getaddrinfo_a(GAI_NOWAIT, list.data(), 1, &notice); rc != 0) {
-    delete ref;
-    why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
+  if (resolutions_running.fetch_add(1) >= kMaxResolutionsRunning) {
+    resolutions_running.fetch_sub(1);
+    why = fmt::format("cannot resolve {}: {} resolutions still running", a.host,
+                      kMaxResolutionsRunning);
+    return nullptr;
+  }
+  try {
+    std::thread([r] {
+      addrinfo h{};
+      h.ai_family = AF_UNSPEC;
+      h.ai_socktype = SOCK_STREAM;
+      h.ai_flags = AI_NUMERICSERV;
+      addrinfo* found = nullptr;
+      const int got = ::getaddrinfo(r->host.c_str(), r->port.c_str(), &h, &found);
+      {
+        const std::lock_guard lock(r->mutex);
+        r->rc = got;
+        r->result = got == 0 ? found : nullptr;
+        r->done = true;
+      }
+      r->done_cv.notify_all();
+      resolutions_running.fetch_sub(1);
+    }).detach();
+  } catch (const std::system_error& e) {
+    resolutions_running.fetch_sub(1);
+    why = fmt::format("cannot resolve {}: {}", a.host, e.what());
     return nullptr;
   }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  for (;;) {
-    rc = ::gai_error(&r->request);
-    if (rc == 0) return r;
-    if (rc != EAI_INPROGRESS) {
-      why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(rc));
-      return nullptr;
-    }
-    const auto left = deadline - std::chrono::steady_clock::now();
-    if (left <= std::chrono::steady_clock::duration::zero() ||
-        (cancel != nullptr && cancel->load(std::memory_order_relaxed))) {
-      break;
-    }
-    const auto wait =
-        std::min<std::chrono::nanoseconds>(left, std::chrono::milliseconds(kCancelPollMs));
-    const timespec ts{0, static_cast<long>(wait.count())};
-    const std::array<const gaicb*, 1> waiting{&r->request};
-    (void)::gai_suspend(waiting.data(), 1, &ts);
+  std::unique_lock lock(r->mutex);
+  while (!r->done && std::chrono::steady_clock::now() < deadline &&
+         (cancel == nullptr || !cancel->load(std::memory_order_relaxed))) {
+    r->done_cv.wait_until(lock, std::min(deadline, std::chrono::steady_clock::now() +
+                                                       std::chrono::milliseconds(kCancelPollMs)));
   }
-  (void)::gai_cancel(&r->request);  // if it cannot be, the notice frees it when it ends
-  why = fmt::format("resolving {} timed out ({} ms)", a.host, timeout_ms);
-  return nullptr;
+  if (!r->done) {
+    why = fmt::format("resolving {} timed out ({} ms)", a.host, timeout_ms);
+    return nullptr;
+  }
+  if (r->rc != 0) {
+    why = fmt::format("cannot resolve {}: {}", a.host, ::gai_strerror(r->rc));
+    return nullptr;
+  }
+  return r;
 }
 
 /// A TCP connection within `timeout_ms` (the name resolved within `resolve_ms`), or -1 with
@@ -176,7 +189,7 @@ int connect_tcp(const ClusterAddress& a, int timeout_ms, int resolve_ms, bool ke
                 const std::atomic<bool>* cancel, std::string& why) {
   const std::shared_ptr<Resolution> resolved = resolve(a, resolve_ms, cancel, why);
   if (resolved == nullptr) return -1;
-  addrinfo* found = resolved->request.ar_result;
+  addrinfo* found = resolved->result;
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   int fd = -1;
   for (addrinfo* ai = found; ai != nullptr && fd < 0; ai = ai->ai_next) {
