@@ -46,6 +46,9 @@ double time_tier_jobs(Tier& tier, JobId id, JobKind kind, std::int64_t n, std::i
                       const std::function<std::int64_t(std::int64_t)>& slot_of,
                       const std::function<HostBlockId(std::int64_t)>& write_block_of) {
   const bool promote = kind == JobKind::promote;
+  if (promote && pool_blocks < 2) {
+    throw invalid_argument("tier bench: promotions alternate two halves of a pool of 2 or more");
+  }
   const std::int64_t lap = promote ? std::max<std::int64_t>(pool_blocks / 2, 1) : pool_blocks;
   std::vector<TierJob> jobs;
   for (std::int64_t i = 0; i < n; ++i) {

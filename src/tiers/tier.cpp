@@ -49,7 +49,6 @@ void TierQueue::submit(const TierJob& job) {
                           "running on the {}",
                           job.id, h, it == filling_.end() ? 0 : it->second, name_);
       }
-      for (const HostBlockId h : job.host_block_ids) filling_.emplace(h, job.id);
     }
     if (state->remaining == 0) {
       finished_.push_back(FinishedTierJob{job.id, job.kind, true, 0});
@@ -60,6 +59,10 @@ void TierQueue::submit(const TierJob& job) {
     jobs_.emplace(job.id, std::move(state));
     std::deque<Task>& q = job.kind == JobKind::promote ? promotes_ : writes_;
     for (std::size_t i = 0; i < job.keys.size(); ++i) q.push_back(Task{raw, i});
+    // Last: nothing above may throw once the job's host blocks are marked.
+    if (job.kind == JobKind::promote) {
+      for (const HostBlockId h : job.host_block_ids) filling_.emplace(h, job.id);
+    }
   }
   work_ready_.notify_all();
 }

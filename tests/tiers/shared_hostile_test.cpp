@@ -358,3 +358,40 @@ TEST_CASE("Cluster client: a node given by name is resolved within its deadline"
   CHECK(bad.stats().connect_errors == 1);
   CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 2.0);
 }
+
+TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed",
+          "[cluster_client]") {
+  // Whole 1 MiB values 150 ms apart (about 7 MB/s): 8 of them take 1.2 s, past the 1 s reply
+  // timeout, inside the batch's deadline with its values' time at the minimum rate (16 MiB/s:
+  // 0.5 s more). Every value arrives, in place, and the node is never marked down. The
+  // control, without the allowance, loses the batch's tail.
+  constexpr std::size_t kValue = 1 << 20;
+  HostileBehavior b;
+  b.reply.head = "$" + std::to_string(16 + kValue) + "\r\n";
+  b.reply.body = std::string(16 + kValue, 'v');
+  b.reply.repeat = 1;
+  b.reply.tail = "\r\n";
+  b.gap_ms = 150;
+  HostileServer server(b);
+  const auto run8 = [&](ClusterClient& c) {
+    std::vector<std::vector<std::byte>> blocks(8, std::vector<std::byte>(kValue));
+    std::vector<std::string> keys;
+    for (int i = 0; i < 8; ++i) keys.push_back("v" + std::to_string(i));
+    std::vector<ClusterCommand> commands;
+    for (std::size_t i = 0; i < 8; ++i) {
+      commands.push_back({.key = keys[i], .args = {"GET", keys[i]}, .reply_into = blocks[i],
+                          .reply_prefix = 16});
+    }
+    int in_place = 0;
+    c.run(commands, [&](std::size_t, const ClusterReply& r) { in_place += r.in_place ? 1 : 0; });
+    return in_place;
+  };
+  ClusterClient steady(config_for(server, 1000));
+  CHECK(run8(steady) == 8);
+  CHECK(steady.stats().timeouts == 0);
+  ClusterClientConfig strict = config_for(server, 1000);
+  strict.min_rate_bytes_per_s = 0;
+  ClusterClient control(strict);
+  CHECK(run8(control) < 8);
+  CHECK(control.stats().timeouts == 1);
+}

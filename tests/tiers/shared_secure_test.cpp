@@ -160,6 +160,16 @@ TEST_CASE("Shared tier: a wrong password, CA or server name is a counted error, 
     CHECK(s.auth_errors >= 1);
     CHECK(s.tls_errors == 0);
     CHECK(s.writes == 0);
+    {
+      // Not a retry storm: twenty jobs back to back try AUTH about once (the node is skipped
+      // for its backoff, 0.5 s doubling, after each refusal).
+      SharedTier tier(c, 1, "layout", kBlockBytes, [&](HostBlockId id) { return pool.block(id); });
+      for (JobId j = 1; j <= 20; ++j)
+        CHECK_FALSE(run(tier, job(j, JobKind::write, {key(1)}, {0})).ok);
+      CHECK(tier.shared_stats().auth_errors >= 1);
+      CHECK(tier.shared_stats().auth_errors <= 3);
+      CHECK(tier.shared_stats().write_errors == 20);
+    }
     // The scheduler's existence checks: every key unanswered, said as an outage.
     const auto presence = make_cluster_presence(c, 1);
     presence->submit(1, 0, {key(1), key(2)});

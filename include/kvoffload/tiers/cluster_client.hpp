@@ -46,11 +46,17 @@ struct ClusterClientConfig {
   std::vector<ClusterAddress> seeds;  ///< any nodes of the cluster; the rest is discovered
   int connect_timeout_ms = 200;
   /// For each write, and for all the replies of a pipelined batch together (from when it was
-  /// written), however their bytes trickle in; the TLS handshake, AUTH and the slot map get
-  /// it too (a stopped or drip-feeding node costs this once, then is skipped). A round's
-  /// connects and writes over all nodes stop after connect + 2 x this; a name is resolved
-  /// within connect + this.
+  /// written, plus the values' time at min_rate_bytes_per_s), however their bytes trickle in;
+  /// the TLS handshake, AUTH and the slot map get it too (a stopped or drip-feeding node costs
+  /// this once, then is skipped). A round's connects and writes over all nodes stop after
+  /// connect + 2 x this (plus its values' time at the minimum rate); a name is resolved within
+  /// connect + this.
   int reply_timeout_ms = 1000;
+  /// The slowest rate a healthy but busy link is expected to keep: a batch's deadlines get
+  /// the time its values take at this rate on top of the reply timeout (reads: the values
+  /// read in place; writes: the values sent), so a slow but steady link is not marked down,
+  /// while a drip feed still misses. 0: no allowance.
+  std::uint64_t min_rate_bytes_per_s = 16ull << 20;
   int max_redirects = 5;  ///< MOVED/ASK hops per command before it fails
   /// A node that failed is not tried again for this long, doubled at each failure in a row up
   /// to max_backoff_ms, each wait drawn from [0.5, 1.5) of it (jitter: a fleet does not

@@ -72,8 +72,8 @@ class KVOFFLOAD_EXPORT SharedTier final : public Tier {
   /// Finishes the jobs already submitted for at most shutdown_grace() (a healthy cluster
   /// drains its queue), then cancels the rest, which fail: bounded whatever the servers do.
   ~SharedTier() override;
-  /// How long the destructor lets submitted jobs finish: twice the reply timeout plus the
-  /// connect timeout, at least 5 s.
+  /// How long the destructor lets submitted jobs finish: two batches' deadlines (the reply
+  /// and connect timeouts plus in_flight blocks at the client's minimum rate), at least 5 s.
   [[nodiscard]] std::chrono::milliseconds shutdown_grace() const noexcept { return grace_; }
 
   [[nodiscard]] Medium medium() const noexcept override { return Medium::shared; }

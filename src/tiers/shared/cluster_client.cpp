@@ -198,6 +198,7 @@ struct ClusterClient::Impl {
     detail::ConnectionOptions o;
     o.connect_timeout_ms = config.connect_timeout_ms;
     o.reply_timeout_ms = config.reply_timeout_ms;
+    o.min_rate_bytes_per_s = config.min_rate_bytes_per_s;
     o.tls = tls.get();
     o.username = config.username;
     o.password = config.password;
@@ -361,8 +362,17 @@ struct ClusterClient::Impl {
   /// How long the connects and writes of one round (or the map's reload) may take in all:
   /// each node's own are bounded by the timeouts, but a map naming many silent nodes would
   /// add them up.
-  [[nodiscard]] std::chrono::milliseconds phase_budget() const {
-    return std::chrono::milliseconds(config.connect_timeout_ms + 2 * config.reply_timeout_ms);
+  [[nodiscard]] std::chrono::milliseconds phase_budget(std::uint64_t bytes = 0) const {
+    return std::chrono::milliseconds(config.connect_timeout_ms + 2 * config.reply_timeout_ms) +
+           transfer_allowance(bytes);
+  }
+
+  /// The time `bytes` of values may take on top of a deadline: at the slowest rate a healthy
+  /// but busy link is expected to keep up (min_rate_bytes_per_s). A node slower than that
+  /// (a drip feed) still misses its deadline, within a time bounded by the batch's size.
+  [[nodiscard]] std::chrono::milliseconds transfer_allowance(std::uint64_t bytes) const {
+    if (config.min_rate_bytes_per_s == 0) return std::chrono::milliseconds(0);
+    return std::chrono::milliseconds(bytes * 1000 / config.min_rate_bytes_per_s);
   }
 
   /// Parses "MOVED 3999 127.0.0.1:6381" / "ASK ..." into (slot, node); an empty host (Redis
@@ -411,7 +421,11 @@ struct ClusterClient::Impl {
         it->second.push_back(p);
       }
       std::vector<bool> sent(batches.size(), false);
-      const Clock::time_point send_stop = Clock::now() + phase_budget();
+      std::uint64_t value_bytes = 0;  // what the round writes: its values
+      for (const Pending& p : pending) {
+        for (const std::string_view piece : commands[p.index].value) value_bytes += piece.size();
+      }
+      const Clock::time_point send_stop = Clock::now() + phase_budget(value_bytes);
       for (std::size_t b = 0; b < batches.size(); ++b) {
         // Past the round's budget the remaining nodes' commands fail untried (counted as
         // failed; the nodes are not marked down: nothing is known of them).
@@ -487,7 +501,12 @@ struct ClusterClient::Impl {
       g.node = batches[b].first;
       g.batch = batches[b].second;
       g.next = sent[b] ? 0 : g.batch.size();
-      g.deadline = Clock::now() + timeout;
+      // The reply timeout, plus the time the values it reads may take at the minimum rate.
+      std::uint64_t expected = 0;
+      for (const Pending& p : g.batch) {
+        expected += commands[p.index].reply_prefix + commands[p.index].reply_into.size();
+      }
+      g.deadline = Clock::now() + timeout + transfer_allowance(expected);
     }
     std::vector<pollfd> fds;
     std::vector<Reading*> polled;
@@ -509,6 +528,7 @@ struct ClusterClient::Impl {
         fds.push_back(pollfd{c.fd(), c.want_events(), 0});
         polled.push_back(&g);
         wake = std::min(wake, g.deadline);
+        if (c.has_pending()) wake = now;  // bytes TLS holds: parse them without waiting
       }
       if (fds.empty()) return;
       const auto ms = std::chrono::ceil<std::chrono::milliseconds>(wake - now).count();

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <system_error>
 #include <thread>
 
@@ -291,6 +292,7 @@ std::unique_ptr<NodeConnection> NodeConnection::open(const ClusterAddress& addre
   std::unique_ptr<NodeConnection> c(new NodeConnection(o));
   c->fd_ = fd;
   c->reply_timeout_ms_ = o.reply_timeout_ms;
+  c->min_rate_ = o.min_rate_bytes_per_s;
   c->cancel_ = o.cancel;
   if (o.tls != nullptr) {
     failure = ConnectFailure::tls;
@@ -391,7 +393,11 @@ bool NodeConnection::wait(short events, Clock::time_point deadline) {
 }
 
 bool NodeConnection::write_all(std::span<iovec> iov) {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(reply_timeout_ms_);
+  std::uint64_t bytes = 0;
+  for (const iovec& v : iov) bytes += v.iov_len;
+  // The reply timeout, plus the bytes' time at the slowest rate a busy link keeps.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(reply_timeout_ms_) +
+                        std::chrono::milliseconds(min_rate_ == 0 ? 0 : bytes * 1000 / min_rate_);
   std::size_t first = 0;
   while (first < iov.size()) {
     std::size_t wrote = 0;
@@ -450,12 +456,9 @@ long NodeConnection::read_now(char* buf, std::size_t n) {
       (void)fail(IoFailure::other, std::strerror(errno));
       return -1;
     }
-    int got = 0;
-    {
-      // SSL_read may write (a TLS 1.3 KeyUpdate): a closed peer must not raise SIGPIPE.
-      const SigpipeBlocked guard;
-      got = SSL_read(ssl_, buf, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
-    }
+    // SSL_read may write (a TLS 1.3 KeyUpdate): its callers block SIGPIPE around it (once for
+    // several reads: the guard costs four system calls).
+    const int got = SSL_read(ssl_, buf, static_cast<int>(std::min<std::size_t>(n, INT_MAX)));
     if (got > 0) return got;
     const int e = SSL_get_error(ssl_, got);
     if (e == SSL_ERROR_ZERO_RETURN) {
@@ -475,7 +478,13 @@ long NodeConnection::read_now(char* buf, std::size_t n) {
 
 long NodeConnection::read_some(char* buf, std::size_t n, Clock::time_point deadline) {
   for (;;) {
-    const long got = read_now(buf, n);
+    long got = 0;
+    if (ssl_ != nullptr) {
+      const SigpipeBlocked guard;
+      got = read_now(buf, n);
+    } else {
+      got = read_now(buf, n);
+    }
     if (got != kWouldBlock) return got;
     if (!wait(want_, deadline)) return -1;
   }
@@ -485,6 +494,8 @@ int NodeConnection::poll_reply(RespValue& reply) {
   // At most kMaxReads reads per call: the caller looks at its deadline and cancel flag in
   // between, also while a peer keeps the socket full.
   constexpr int kMaxReads = 16;
+  std::optional<SigpipeBlocked> guard;
+  if (ssl_ != nullptr) guard.emplace();  // SSL_read may write
   for (int reads = 0;; ++reads) {
     switch (reader_.parse(reply)) {
       case RespReader::Status::done: return 1;
@@ -505,6 +516,10 @@ int NodeConnection::poll_reply(RespValue& reply) {
       reader_.commit_direct(static_cast<std::size_t>(got));
     }
   }
+}
+
+bool NodeConnection::has_pending() const noexcept {
+  return ssl_ != nullptr && SSL_has_pending(ssl_) == 1;
 }
 
 bool NodeConnection::timed_out() {

@@ -50,9 +50,10 @@ class TlsContext {
 struct ConnectionOptions {
   int connect_timeout_ms = 200;
   int reply_timeout_ms = 1000;
-  const TlsContext* tls = nullptr;  ///< null: plain TCP
-  std::string_view username;        ///< AUTH's user (empty: "default")
-  std::string_view password;        ///< empty: no AUTH
+  std::uint64_t min_rate_bytes_per_s = 0;  ///< a write's deadline allows its bytes at this rate
+  const TlsContext* tls = nullptr;         ///< null: plain TCP
+  std::string_view username;               ///< AUTH's user (empty: "default")
+  std::string_view password;               ///< empty: no AUTH
   bool keepalive = true;
   RespLimits limits{};
   /// Set by another thread to end every wait at once (the connection then fails).
@@ -97,6 +98,8 @@ class NodeConnection {
   /// Call again with the same `reply` until it returns 1 or -1.
   int poll_reply(RespValue& reply);
   [[nodiscard]] int fd() const noexcept { return fd_; }
+  /// Bytes TLS has received and not yet handed over (poll() cannot see them).
+  [[nodiscard]] bool has_pending() const noexcept;
   [[nodiscard]] short want_events() const noexcept { return want_; }
   /// The caller's deadline for the reply being read passed: fails with a timeout.
   bool timed_out();
@@ -121,6 +124,7 @@ class NodeConnection {
   int fd_ = -1;
   ssl_st* ssl_ = nullptr;
   int reply_timeout_ms_ = 1000;
+  std::uint64_t min_rate_ = 0;
   short want_ = 0x001;  // POLLIN
   const std::atomic<bool>* cancel_ = nullptr;
   RespReader reader_;

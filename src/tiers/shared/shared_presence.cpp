@@ -28,19 +28,16 @@ class ClusterPresence final : public PresenceCheck {
     for (int i = 0; i < kCheckers; ++i) {
       checkers_.push_back(std::make_unique<Checker>(c, block_size_factor, cc));
     }
-    for (auto& checker : checkers_) {
-      checker->thread = std::thread([this, w = checker.get()] { run(*w); });
+    try {
+      for (auto& checker : checkers_) {
+        checker->thread = std::thread([this, w = checker.get()] { run(*w); });
+      }
+    } catch (...) {
+      stop();  // the threads already started (a std::thread that cannot start throws)
+      throw;
     }
   }
-  ~ClusterPresence() override {
-    {
-      std::lock_guard lock(mutex_);
-      stopping_ = true;
-    }
-    cancel_->store(true);  // a check waiting on a slow node ends now: its answer is not wanted
-    ready_.notify_all();
-    for (auto& checker : checkers_) checker->thread.join();
-  }
+  ~ClusterPresence() override { stop(); }
   ClusterPresence(const ClusterPresence&) = delete;
   ClusterPresence& operator=(const ClusterPresence&) = delete;
 
@@ -60,6 +57,18 @@ class ClusterPresence final : public PresenceCheck {
   }
 
  private:
+  void stop() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    cancel_->store(true);  // a check waiting on a slow node ends now: its answer is not wanted
+    ready_.notify_all();
+    for (auto& checker : checkers_) {
+      if (checker->thread.joinable()) checker->thread.join();
+    }
+  }
+
   /// Checks taken together: every queued one (up to kMaxTaken) goes out in one pipelined run,
   /// and each is answered as soon as its own replies are in, so a check whose keys live on
   /// healthy nodes is not held back by a slow node another check's keys live on.
