@@ -359,8 +359,7 @@ TEST_CASE("Cluster client: a node given by name is resolved within its deadline"
   CHECK(std::chrono::duration<double>(Clock::now() - start).count() < 2.0);
 }
 
-TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed",
-          "[cluster_client]") {
+TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed", "[cluster_client]") {
   // Whole 1 MiB values 150 ms apart (about 7 MB/s): 8 of them take 1.2 s, past the 1 s reply
   // timeout, inside the batch's deadline with its values' time at the minimum rate (16 MiB/s:
   // 0.5 s more). Every value arrives, in place, and the node is never marked down. The
@@ -379,8 +378,8 @@ TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed",
     for (int i = 0; i < 8; ++i) keys.push_back("v" + std::to_string(i));
     std::vector<ClusterCommand> commands;
     for (std::size_t i = 0; i < 8; ++i) {
-      commands.push_back({.key = keys[i], .args = {"GET", keys[i]}, .reply_into = blocks[i],
-                          .reply_prefix = 16});
+      commands.push_back(
+          {.key = keys[i], .args = {"GET", keys[i]}, .reply_into = blocks[i], .reply_prefix = 16});
     }
     int in_place = 0;
     c.run(commands, [&](std::size_t, const ClusterReply& r) { in_place += r.in_place ? 1 : 0; });
@@ -394,4 +393,23 @@ TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed",
   ClusterClient control(strict);
   CHECK(run8(control) < 8);
   CHECK(control.stats().timeouts == 1);
+}
+
+TEST_CASE("Cluster health: a node one client found silent is skipped by the others",
+          "[cluster_client]") {
+  HostileBehavior b;
+  b.stall = true;
+  HostileServer server(b);
+  ClusterClientConfig config = config_for(server, 500);
+  config.health = std::make_shared<ClusterHealth>();
+  ClusterClient first(config), second(config);
+  const Outcome a = run_gets(first, 2);
+  CHECK(a.failed == 3);
+  CHECK(first.stats().timeouts == 1);
+  const int connections = server.connections();
+  const Outcome o = run_gets(second, 2);  // no deadline of its own to pay, no connection
+  CHECK(o.failed == 3);
+  CHECK(o.seconds < 0.2);
+  CHECK(server.connections() == connections);
+  CHECK(second.stats().timeouts == 0);
 }

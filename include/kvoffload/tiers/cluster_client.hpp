@@ -9,6 +9,7 @@
 // per thread.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -40,6 +41,28 @@ struct ClusterTls {
   std::string cert_file;
   std::string key_file;
   std::string server_name;
+};
+
+/// Which nodes are being skipped, shared by clients of one cluster (a tier's presence
+/// threads): a node one client found down or slow is skipped by the others until its backoff
+/// ends, instead of each paying a deadline to find out. Thread-safe.
+class KVOFFLOAD_EXPORT ClusterHealth {
+ public:
+  using Clock = std::chrono::steady_clock;
+  ClusterHealth();
+  ~ClusterHealth();
+  ClusterHealth(const ClusterHealth&) = delete;
+  ClusterHealth& operator=(const ClusterHealth&) = delete;
+  /// Until when `address` is skipped (a past time: it is not).
+  [[nodiscard]] Clock::time_point down_until(const ClusterAddress& address) const;
+  /// Skips `address` until `until` (the later of this and what was set).
+  void mark_down(const ClusterAddress& address, Clock::time_point until);
+  /// A connection to `address` worked: it is not skipped.
+  void mark_up(const ClusterAddress& address);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
 };
 
 struct ClusterClientConfig {
@@ -76,6 +99,8 @@ struct ClusterClientConfig {
   /// cancelled together, including one built after it was set (a tier that replaces its
   /// client after a failed batch).
   std::shared_ptr<std::atomic<bool>> cancel{};
+  /// Shared with other clients of the cluster (null: this client's own view only).
+  std::shared_ptr<ClusterHealth> health{};
 };
 
 /// One command: `args` in full (the name first), then, if `value` is not empty, one more

@@ -31,6 +31,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <string>
@@ -69,6 +71,31 @@ std::optional<ClusterAddress> split_address(std::string_view text) {
 }
 
 }  // namespace
+
+struct ClusterHealth::Impl {
+  mutable std::mutex mutex;
+  std::map<std::pair<std::string, int>, Clock::time_point> down;
+};
+
+ClusterHealth::ClusterHealth() : impl_(std::make_unique<Impl>()) {}
+ClusterHealth::~ClusterHealth() = default;
+
+ClusterHealth::Clock::time_point ClusterHealth::down_until(const ClusterAddress& a) const {
+  const std::lock_guard lock(impl_->mutex);
+  const auto it = impl_->down.find({a.host, a.port});
+  return it == impl_->down.end() ? Clock::time_point{} : it->second;
+}
+
+void ClusterHealth::mark_down(const ClusterAddress& a, Clock::time_point until) {
+  const std::lock_guard lock(impl_->mutex);
+  Clock::time_point& t = impl_->down[{a.host, a.port}];
+  t = std::max(t, until);
+}
+
+void ClusterHealth::mark_up(const ClusterAddress& a) {
+  const std::lock_guard lock(impl_->mutex);
+  impl_->down.erase({a.host, a.port});
+}
 
 std::vector<ClusterAddress> parse_cluster_nodes(std::string_view text, std::string_view field) {
   std::vector<ClusterAddress> out;
@@ -167,6 +194,7 @@ struct ClusterClient::Impl {
     detail::logger().debug("cluster: {}:{}: {}; skipped for {:.0f} ms", n.address.host,
                            n.address.port, what, wait);
     n.down_until = Clock::now() + std::chrono::microseconds(static_cast<long long>(wait * 1000));
+    if (config.health) config.health->mark_down(n.address, n.down_until);
     n.conn.reset();
     map_stale = true;
   }
@@ -189,7 +217,9 @@ struct ClusterClient::Impl {
   bool connect(Node& n) {
     if (n.conn != nullptr) return true;
     if (cancelled->load(std::memory_order_relaxed)) return false;
-    if (Clock::now() < n.down_until) return false;
+    const Clock::time_point now = Clock::now();
+    if (now < n.down_until) return false;
+    if (config.health && now < config.health->down_until(n.address)) return false;  // another's
     if (config.only_seeds && !n.seed) {
       ++stats.connect_errors;
       mark_down(n, "not a seed, and only_seeds is set");
@@ -220,6 +250,7 @@ struct ClusterClient::Impl {
     }
     ++stats.connects;
     n.failures = 0;
+    if (config.health) config.health->mark_up(n.address);
     return true;
   }
 

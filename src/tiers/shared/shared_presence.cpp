@@ -24,7 +24,8 @@ class ClusterPresence final : public PresenceCheck {
  public:
   ClusterPresence(const SharedTierConfig& c, std::int64_t block_size_factor) : tp_size_(c.tp_size) {
     ClusterClientConfig cc = detail::cluster_client_config(c);
-    cc.cancel = cancel_;  // one flag stops every checker's client
+    cc.cancel = cancel_;                            // one flag stops every checker's client
+    cc.health = std::make_shared<ClusterHealth>();  // a node one finds down, all skip
     for (int i = 0; i < kCheckers; ++i) {
       checkers_.push_back(std::make_unique<Checker>(c, block_size_factor, cc));
     }
