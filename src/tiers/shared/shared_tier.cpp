@@ -84,13 +84,14 @@ SharedTier::SharedTier(const SharedTierConfig& c, std::int64_t block_size_factor
   // Two batches' deadlines (each the timeouts plus its blocks at the minimum rate), at least
   // 5 s: enough for a healthy cluster to drain the queue's head.
   const std::uint64_t batch_bytes = static_cast<std::uint64_t>(c.in_flight) * payload_bytes;
-  grace_ = std::max(
-      std::chrono::milliseconds(5000),
-      std::chrono::milliseconds(
-          2 * (c.reply_timeout_ms + c.connect_timeout_ms) +
-          (cc.min_rate_bytes_per_s == 0
-               ? 0
-               : static_cast<long long>(2 * batch_bytes * 1000 / cc.min_rate_bytes_per_s))));
+  const long long timeouts_ms =
+      2LL * (static_cast<long long>(c.reply_timeout_ms) + c.connect_timeout_ms);
+  const long long values_ms =
+      cc.min_rate_bytes_per_s == 0
+          ? 0
+          : static_cast<long long>(2 * batch_bytes * 1000 / cc.min_rate_bytes_per_s);
+  grace_ =
+      std::max(std::chrono::milliseconds(5000), std::chrono::milliseconds(timeouts_ms + values_ms));
   if (c.ttl_seconds > 0) ttl_ = std::to_string(c.ttl_seconds);
   const std::string text = fmt::format("kvoffload shared tier v4\nname={}\ntp={}/{}\nlayout={}\n",
                                        c.name, c.tp_rank, c.tp_size, layout);
