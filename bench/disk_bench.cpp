@@ -71,7 +71,7 @@ nlohmann::json throughput(const Options& opt, const fs::path& dir, std::uint64_t
       const auto n = static_cast<std::int64_t>(std::max<std::uint64_t>(total / bs, 4));
       // Two jobs of half the pool each in flight (time_tier_jobs): at least io_depth each.
       const std::int64_t pool_blocks =
-          std::max<std::int64_t>(64, 2 * static_cast<std::int64_t>(qd));
+          std::max<std::int64_t>(std::min<std::int64_t>(n, 64), 2 * static_cast<std::int64_t>(qd));
       HostPool pool(pool_blocks, bs);
       std::vector<double> kw, kr, fw, fr;
       for (std::size_t r = 0; r < runs; ++r) {

@@ -203,8 +203,8 @@ nlohmann::json throughput(const Options& opt, const std::string& nodes, std::uin
     for (const unsigned inflight : depths) {
       const auto n = static_cast<std::int64_t>(std::max<std::uint64_t>(total / bs, 16));
       // Two jobs of half the pool each in flight (time_tier_jobs): at least in_flight each.
-      const std::int64_t pool_blocks =
-          std::max<std::int64_t>(32, 2 * static_cast<std::int64_t>(inflight));
+      const std::int64_t pool_blocks = std::max<std::int64_t>(
+          std::min<std::int64_t>(n, 32), 2 * static_cast<std::int64_t>(inflight));
       HostPool pool(pool_blocks, bs);
       std::vector<double> kw, kr, hw, hr, bw, br;
       ++salt;  // the cell's keys: each run rewrites them; deleted after the cell

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "kvoffload/error.hpp"
 #include "kvoffload/tiers/cluster_client.hpp"
 #include "support/hostile_server.hpp"
 
@@ -360,17 +361,17 @@ TEST_CASE("Cluster client: a node given by name is resolved within its deadline"
 }
 
 TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed", "[cluster_client]") {
-  // Whole 1 MiB values 150 ms apart (about 7 MB/s): 8 of them take 1.2 s, past the 1 s reply
-  // timeout, inside the batch's deadline with its values' time at the minimum rate (16 MiB/s:
-  // 0.5 s more). Every value arrives, in place, and the node is never marked down. The
-  // control, without the allowance, loses the batch's tail.
-  constexpr std::size_t kValue = 1 << 20;
+  // Whole 2 MiB values 100 ms apart (about 20 MB/s): 8 of them take 0.8 s, past the 0.5 s
+  // reply timeout, inside the batch's deadline with its values' time at the minimum rate
+  // (16 MiB at 16 MiB/s: 1 s more). Every value arrives, in place, and the node is never
+  // marked down. The control, without the allowance, loses the batch's tail.
+  constexpr std::size_t kValue = 2 << 20;
   HostileBehavior b;
   b.reply.head = "$" + std::to_string(16 + kValue) + "\r\n";
   b.reply.body = std::string(16 + kValue, 'v');
   b.reply.repeat = 1;
   b.reply.tail = "\r\n";
-  b.gap_ms = 150;
+  b.gap_ms = 100;
   HostileServer server(b);
   const auto run8 = [&](ClusterClient& c) {
     std::vector<std::vector<std::byte>> blocks(8, std::vector<std::byte>(kValue));
@@ -385,10 +386,10 @@ TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed", "
     c.run(commands, [&](std::size_t, const ClusterReply& r) { in_place += r.in_place ? 1 : 0; });
     return in_place;
   };
-  ClusterClient steady(config_for(server, 1000));
+  ClusterClient steady(config_for(server, 500));
   CHECK(run8(steady) == 8);
   CHECK(steady.stats().timeouts == 0);
-  ClusterClientConfig strict = config_for(server, 1000);
+  ClusterClientConfig strict = config_for(server, 500);
   strict.min_rate_bytes_per_s = 0;
   ClusterClient control(strict);
   CHECK(run8(control) < 8);
@@ -412,4 +413,17 @@ TEST_CASE("Cluster health: a node one client found silent is skipped by the othe
   CHECK(o.seconds < 0.2);
   CHECK(server.connections() == connections);
   CHECK(second.stats().timeouts == 0);
+}
+
+TEST_CASE("Cluster client: timeouts and the minimum rate are refused out of range",
+          "[cluster_client]") {
+  ClusterClientConfig c;
+  c.seeds = {ClusterAddress{"127.0.0.1", 1}};
+  c.min_rate_bytes_per_s = 1;  // a 1 MiB value would get 12 days
+  CHECK_THROWS_AS(ClusterClient(c), invalid_argument);
+  c.min_rate_bytes_per_s = 0;
+  c.reply_timeout_ms = 3600001;
+  CHECK_THROWS_AS(ClusterClient(c), invalid_argument);
+  c.reply_timeout_ms = 1000;
+  CHECK_NOTHROW(ClusterClient(c));
 }

@@ -199,6 +199,14 @@ struct ClusterClient::Impl {
     map_stale = true;
   }
 
+  /// The node answered a whole batch in time: its failures in a row end (a node that accepts
+  /// connections and then stalls keeps doubling its backoff).
+  void node_answered(Node& n) {
+    if (n.failures == 0) return;
+    n.failures = 0;
+    if (config.health) config.health->mark_up(n.address);
+  }
+
   /// A connection dropped mid-command: counted by why.
   void count_failure(const detail::NodeConnection& c) {
     ++stats.io_errors;
@@ -215,11 +223,14 @@ struct ClusterClient::Impl {
   }
 
   bool connect(Node& n) {
+    const Clock::time_point now = Clock::now();
+    if (config.health && now < config.health->down_until(n.address)) {
+      n.conn.reset();  // another client found it down or slow: skipped here too, until then
+      return false;
+    }
     if (n.conn != nullptr) return true;
     if (cancelled->load(std::memory_order_relaxed)) return false;
-    const Clock::time_point now = Clock::now();
     if (now < n.down_until) return false;
-    if (config.health && now < config.health->down_until(n.address)) return false;  // another's
     if (config.only_seeds && !n.seed) {
       ++stats.connect_errors;
       mark_down(n, "not a seed, and only_seeds is set");
@@ -249,8 +260,6 @@ struct ClusterClient::Impl {
       return false;
     }
     ++stats.connects;
-    n.failures = 0;
-    if (config.health) config.health->mark_up(n.address);
     return true;
   }
 
@@ -280,7 +289,7 @@ struct ClusterClient::Impl {
 
   /// Writes every encoded command to the node's connection (values are not copied). False on
   /// an error or a missed deadline (the reply timeout, per write).
-  bool send_encoded(Node& n) {
+  bool send_encoded(Node& n, Clock::time_point deadline) {
     std::vector<iovec> iov;
     iov.reserve(iov_ref.size());
     for (const auto& [head, piece] : iov_ref) {
@@ -293,7 +302,7 @@ struct ClusterClient::Impl {
       iov_ref.clear();
       encoded_bytes = 0;
     };
-    const bool ok = n.conn->write_all(iov);
+    const bool ok = n.conn->write_all(iov, deadline);
     clear();
     return ok;
   }
@@ -317,6 +326,7 @@ struct ClusterClient::Impl {
       // A standalone server: it owns every slot.
       map.fill(static_cast<int>(index));
       install_map(map);
+      node_answered(n);
       return true;
     }
     if (reply.type == RespType::error && is_acl_refusal(reply.text)) {
@@ -354,6 +364,7 @@ struct ClusterClient::Impl {
       return false;
     }
     install_map(map);
+    node_answered(n);
     return true;
   }
 
@@ -460,8 +471,8 @@ struct ClusterClient::Impl {
       for (std::size_t b = 0; b < batches.size(); ++b) {
         // Past the round's budget the remaining nodes' commands fail untried (counted as
         // failed; the nodes are not marked down: nothing is known of them).
-        sent[b] =
-            Clock::now() < send_stop && send_batch(batches[b].first, batches[b].second, commands);
+        sent[b] = Clock::now() < send_stop &&
+                  send_batch(batches[b].first, batches[b].second, commands, send_stop);
         if (!sent[b]) {
           for (const Pending& p : batches[b].second) fail(p.index);
         }
@@ -474,23 +485,33 @@ struct ClusterClient::Impl {
   /// Connects if needed and writes the batch's commands; false if the node is down or the
   /// write failed (the node is then marked down).
   bool send_batch(int node, std::span<const Pending> batch,
-                  std::span<const ClusterCommand> commands) {
+                  std::span<const ClusterCommand> commands, Clock::time_point stop) {
     if (node < 0 || !connect(nodes[static_cast<std::size_t>(node)])) return false;
     Node& n = nodes[static_cast<std::size_t>(node)];
     static constexpr std::array<std::string_view, 1> kAsking{"ASKING"};
+    // One deadline for the whole batch's writes (the reply timeout plus its values at the
+    // minimum rate), within the round's: a node reading slower than that misses it however
+    // the batch is cut into writes.
+    std::uint64_t value_bytes = 0;
+    for (const Pending& p : batch) {
+      for (const std::string_view piece : commands[p.index].value) value_bytes += piece.size();
+    }
+    const Clock::time_point deadline =
+        std::min(stop, Clock::now() + std::chrono::milliseconds(config.reply_timeout_ms) +
+                           transfer_allowance(value_bytes));
     bool ok = true;
     for (const Pending& p : batch) {
       const ClusterCommand& c = commands[p.index];
       if (c.before_send) {
         // What is encoded so far goes out first (once it is worth a system call): the node
         // works on it meanwhile.
-        if (encoded_bytes >= kFlushBytes) ok = ok && send_encoded(n);
+        if (encoded_bytes >= kFlushBytes) ok = ok && send_encoded(n, deadline);
         c.before_send();
       }
       if (p.asking) encode(kAsking, {});
       encode(c.args, c.value);
     }
-    ok = ok && send_encoded(n);
+    ok = ok && send_encoded(n, deadline);
     heads.clear();
     iov_ref.clear();
     encoded_bytes = 0;
@@ -596,10 +617,13 @@ struct ClusterClient::Impl {
       g.asking_read = false;
       ++g.next;
       dispatch(g.node, p, g.reply, on_reply, fail, next);
-      if (g.next == g.batch.size() && c.buffered() > 0) {
-        // Bytes nobody asked for: the next batch's replies would be out of step.
-        (void)c.give_up(detail::IoFailure::protocol, "bytes after the last reply of a batch");
-        return drop(g, fail);
+      if (g.next == g.batch.size()) {
+        if (c.buffered() > 0) {
+          // Bytes nobody asked for: the next batch's replies would be out of step.
+          (void)c.give_up(detail::IoFailure::protocol, "bytes after the last reply of a batch");
+          return drop(g, fail);
+        }
+        node_answered(nodes[static_cast<std::size_t>(g.node)]);
       }
     }
   }
@@ -678,9 +702,15 @@ struct ClusterClient::Impl {
 
 ClusterClient::ClusterClient(ClusterClientConfig config) {
   KVOFFLOAD_EXPECTS(!config.seeds.empty(), "cluster client: no seed node given");
-  KVOFFLOAD_EXPECTS(config.connect_timeout_ms > 0 && config.reply_timeout_ms > 0,
-                    "cluster client: connect_timeout_ms ({}) and reply_timeout_ms ({}) must be > 0",
+  KVOFFLOAD_EXPECTS(config.connect_timeout_ms > 0 && config.reply_timeout_ms > 0 &&
+                        config.connect_timeout_ms <= 3600000 && config.reply_timeout_ms <= 3600000,
+                    "cluster client: connect_timeout_ms ({}) and reply_timeout_ms ({}) must be "
+                    "from 1 to 3600000 (an hour)",
                     config.connect_timeout_ms, config.reply_timeout_ms);
+  KVOFFLOAD_EXPECTS(config.min_rate_bytes_per_s == 0 || config.min_rate_bytes_per_s >= (64u << 10),
+                    "cluster client: min_rate_bytes_per_s ({}) must be 0 (no allowance) or at "
+                    "least 65536: a lower rate makes a deadline of days",
+                    config.min_rate_bytes_per_s);
   KVOFFLOAD_EXPECTS(
       config.max_redirects >= 0 && config.down_backoff_ms >= 0 && config.max_backoff_ms >= 0,
       "cluster client: max_redirects ({}), down_backoff_ms ({}) and max_backoff_ms "

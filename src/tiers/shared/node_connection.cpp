@@ -396,8 +396,12 @@ bool NodeConnection::write_all(std::span<iovec> iov) {
   std::uint64_t bytes = 0;
   for (const iovec& v : iov) bytes += v.iov_len;
   // The reply timeout, plus the bytes' time at the slowest rate a busy link keeps.
-  const auto deadline = Clock::now() + std::chrono::milliseconds(reply_timeout_ms_) +
-                        std::chrono::milliseconds(min_rate_ == 0 ? 0 : bytes * 1000 / min_rate_);
+  return write_all(iov,
+                   Clock::now() + std::chrono::milliseconds(reply_timeout_ms_) +
+                       std::chrono::milliseconds(min_rate_ == 0 ? 0 : bytes * 1000 / min_rate_));
+}
+
+bool NodeConnection::write_all(std::span<iovec> iov, Clock::time_point deadline) {
   std::size_t first = 0;
   while (first < iov.size()) {
     std::size_t wrote = 0;
@@ -519,7 +523,9 @@ int NodeConnection::poll_reply(RespValue& reply) {
 }
 
 bool NodeConnection::has_pending() const noexcept {
-  return ssl_ != nullptr && SSL_has_pending(ssl_) == 1;
+  // Decrypted bytes only (SSL_has_pending also counts a record still arriving, which poll()
+  // does see: waking for it would spin until the deadline).
+  return ssl_ != nullptr && SSL_pending(ssl_) > 0;
 }
 
 bool NodeConnection::timed_out() {

@@ -79,6 +79,8 @@ class NodeConnection {
   /// Writes every byte of `iov` (modified as it goes) within the reply timeout; false on an
   /// error or a missed deadline.
   bool write_all(std::span<iovec> iov);
+  /// The same, by the caller's deadline (the cluster client's: one for a whole batch).
+  bool write_all(std::span<iovec> iov, std::chrono::steady_clock::time_point deadline);
   /// For the next reply only: a bulk string of prefix + into.size() bytes goes to `into`
   /// (RespReader::expect).
   void expect(std::span<std::byte> into, std::size_t prefix) noexcept {
