@@ -101,7 +101,7 @@ TEST_CASE("RESP reader: a value streams into place, and one of another size is s
   RespValue v;
   r.expect(into, 4);
   const std::string value =
-      "$" + std::to_string(4 + payload.size()) + "\r\nHEAD" + payload + "\r\n";
+      std::string("$") + std::to_string(4 + payload.size()) + "\r\nHEAD" + payload + "\r\n";
   REQUIRE(feed(r, value, 4096, v) == Status::done);
   CHECK(v.in_place);
   CHECK(v.text == "HEAD");
@@ -113,7 +113,7 @@ TEST_CASE("RESP reader: a value streams into place, and one of another size is s
   small.max_reply_bytes = 1024;
   RespReader r2(small);
   r2.expect(into, 4);
-  const std::string big = "$5000\r\n" + std::string(5000, 'x') + "\r\n:7\r\n";
+  const std::string big = std::string("$5000\r\n") + std::string(5000, 'x') + "\r\n:7\r\n";
   REQUIRE(feed(r2, big, 512, v) == Status::done);
   CHECK(v.skipped);
   CHECK(v.text.empty());
@@ -136,7 +136,7 @@ TEST_CASE("RESP reader: every bound is refused when its header arrives", "[resp]
     // Just inside the budget is fine.
     RespReader ok(limits);
     const std::size_t n = (limits.max_reply_bytes / sizeof(RespValue)) - 2;
-    std::string many = "*" + std::to_string(n) + "\r\n";
+    std::string many = std::string("*") + std::to_string(n) + "\r\n";
     for (std::size_t i = 0; i < n; ++i) many += ":1\r\n";
     REQUIRE(feed(ok, many, 65536, v) == Status::done);
     CHECK(v.elements.size() == n);
@@ -148,7 +148,7 @@ TEST_CASE("RESP reader: every bound is refused when its header arrives", "[resp]
   SECTION("many strings that add up over the budget") {
     RespReader r(limits);
     std::string s = "*100\r\n";
-    for (int i = 0; i < 100; ++i) s += "$20000\r\n" + std::string(20000, 'a') + "\r\n";
+    for (int i = 0; i < 100; ++i) s += std::string("$20000\r\n") + std::string(20000, 'a') + "\r\n";
     CHECK(feed(r, s, 65536, v) == Status::error);
   }
   SECTION("nesting deeper than the limit") {
@@ -163,7 +163,7 @@ TEST_CASE("RESP reader: every bound is refused when its header arrives", "[resp]
   SECTION("a line longer than max_line fails once it passes the limit, not at its end") {
     RespReader r(limits);
     // 32 MiB of error text would follow; the reader gives up within the first 2 KiB.
-    const std::string start = "-ERR " + std::string(2048, 'e');
+    const std::string start = std::string("-ERR ") + std::string(2048, 'e');
     CHECK(feed(r, start, 100, v) == Status::error);
     CHECK(r.buffered() < 4096);
   }

@@ -47,7 +47,7 @@ Outcome run_gets(ClusterClient& c, int n) {
   std::vector<std::vector<std::byte>> blocks(static_cast<std::size_t>(n),
                                              std::vector<std::byte>(4096));
   std::vector<std::string> keys;
-  for (int i = 0; i < n; ++i) keys.push_back("k" + std::to_string(i));
+  for (int i = 0; i < n; ++i) keys.push_back(std::string("k") + std::to_string(i));
   std::vector<ClusterCommand> commands;
   for (int i = 0; i < n; ++i) {
     commands.push_back(ClusterCommand{.key = keys[static_cast<std::size_t>(i)],
@@ -77,7 +77,7 @@ TEST_CASE("Hostile node: a reply dripped a byte at a time misses its deadline",
   // A whole, valid value, 1 byte every 20 ms: every read is well inside any per-read timeout,
   // the reply never is inside the 300 ms one.
   HostileBehavior b;
-  b.reply.head = "$4112\r\n" + std::string(4112, 'v') + "\r\n";
+  b.reply.head = std::string("$4112\r\n") + std::string(4112, 'v') + "\r\n";
   b.drip_ms = 20;
   HostileServer server(b);
   ClusterClient c(config_for(server, 300));
@@ -152,7 +152,7 @@ TEST_CASE("Hostile node: oversized replies of every shape are refused unbuffered
 TEST_CASE("Hostile node: a connection cut mid-reply, and a redirect loop", "[cluster_client]") {
   {
     HostileBehavior b;
-    b.reply.head = "$4112\r\n" + std::string(4112, 'v') + "\r\n";
+    b.reply.head = std::string("$4112\r\n") + std::string(4112, 'v') + "\r\n";
     b.cut_after = 100;
     HostileServer server(b);
     ClusterClient c(config_for(server, 2000));
@@ -195,8 +195,9 @@ TEST_CASE("Hostile node: a slot map naming nodes that do not answer, thousands o
     silent.push_back(ntohs(a.sin_port));
   }
   const auto entry = [](int first, int last, int port) {
-    return "*3\r\n:" + std::to_string(first) + "\r\n:" + std::to_string(last) +
-           "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port) + "\r\n";
+    return std::string("*3\r\n:") + std::to_string(first) + std::string("\r\n:") +
+           std::to_string(last) + std::string("\r\n*2\r\n$9\r\n127.0.0.1\r\n:") +
+           std::to_string(port) + "\r\n";
   };
   std::string slots = "*3002\r\n" + entry(0, 8191, silent[1]) + entry(8192, 9999, silent[3]);
   for (int s = 10000; s < 13000; ++s) slots += entry(s, s, 40000 + (s - 10000));
@@ -223,8 +224,9 @@ TEST_CASE("Hostile node: a silent node holds back only the commands sent to it",
   quiet.stall = true;
   HostileServer silent(quiet);
   const auto entry = [](int first, int last, int port) {
-    return "*3\r\n:" + std::to_string(first) + "\r\n:" + std::to_string(last) +
-           "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port) + "\r\n";
+    return std::string("*3\r\n:") + std::to_string(first) + std::string("\r\n:") +
+           std::to_string(last) + std::string("\r\n*2\r\n$9\r\n127.0.0.1\r\n:") +
+           std::to_string(port) + "\r\n";
   };
   HostileBehavior fast_b;
   fast_b.reply.head = ":1\r\n";
@@ -238,7 +240,7 @@ TEST_CASE("Hostile node: a silent node holds back only the commands sent to it",
   std::vector<std::string> keys;
   std::vector<bool> on_silent;
   for (int i = 0; keys.size() < 12; ++i) {
-    const std::string k = "key" + std::to_string(i);
+    const std::string k = std::string("key") + std::to_string(i);
     const bool low = cluster_key_slot(k) < 8192;
     // Silent first, then alternate.
     if (keys.empty() ? !low : low == on_silent.back()) continue;
@@ -278,7 +280,7 @@ TEST_CASE("Hostile node: replies each just inside a per-reply timeout miss the b
   ClusterClient c(config_for(server, 1000));
   std::vector<ClusterCommand> commands;
   std::vector<std::string> keys;
-  for (int i = 0; i < 6; ++i) keys.push_back("k" + std::to_string(i));
+  for (int i = 0; i < 6; ++i) keys.push_back(std::string("k") + std::to_string(i));
   for (const std::string& k : keys) commands.push_back({.key = k, .args = {"EXISTS", k}});
   int answered = 0, failed = 0;
   const auto start = Clock::now();
@@ -367,7 +369,7 @@ TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed", "
   // marked down. The control, without the allowance, loses the batch's tail.
   constexpr std::size_t kValue = 2 << 20;
   HostileBehavior b;
-  b.reply.head = "$" + std::to_string(16 + kValue) + "\r\n";
+  b.reply.head = std::string("$") + std::to_string(16 + kValue) + "\r\n";
   b.reply.body = std::string(16 + kValue, 'v');
   b.reply.repeat = 1;
   b.reply.tail = "\r\n";
@@ -376,7 +378,7 @@ TEST_CASE("Hostile node: a slow but steady link is not taken for a drip feed", "
   const auto run8 = [&](ClusterClient& c) {
     std::vector<std::vector<std::byte>> blocks(8, std::vector<std::byte>(kValue));
     std::vector<std::string> keys;
-    for (int i = 0; i < 8; ++i) keys.push_back("v" + std::to_string(i));
+    for (int i = 0; i < 8; ++i) keys.push_back(std::string("v") + std::to_string(i));
     std::vector<ClusterCommand> commands;
     for (std::size_t i = 0; i < 8; ++i) {
       commands.push_back(

@@ -46,7 +46,7 @@ kvsim::SimConfig engine_on(const std::string& nodes, unsigned seed) {
   kvsim::SimConfig c;
   c.seed = seed;
   c.shared_nodes = nodes;
-  c.shared_name = "hostile-" + std::to_string(seed);
+  c.shared_name = std::string("hostile-") + std::to_string(seed);
   c.shared_insecure = true;
   c.shared_reply_timeout_ms = 300;
   c.check_invariants = true;
@@ -55,7 +55,7 @@ kvsim::SimConfig engine_on(const std::string& nodes, unsigned seed) {
 
 SharedTierConfig store_on(const HostileServer& s, int reply_timeout_ms) {
   SharedTierConfig c;
-  c.nodes = "127.0.0.1:" + std::to_string(s.port());
+  c.nodes = std::string("127.0.0.1:") + std::to_string(s.port());
   c.name = "hostile";
   c.insecure = true;
   c.only_seeds = true;
@@ -82,7 +82,7 @@ TEST_CASE("Hostile node: a drip-feeding node costs the engine misses, not progre
   HostileServer server(dripping());
   const auto start = Clock::now();
   std::optional<kvsim::SyntheticEngine> e;
-  e.emplace(engine_on("127.0.0.1:" + std::to_string(server.port()), seed));
+  e.emplace(engine_on(std::string("127.0.0.1:") + std::to_string(server.port()), seed));
   kvsim::SimReport r;
   for (int i = 0; i < kSteps; ++i) r = e->step();
   CHECK(r.mismatches == 0);
@@ -103,7 +103,8 @@ TEST_CASE("Hostile node: a promotion waited on ends at its deadline, and shutdow
   kvtest::TierPool pool(64, kBlockBytes);
   {
     HostileBehavior b;
-    b.reply.head = "$" + std::to_string(shared_value_header_bytes + kBlockBytes) + "\r\n";
+    b.reply.head =
+        std::string("$") + std::to_string(shared_value_header_bytes + kBlockBytes) + "\r\n";
     b.reply.body = "v";
     b.reply.repeat = shared_value_header_bytes + kBlockBytes;
     b.reply.tail = "\r\n";
@@ -169,8 +170,8 @@ TEST_CASE("Hostile node: an existence check on a silent node does not hold back 
   quiet.stall = true;
   HostileServer silent(quiet);
   const auto entry = [](int first, int last, const std::string& port) {
-    return "*3\r\n:" + std::to_string(first) + "\r\n:" + std::to_string(last) +
-           "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + port + "\r\n";
+    return std::string("*3\r\n:") + std::to_string(first) + std::string("\r\n:") +
+           std::to_string(last) + "\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + port + "\r\n";
   };
   HostileBehavior fast_b;
   fast_b.reply.head = ":1\r\n";
