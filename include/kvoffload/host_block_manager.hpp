@@ -127,6 +127,13 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   void touch_blocks(std::span<const HostBlockId> ids);
   /// Forgets every block; ids become never-used again. Emits no event.
   void reset();
+  /// The same, but the blocks `held` (ids in range; repeats allowed) stay out of use, keyless
+  /// and never handed out, until release_held: a job issued before the reset may still write
+  /// or read them (a tier job on a stalled disk; docs/semantics.md "Tiers"). The other ids
+  /// are handed out lowest first.
+  void reset(std::span<const HostBlockId> held);
+  /// Frees the held blocks among `ids` (others are ignored); they are handed out again.
+  void release_held(std::span<const HostBlockId> ids);
   /// Rebuilds an empty manager from what a tier found at open (DiskSlots::scanned()): block
   /// `id` holds `blocks[id]` when set, ready, with no readers. A key found twice keeps its
   /// first block (the others stay free). Restored keys enter the eviction order in block
@@ -144,6 +151,8 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   [[nodiscard]] std::int64_t num_writing() const noexcept { return num_writing_; }
   /// Blocks with at least one reader.
   [[nodiscard]] std::int64_t num_being_read() const noexcept { return num_being_read_; }
+  /// Blocks held out of use since a reset (reset(held)), neither used nor free.
+  [[nodiscard]] std::int64_t num_held() const noexcept { return num_held_; }
   /// The key held by block `id`, or nullptr if the block is free.
   [[nodiscard]] const Key* key_of(HostBlockId id) const noexcept;
   /// The block of `key`, or -1.
@@ -157,7 +166,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   [[nodiscard]] std::uint32_t lookup_count(const Key& key) const noexcept;
 
  private:
-  enum class State : std::uint8_t { free, writing, ready };
+  enum class State : std::uint8_t { free, writing, ready, held };
   struct Block {  // a block's key is keys_[id]; 12 bytes
     State state = State::free;
     std::uint16_t valid_from = 0;  // SEMANTICS 6.8: first written sub-block
@@ -190,6 +199,7 @@ class KVOFFLOAD_EXPORT HostBlockManager {
   std::uint32_t epoch_ = 0;
   std::int64_t num_writing_ = 0;
   std::int64_t num_being_read_ = 0;
+  std::int64_t num_held_ = 0;
   std::vector<ManagerEvent> events_;
   ManagerStats stats_;
   std::vector<HostBlockId> scratch_ids_;

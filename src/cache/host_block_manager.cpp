@@ -254,7 +254,7 @@ void HostBlockManager::set_valid_from(HostBlockId id, std::uint16_t valid_from) 
 std::uint16_t HostBlockManager::valid_from(HostBlockId id) const noexcept {
   if (id < 0 || id >= capacity_) return 0;
   const Block& b = blocks_[static_cast<std::size_t>(id)];
-  return b.state == State::free ? std::uint16_t{0} : b.valid_from;
+  return b.state == State::free || b.state == State::held ? std::uint16_t{0} : b.valid_from;
 }
 
 bool HostBlockManager::all_ready(std::span<const Key> keys) const {
@@ -305,7 +305,8 @@ void HostBlockManager::unpin_blocks(std::span<const HostBlockId> ids) {
   for (const HostBlockId id : ids) {
     if (id < 0 || id >= capacity_) continue;
     Block& block = blocks_[static_cast<std::size_t>(id)];
-    if (block.state != State::free && block.readers > 0 && --block.readers == 0) {
+    if ((block.state == State::writing || block.state == State::ready) && block.readers > 0 &&
+        --block.readers == 0) {
       --num_being_read_;
     }
   }
@@ -381,6 +382,14 @@ void HostBlockManager::touch(std::span<const Key> keys) {
 }
 
 void HostBlockManager::reset() {
+  reset({});
+}
+
+void HostBlockManager::reset(std::span<const HostBlockId> held) {
+  for (const HostBlockId id : held) {
+    KVOFFLOAD_EXPECTS(id >= 0 && id < capacity_,
+                      "reset: held block {} is out of range (capacity {})", id, capacity_);
+  }
   index_.clear();
   for (Block& b : blocks_) b = Block{};
   freed_.clear();
@@ -388,9 +397,33 @@ void HostBlockManager::reset() {
   epoch_ = 0;
   num_writing_ = 0;
   num_being_read_ = 0;
+  num_held_ = 0;
   counts_.clear();
   previous_counts_.clear();
   policy_->reset();
+  for (const HostBlockId id : held) {
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.state == State::held) continue;
+    b.state = State::held;
+    ++num_held_;
+  }
+  if (num_held_ == 0) return;
+  // Every id is now held or free; free ones are handed out lowest first.
+  next_never_used_ = static_cast<HostBlockId>(capacity_);
+  for (auto id = static_cast<HostBlockId>(capacity_); id-- > 0;) {
+    if (blocks_[static_cast<std::size_t>(id)].state == State::free) freed_.push_back(id);
+  }
+}
+
+void HostBlockManager::release_held(std::span<const HostBlockId> ids) {
+  for (const HostBlockId id : ids) {
+    if (id < 0 || id >= capacity_) continue;
+    Block& b = blocks_[static_cast<std::size_t>(id)];
+    if (b.state != State::held) continue;
+    b = Block{};
+    freed_.push_back(id);
+    --num_held_;
+  }
 }
 
 std::int64_t HostBlockManager::restore(std::span<const std::optional<Key>> blocks) {
@@ -431,7 +464,8 @@ std::vector<ManagerEvent> HostBlockManager::take_events() {
 const Key* HostBlockManager::key_of(HostBlockId id) const noexcept {
   if (id < 0 || id >= capacity_) return nullptr;
   const Block& b = blocks_[static_cast<std::size_t>(id)];
-  return b.state == State::free ? nullptr : &keys_[static_cast<std::size_t>(id)];
+  return b.state == State::free || b.state == State::held ? nullptr
+                                                          : &keys_[static_cast<std::size_t>(id)];
 }
 
 HostBlockId HostBlockManager::block_of(const Key& key) const noexcept {

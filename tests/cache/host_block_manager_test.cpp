@@ -126,6 +126,32 @@ TEST_CASE("Never-used ids are handed out in increasing order before freed ones",
   CHECK(store(m, keys({4, 5})).ids == std::vector<HostBlockId>{3, 2});
 }
 
+TEST_CASE("reset(held) keeps those blocks out of use until release_held", "[manager]") {
+  auto m = make(4);
+  const Stored a = store_ready(m, keys({1, 2, 3}));
+  REQUIRE(a.ids == std::vector<HostBlockId>{0, 1, 2});
+  const std::vector<HostBlockId> held{2, 0, 2};  // a repeat counts once
+  m.reset(held);
+  CHECK(m.num_held() == 2);
+  CHECK(m.num_used() == 0);
+  CHECK(m.key_of(0) == nullptr);
+  CHECK(m.peek(key(1)) == LookupResult::miss);
+  // Only 1 and 3 are free, lowest first; nothing can evict a held block.
+  CHECK(store(m, keys({4})).ids == std::vector<HostBlockId>{1});
+  CHECK(store(m, keys({5})).ids == std::vector<HostBlockId>{3});
+  CHECK_FALSE(store(m, keys({6})).ok);
+  const std::vector<HostBlockId> release{0, 1, -1, 9};  // 1 is in use, -1 and 9 out of range
+  m.release_held(release);
+  CHECK(m.num_held() == 1);
+  CHECK(m.key_of(1) != nullptr);  // the block in use was left alone
+  CHECK(store(m, keys({6})).ids == std::vector<HostBlockId>{0});
+  m.reset();
+  CHECK(m.num_held() == 0);
+  CHECK(store(m, keys({7})).ids == std::vector<HostBlockId>{0});
+  const std::vector<HostBlockId> bad{4};
+  CHECK_THROWS_AS(m.reset(bad), invalid_argument);
+}
+
 TEST_CASE("Blocks being read, being written, or among the keys stored are never evicted",
           "[manager]") {
   auto m = make(3);
