@@ -56,6 +56,12 @@ struct TierConfig {
   /// them once written; a block whose key the tier has, or does not admit, is evicted at once.
   bool write_back = false;
   std::int64_t write_back_free_blocks = 0;
+  /// How long lookups wait for a promotion from this tier (0: 5000 ms; at most one hour).
+  /// Past it, the keys the promotion is filling are misses for every lookup (the request
+  /// computes them; counted in TierStats::promotions_overdue) while their host blocks stay
+  /// out of use until the workers report the job: a stalled disk or a slow node never keeps a
+  /// request waiting, and a late read never lands in a block that holds something else.
+  std::int64_t promote_timeout_ms = 0;
   /// The workers' side: the disk tier's files or the shared tier's cluster, of this medium.
   /// The scheduler reads none of it; a worker derived from this config (derive_worker_config)
   /// and make_scheduler_services (a shared tier's presence checks) need it. Unset: a config

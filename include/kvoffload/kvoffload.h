@@ -217,6 +217,10 @@ typedef struct kvoffload_tier_config {
   /* medium "disk": its files, for the workers (a scheduler alone may leave it NULL). NULL
    * otherwise. */
   const kvoffload_disk_tier_config_t* disk;
+  /* How long lookups wait for a promotion from this tier, in ms (0: 5000; at most 3600000).
+   * Past it the promotion's keys are misses (promotions_overdue) and its host blocks stay out
+   * of use until the workers report the job. Read only when struct_size covers it. */
+  int64_t promote_timeout_ms;
 } kvoffload_tier_config_t;
 /* kvoffload::TierConfig's defaults (tests/scheduler/config_defaults_test.cpp checks them). */
 #define KVOFFLOAD_TIER_CONFIG_INIT                                      \
@@ -230,7 +234,8 @@ typedef struct kvoffload_tier_config {
         0,                           /* write_back: off */              \
         0,                           /* write_back_free_blocks: 1/16 */ \
         NULL,                        /* shared: none */                 \
-        NULL                         /* disk: none */                   \
+        NULL,                        /* disk: none */                   \
+        0                            /* promote_timeout_ms: 5000 */     \
   }
 
 typedef struct kvoffload_scheduler_config {
@@ -337,11 +342,14 @@ typedef struct kvoffload_tier_stats {
   /* Keys whose existence check got no usable answer (the cluster down, a timeout, AUTH or TLS
    * refused): an outage, apart from presence_misses. Read only when struct_size covers it. */
   uint64_t presence_errors;
+  /* Blocks of promotions past the tier's promote_timeout_ms (their keys were misses). Written
+   * only when struct_size covers it. */
+  uint64_t promotions_overdue;
 } kvoffload_tier_stats_t;
 #define KVOFFLOAD_TIER_STATS_INIT                                                                  \
   {                                                                                                \
     sizeof(kvoffload_tier_stats_t), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, \
-        0, 0                                                                                       \
+        0, 0, 0                                                                                    \
   }
 
 /* The result of one build_step; free it with kvoffload_step_destroy. */
@@ -649,7 +657,9 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_store_pressure(kvoffload_worker_t worker,
                                                                    int* on);
 /* Empties the worker's disk tiers: after kvoffload_scheduler_reset_cache, once the flush set
- * has finished, so the old cache's blocks do not come back after a restart. */
+ * has finished, so the old cache's blocks do not come back after a restart. A tier still
+ * running tier jobs issued before the reset (a slow disk) is skipped with a warning, never
+ * waited for; its old blocks stay unreachable until overwritten. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_clear_tiers(kvoffload_worker_t worker);
 /* The host pool: the address of host block `block` and the bytes of each block. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t worker,

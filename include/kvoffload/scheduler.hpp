@@ -114,6 +114,9 @@ struct TierStats {
   /// Keys whose check got no usable answer (an outage: the cluster down, a timeout, AUTH or
   /// TLS refused), apart from presence_misses; they are misses for the request too.
   std::uint64_t presence_errors = 0;
+  /// Blocks of promotions that passed the tier's promote_timeout_ms: lookups stopped waiting
+  /// for them (misses), their host blocks held until the workers reported the job.
+  std::uint64_t promotions_overdue = 0;
 };
 
 /// The complete snapshot of the host cache and the scheduler's counters: what the C API's

@@ -138,6 +138,7 @@ class TierConfig:
     write_queue_blocks: int = 0  # 0: 1024
     write_back: bool = False  # write blocks when the host evicts them, not after each store
     write_back_free_blocks: int = 0  # write-back keeps this many host blocks free (0: 1/16)
+    promote_timeout_ms: int = 0  # lookups wait this long for a promotion (0: 5000)
     store: Optional[Union["DiskTierConfig", SharedTierConfig]] = None
 
 

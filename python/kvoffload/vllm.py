@@ -232,7 +232,7 @@ SHARED_TIER_KEYS = (
     "secret_env", "insecure", "username", "password_file", "password_env", "tls", "tls_ca_file",
     "tls_cert_file", "tls_key_file", "tls_server_name", "ttl_seconds", "only_seeds")
 TIER_INDEX_KEYS = ("blocks", "policy", "store_threshold", "write_queue_blocks", "write_back",
-                   "write_back_free_blocks")
+                   "write_back_free_blocks", "promote_timeout_ms")
 
 
 def model_identity(model: str, revision: Optional[str], dtype: Any, tp_size: int,
@@ -964,7 +964,7 @@ def _define_classes() -> None:
             if meta.flush:
                 self._worker.wait(meta.flush)
             if getattr(meta, "clear_tiers", False):
-                self._worker.clear_tiers()  # the flush set included every tier job in flight
+                self._worker.clear_tiers()  # skipped (logged) while old tier jobs still run
             if meta.load_jobs:
                 self._follow_stream()
             for job in meta.load_jobs:

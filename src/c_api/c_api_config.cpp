@@ -73,10 +73,14 @@ DiskTierConfig from_c(const kvoffload_disk_tier_config_t& c, std::string_view fn
   return out;
 }
 
-TierConfig from_c(const kvoffload_tier_config_t& c, std::string_view fn, const std::string& what) {
-  // Structs from before the shared and disk fields are accepted (no store then).
+TierConfig from_c(const kvoffload_tier_config_t& given, std::string_view fn,
+                  const std::string& what) {
+  // Structs from before the shared and disk fields are accepted (no store then); the fields
+  // after their end take their defaults.
   constexpr std::size_t v1_size = offsetof(kvoffload_tier_config_t, shared);
-  require_struct_size(c.struct_size, v1_size, fn, what, "KVOFFLOAD_TIER_CONFIG_INIT");
+  require_struct_size(given.struct_size, v1_size, fn, what, "KVOFFLOAD_TIER_CONFIG_INIT");
+  kvoffload_tier_config_t c = KVOFFLOAD_TIER_CONFIG_INIT;
+  std::memcpy(&c, &given, std::min(given.struct_size, sizeof(c)));
   TierConfig out;
 #define KVOFFLOAD_FROM_C(name) convert(c.name, out.name, what + "." #name);
   KVOFFLOAD_TIER_CONFIG_FIELDS(KVOFFLOAD_FROM_C)

@@ -468,12 +468,17 @@ kvoffload_status_t kvoffload_scheduler_get_tier_stats(kvoffload_scheduler_t s, s
     constexpr std::string_view fn = "kvoffload_scheduler_get_tier_stats";
     require(s, fn, "scheduler");
     require(stats, fn, "stats");
-    require_struct_size(stats->struct_size, sizeof(kvoffload_tier_stats_t), fn, "stats",
-                        "KVOFFLOAD_TIER_STATS_INIT");
+    // Structs from before promotions_overdue are filled as far as they reach.
+    constexpr std::size_t v1_size = offsetof(kvoffload_tier_stats_t, promotions_overdue);
+    require_struct_size(stats->struct_size, v1_size, fn, "stats", "KVOFFLOAD_TIER_STATS_INIT");
     const TierStats t = s->scheduler.tier_stats(tier);
-#define KVOFFLOAD_C_FIELD(name) stats->name = t.name;
+    kvoffload_tier_stats_t out = KVOFFLOAD_TIER_STATS_INIT;
+#define KVOFFLOAD_C_FIELD(name) out.name = t.name;
     KVOFFLOAD_TIER_STATS_FIELDS(KVOFFLOAD_C_FIELD)
 #undef KVOFFLOAD_C_FIELD
+    const std::size_t size = std::min(stats->struct_size, sizeof(out));
+    out.struct_size = stats->struct_size;
+    std::memcpy(stats, &out, size);
   });
 }
 

@@ -64,6 +64,9 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
                           tier.write_back_free_blocks <= config.manager.host_blocks,
                       "tiers[{}].write_back_free_blocks must be 0 to host_blocks ({}), got {}", t,
                       config.manager.host_blocks, tier.write_back_free_blocks);
+    KVOFFLOAD_EXPECTS(tier.promote_timeout_ms >= 0 && tier.promote_timeout_ms <= 3'600'000,
+                      "tiers[{}].promote_timeout_ms must be 0 (5000) to 3600000 (one hour), got {}",
+                      t, tier.promote_timeout_ms);
     KVOFFLOAD_EXPECTS(
         tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc,
         "tiers[{}].policy: unknown eviction policy {}", t, static_cast<int>(tier.policy));

@@ -576,7 +576,10 @@ std::vector<CompletedJob> Scheduler::on_completed(std::span<const JobReport> rep
   std::vector<CompletedJob> done;
   for (const JobReport& report : reports) {
     auto it = s.jobs.find(report.job);
-    if (it == s.jobs.end()) continue;  // stale: issued before reset_cache()
+    if (it == s.jobs.end()) {  // issued before reset_cache(): an orphan's, or forgotten
+      if (s.tiers) s.tiers->orphan_reported(report);
+      continue;
+    }
     JobState& job = it->second;
     job.remaining -= report.count;
     job.ok = job.ok && report.ok;
@@ -645,23 +648,27 @@ std::uint64_t Scheduler::epoch() const noexcept {
 void Scheduler::Impl::reset(std::uint64_t new_epoch) {
   Impl& s = *this;
   s.epoch = new_epoch;
-  // Transfers first, then tier jobs: every job in flight.
+  // Every transfer in flight is flushed by the next step. A tier job is not: a stalled disk
+  // or a slow node would stall that step. It becomes an orphan instead, whose host blocks and
+  // slots stay held (never handed out) until the workers report it.
   for (const auto& [id, job] : s.jobs) {
-    if (!is_tier_job(job.kind)) s.flush.push_back(id);
-  }
-  for (const auto& [id, job] : s.jobs) {
-    if (is_tier_job(job.kind)) s.flush.push_back(id);
+    if (!is_tier_job(job.kind)) {
+      s.flush.push_back(id);
+    } else {
+      s.tiers->adopt_orphan(job);
+    }
   }
   // The tiers are dropped too: reset_cache means the cached KV is no longer valid (new
   // weights, say), wherever it is.
-  if (s.tiers) s.tiers->reset();
+  std::vector<HostBlockId> held;
+  if (s.tiers) held = s.tiers->reset();
   if (!s.pending_loads.empty()) {
     detail::logger().warn("reset_cache: dropping {} planned load job(s) before they ran",
                           s.pending_loads.size());
   }
   s.pending_loads.clear();
   s.jobs.clear();
-  s.manager.reset();
+  s.manager.reset(held);
   s.being_loaded.clear();
   s.fence.clear();
   s.stale_below = s.next_job;
@@ -708,7 +715,7 @@ CacheStats Scheduler::cache_stats() const noexcept {
   CacheStats c;
   c.blocks_total = m.capacity();
   c.blocks_used = m.num_used();
-  c.blocks_free = m.capacity() - m.num_used();
+  c.blocks_free = m.capacity() - m.num_used() - m.num_held();  // held: an orphan tier job's
   c.blocks_writing = m.num_writing();
   c.blocks_being_read = m.num_being_read();
   c.hits = ms.hits;

@@ -229,9 +229,12 @@ void Scheduler::Impl::validate_entry(const ScheduledRequest& e, std::uint64_t h,
 void Scheduler::Impl::validate_reports(std::span<const JobReport> reports) {
   report_sums.clear();
   for (const JobReport& report : reports) {
-    if (report.job < stale_below && report.job >= 0) continue;
     std::int64_t remaining = 0;
-    if (auto it = jobs.find(report.job); it != jobs.end()) {
+    if (report.job < stale_below && report.job >= 0) {
+      // Issued before reset_cache(): a transfer's is ignored; an orphan tier job's counts.
+      remaining = tiers ? tiers->orphan_remaining(report.job) : -1;
+      if (remaining < 0) continue;
+    } else if (auto it = jobs.find(report.job); it != jobs.end()) {
       remaining = it->second.remaining;
     } else {
       KVOFFLOAD_EXPECTS(false, "complete: unknown job {}", report.job);

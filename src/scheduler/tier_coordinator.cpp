@@ -3,6 +3,7 @@
 // tiers' existence checks, and the completion of both kinds of tier job.
 
 #include <algorithm>
+#include <unordered_set>
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
@@ -26,6 +27,7 @@ ManagerConfig index_config(const TierConfig& c, bool events) {
 }
 
 constexpr std::int64_t kDefaultWriteQueueBlocks = 1024;
+constexpr std::int64_t kDefaultPromoteTimeoutMs = 5000;
 
 }  // namespace
 
@@ -80,6 +82,11 @@ LookupPass& TierCoordinator::begin_pass(bool probe_tiers, bool count_lookups) {
 
 Probe TierCoordinator::probe(const RequestState& r, const Key& k, std::size_t g, std::int64_t i,
                              Probe host, LookupPass& pass) {
+  // A promotion past its deadline (a stalled disk, a slow node): its keys are computed, not
+  // waited for, and not looked up below (that would plan the same promotion again).
+  if (host.result == LookupResult::pending && !promotion_clock_.empty() && overdue(k)) {
+    return {LookupResult::miss, 0};
+  }
   if (host.result != LookupResult::miss) {
     // Admission counts every request's first lookup of the key, also while the host cache
     // has it; a host hit that brings a key to a tier's threshold is written through now (it
@@ -218,9 +225,34 @@ void TierCoordinator::start_promotions() {
       state.host_ids = job->host_block_ids;
       state.slots = job->slots;
       ++tiers_[t]->stats.promote_jobs;
+      const std::int64_t ms = tiers_[t]->config.promote_timeout_ms > 0
+                                  ? tiers_[t]->config.promote_timeout_ms
+                                  : kDefaultPromoteTimeoutMs;
+      promotion_clock_[job->id] = PromotionClock{
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(ms), t, job->keys.size()};
+      for (const HostBlockId h : job->host_block_ids) promoting_blocks_[h] = job->id;
     }
   }
   planned_.clear();
+}
+
+bool TierCoordinator::overdue(const Key& k) {
+  const auto block = promoting_blocks_.find(s_.manager.block_of(k));
+  if (block == promoting_blocks_.end()) return false;
+  const auto it = promotion_clock_.find(block->second);
+  if (it == promotion_clock_.end()) return false;
+  PromotionClock& clock = it->second;
+  if (clock.overdue) return true;
+  if (std::chrono::steady_clock::now() < clock.deadline) return false;
+  clock.overdue = true;
+  TierState& tier = *tiers_[clock.tier];
+  tier.stats.promotions_overdue += clock.blocks;
+  detail::logger().warn(
+      "tier {} ({}): promotion job {} of {} block(s) is past promote_timeout_ms; lookups "
+      "compute its keys instead of waiting, and its host blocks stay in use until the workers "
+      "report it",
+      clock.tier, to_string(tier.config.medium), block->second, clock.blocks);
+  return true;
 }
 
 namespace {
@@ -327,6 +359,13 @@ void TierCoordinator::complete(JobState& job) {
   const auto n = static_cast<std::uint64_t>(job.keys.size());
   const std::vector<SlotId> slots(job.slots.begin(), job.slots.end());
   if (job.kind == JobKind::promote) {
+    promotion_clock_.erase(job.id);
+    for (const HostBlockId h : job.host_ids) {
+      if (const auto it = promoting_blocks_.find(h);
+          it != promoting_blocks_.end() && it->second == job.id) {
+        promoting_blocks_.erase(it);
+      }
+    }
     s_.manager.complete_store_blocks(job.host_ids, job.ok);
     tier.index.complete_load(job.keys);
     if (job.ok) {
@@ -421,19 +460,74 @@ void TierCoordinator::poll_presence() {
   }
 }
 
-void TierCoordinator::reset() {
+void TierCoordinator::adopt_orphan(const JobState& job) {
+  OrphanJob& o = orphans_[job.id];
+  o.tier = job.tier;
+  o.remaining = job.remaining;
+  o.host_ids = job.host_ids;
+  o.slots.assign(job.slots.begin(), job.slots.end());
+}
+
+std::vector<HostBlockId> TierCoordinator::reset() {
   // Tier jobs not yet emitted never run; planned promotions are forgotten.
   pending_jobs_.clear();
   planned_.clear();
   promoting_.clear();
+  promotion_clock_.clear();
+  promoting_blocks_.clear();
   // Answers to checks asked before are ignored (they are about the old cache); requests ask
   // again.
   tickets_.clear();
   s_.requests.for_each([](RequestState& r) { r.shared_check = RequestState::SharedCheck::none; });
-  for (auto& tier : tiers_) {
-    tier->index.reset();
-    tier->queued = 0;
+  // What the jobs in flight use stays held, here and in the host cache, until they report.
+  std::vector<HostBlockId> held_host;
+  std::vector<std::vector<SlotId>> held_slots(tiers_.size());
+  for (const auto& [id, o] : orphans_) {
+    held_host.insert(held_host.end(), o.host_ids.begin(), o.host_ids.end());
+    held_slots[o.tier].insert(held_slots[o.tier].end(), o.slots.begin(), o.slots.end());
   }
+  for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    tiers_[t]->index.reset(held_slots[t]);
+    tiers_[t]->queued = 0;
+  }
+  if (!orphans_.empty()) {
+    detail::logger().info(
+        "reset_cache: {} tier job(s) still running keep their {} host block(s) and their "
+        "slots until the workers report them; no step waits for them",
+        orphans_.size(), held_host.size());
+  }
+  return held_host;
+}
+
+std::int64_t TierCoordinator::orphan_remaining(JobId job) const {
+  const auto it = orphans_.find(job);
+  return it == orphans_.end() ? -1 : it->second.remaining;
+}
+
+void TierCoordinator::orphan_reported(const JobReport& report) {
+  const auto it = orphans_.find(report.job);
+  if (it == orphans_.end()) return;
+  it->second.remaining -= report.count;
+  if (it->second.remaining > 0) return;
+  const OrphanJob done = std::move(it->second);
+  orphans_.erase(it);
+  // A host block two orphans use (one block written to two tiers) waits for both.
+  std::unordered_set<HostBlockId> host_in_use;
+  std::unordered_set<SlotId> slots_in_use;
+  for (const auto& [id, o] : orphans_) {
+    host_in_use.insert(o.host_ids.begin(), o.host_ids.end());
+    if (o.tier == done.tier) slots_in_use.insert(o.slots.begin(), o.slots.end());
+  }
+  std::vector<HostBlockId> host;
+  std::vector<SlotId> slots;
+  for (const HostBlockId h : done.host_ids) {
+    if (!host_in_use.contains(h)) host.push_back(h);
+  }
+  for (const SlotId slot : done.slots) {
+    if (!slots_in_use.contains(slot)) slots.push_back(slot);
+  }
+  s_.manager.release_held(host);
+  tiers_[done.tier]->index.release_held(slots);
 }
 
 TierState& TierCoordinator::tier(std::size_t t, std::string_view op) {

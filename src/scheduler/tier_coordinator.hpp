@@ -10,6 +10,7 @@
 //                after the tier jobs queued since the last step
 //   completion:  on_stored (write-through) and complete (a tier job's report)
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -84,6 +85,24 @@ struct PlannedPromotion {
   std::vector<SlotId> slots;
 };
 
+/// A tier job in flight when reset_cache dropped the index (docs/semantics.md "Tiers"): the
+/// workers may still read or write its host blocks and slots, so they stay held (neither
+/// used nor handed out) until its last report; the step never waits for it.
+struct OrphanJob {
+  std::uint32_t tier = 0;
+  std::int64_t remaining = 0;  // worker reports still expected
+  std::vector<HostBlockId> host_ids;
+  std::vector<SlotId> slots;
+};
+
+/// A promotion in flight: when lookups stop waiting for it (the tier's promote_timeout_ms).
+struct PromotionClock {
+  std::chrono::steady_clock::time_point deadline;
+  std::uint32_t tier = 0;
+  std::size_t blocks = 0;
+  bool overdue = false;  // passed, counted and logged
+};
+
 class TierCoordinator {
  public:
   /// The tiers of `config` (at least one), with their services; throws invalid_argument for
@@ -116,8 +135,18 @@ class TierCoordinator {
   void queue_writes(std::span<const HostBlockId> host_ids, std::uint32_t nearer_than = UINT32_MAX);
   /// A tier job's last report arrived.
   void complete(JobState& job);
-  /// reset_cache: every tier emptied, nothing planned or queued, checks' answers ignored.
-  void reset();
+  /// reset_cache, before reset(): tier job `job` (in flight) becomes an orphan.
+  void adopt_orphan(const JobState& job);
+  /// reset_cache: every tier emptied but the slots orphans use (held), nothing planned or
+  /// queued, checks' answers ignored. Returns the host blocks orphans use, for the host
+  /// cache's reset to hold.
+  [[nodiscard]] std::vector<HostBlockId> reset();
+  /// The reports an orphan still expects, or -1 for a job that is none (a stale transfer's).
+  [[nodiscard]] std::int64_t orphan_remaining(JobId job) const;
+  /// An orphan's report: with its last, its host blocks and slots no other orphan uses are
+  /// released.
+  void orphan_reported(const JobReport& report);
+  [[nodiscard]] std::size_t num_orphans() const noexcept { return orphans_.size(); }
 
   // ---- the public API's views ----------------------------------------------------------
   [[nodiscard]] std::size_t size() const noexcept { return tiers_.size(); }
@@ -134,6 +163,9 @@ class TierCoordinator {
   /// host blocks stay free.
   void write_back();
   void start_promotions();
+  /// Whether key k (pending in the host cache) is being filled by a promotion past its tier's
+  /// promote_timeout_ms; counts and logs each such promotion once.
+  bool overdue(const Key& k);
   TierJob& new_job(JobKind kind, std::uint32_t tier, std::string request_id);
 
   Scheduler::Impl& s_;  // the host cache, the job records, the requests, the keys
@@ -144,7 +176,10 @@ class TierCoordinator {
   detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting_;  // keys of planned promotions
   std::unordered_map<std::uint64_t, PresenceTicket> tickets_;  // checks in flight
   std::uint64_t next_ticket_ = 1;
-  LookupPass pass_;  // begin_pass's, reused
+  std::unordered_map<JobId, OrphanJob> orphans_;               // jobs issued before a reset
+  std::unordered_map<JobId, PromotionClock> promotion_clock_;  // promotions in flight
+  std::unordered_map<HostBlockId, JobId> promoting_blocks_;    // host blocks they fill
+  LookupPass pass_;                                            // begin_pass's, reused
   // start_promotions' working set, reused.
   std::vector<Key> promote_keys_;
   PreparedStore promote_prepared_;

@@ -324,10 +324,14 @@ static void errors(void) {
     sc.num_tiers = 2;
     FAILS_WITH(kvoffload_scheduler_create(&sc, &s2), KVOFFLOAD_INVALID_ARGUMENT,
                "config->tiers[0].struct_size is");
-    sc.num_tiers = 1; /* one older element: its fields up to struct_size are read */
+    sc.num_tiers = 1;               /* one older element: its fields up to struct_size are read */
+    two[0].promote_timeout_ms = -1; /* past its end: not read (the default) */
     OK(kvoffload_scheduler_create(&sc, &s2));
     OK(kvoffload_scheduler_destroy(s2));
     two[0].struct_size = sizeof(two[0]);
+    FAILS_WITH(kvoffload_scheduler_create(&sc, &s2), KVOFFLOAD_INVALID_ARGUMENT,
+               "tiers[0].promote_timeout_ms must be 0 (5000) to 3600000");
+    two[0].promote_timeout_ms = 0;
     sc.num_tiers = 2;
     OK(kvoffload_scheduler_create(&sc, &s2));
     OK(kvoffload_scheduler_destroy(s2));

@@ -1,6 +1,7 @@
 /* The C API's tiers from C99: a disk tier's round trip and restart, the shared tier on a real
  * cluster (--shared) and on an unreachable one. */
 #define _POSIX_C_SOURCE 200809L /* mkdtemp */
+#include <stddef.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -40,6 +41,18 @@ void disk_tier(void) {
   OK(kvoffload_step_destroy(step));
   OK(kvoffload_scheduler_get_tier_stats(s, 0, &ts));
   CHECK(ts.blocks_written == 2 && ts.blocks_used == 2 && ts.write_jobs == 1);
+  CHECK(ts.promotions_overdue == 0);
+  {
+    /* A caller built before promotions_overdue: filled up to its struct's end, no further. */
+    kvoffload_tier_stats_t old = KVOFFLOAD_TIER_STATS_INIT;
+    old.struct_size = offsetof(kvoffload_tier_stats_t, promotions_overdue);
+    old.promotions_overdue = 77;
+    OK(kvoffload_scheduler_get_tier_stats(s, 0, &old));
+    CHECK(old.blocks_written == 2 && old.promotions_overdue == 77);
+    old.struct_size = offsetof(kvoffload_tier_stats_t, presence_errors);
+    FAILS_WITH(kvoffload_scheduler_get_tier_stats(s, 0, &old), KVOFFLOAD_INVALID_ARGUMENT,
+               "struct_size");
+  }
   {
     /* The same numbers as Prometheus text, for an engine's /metrics. */
     const char* text = NULL;

@@ -38,7 +38,8 @@
   X(store_threshold)                    \
   X(write_queue_blocks)                 \
   X(write_back)                         \
-  X(write_back_free_blocks)
+  X(write_back_free_blocks)             \
+  X(promote_timeout_ms)
 
 // DiskTierConfig's (verify_payloads_on_scan is C++ only).
 #define KVOFFLOAD_DISK_TIER_CONFIG_FIELDS(X) \

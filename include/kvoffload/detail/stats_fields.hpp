@@ -57,4 +57,5 @@
   X(presence_misses)                   \
   X(presence_failures)                 \
   X(writes_partial)                    \
-  X(presence_errors)
+  X(presence_errors)                   \
+  X(promotions_overdue)
