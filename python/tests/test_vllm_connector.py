@@ -622,8 +622,8 @@ def test_a_worker_sends_its_disk_scan_once_and_empties_its_disk_after_the_flush(
     assert c.build_connector_worker_meta() is None  # sent once; nothing completed
     c.bind_connector_metadata(Meta([], [], [7], tier_jobs=[_job("write", 8)], clear_tiers=True))
     c.start_load_kv(None)
-    # Emptied once the flush set (every job in flight at the reset) finished, before this
-    # step's own tier jobs.
+    # Emptied once the flush set (every transfer in flight at the reset) finished, before
+    # this step's own tier jobs.
     assert c._worker.calls[1:] == [("start_step",), ("wait", [7]), ("clear_tiers",),
                                    ("write", 8)]
 

@@ -117,15 +117,16 @@ bool TierQueue::owns(JobId job) const {
   return jobs_.contains(job);
 }
 
-void TierQueue::when_idle(std::string_view what, const std::function<void()>& f) {
+bool TierQueue::when_idle(const std::function<void()>& f) {
   std::lock_guard lock(mutex_);
-  if (!jobs_.empty()) {
-    throw error(
-        fmt::format("{}: {} with {} tier job(s) still running (wait for the step's "
-                    "flush set first)",
-                    name_, what, jobs_.size()));
-  }
+  if (!jobs_.empty()) return false;
   f();
+  return true;
+}
+
+std::size_t TierQueue::num_jobs() const {
+  std::lock_guard lock(mutex_);
+  return jobs_.size();
 }
 
 void TierQueue::stop() noexcept {
@@ -163,9 +164,9 @@ bool Tier::owns(JobId job) const {
   return queue_->owns(job);
 }
 
-void Tier::clear() {
-  if (num_slots() == 0) return;  // nothing of its own to clear (a shared tier)
-  queue_->when_idle("clear()", [this] { clear_contents(); });
+bool Tier::clear() {
+  if (num_slots() == 0) return true;  // nothing of its own to clear (a shared tier)
+  return queue_->when_idle([this] { clear_contents(); });
 }
 
 void Tier::stop() noexcept {

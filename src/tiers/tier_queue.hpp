@@ -74,9 +74,11 @@ class TierQueue {
   std::vector<FinishedTierJob> get_finished();
   void wait(std::span<const JobId> jobs);
   [[nodiscard]] bool owns(JobId job) const;
-  /// Runs `f` with no job running, none able to start meanwhile; throws kvoffload::error
-  /// naming `what` if jobs are running.
-  void when_idle(std::string_view what, const std::function<void()>& f);
+  /// Runs `f` with no job running, none able to start meanwhile, and returns true; false
+  /// (f not run) if jobs are running.
+  bool when_idle(const std::function<void()>& f);
+  /// Jobs submitted and not finished.
+  [[nodiscard]] std::size_t num_jobs() const;
   void stop() noexcept;
 
  private:

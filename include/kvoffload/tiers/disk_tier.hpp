@@ -13,9 +13,11 @@
 // refuses, fail their blocks at once (no wait for completions that cannot come).
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <string>
@@ -78,6 +80,9 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   /// io_uring engine: the next `count` submissions fail with -`err` before the kernel sees
   /// them (EAGAIN, EBUSY: retried; another errno: their blocks fail). No-op for threads.
   void fail_submits_for_test(int count, int err) noexcept;
+  /// While on, the I/O threads take blocks but start no I/O: a stalled device. Jobs then stay
+  /// in flight until it is turned off (the destructor turns it off).
+  void stall_io_for_test(bool on);
 
  private:
   void check(const TierJob& job) const override;
@@ -90,6 +95,8 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   int take_read_fault() noexcept;
   /// Erases `slot` if `r` says it is corrupt (only then: SlotRead).
   void settle_read(SlotRead r, std::int64_t slot);
+  /// Returns once stall_io_for_test is off.
+  void wait_while_stalled();
 
   DiskSlots slots_;  // clear() changes it: not const after construction
   DiskIo io_ = DiskIo::threads;
@@ -98,6 +105,9 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   std::vector<std::thread> threads_;
   std::atomic<int> read_faults_{0};
   std::atomic<int> read_fault_errno_{0};
+  std::mutex stall_mutex_;
+  std::condition_variable stall_cv_;
+  bool stalled_ = false;
 };
 
 }  // namespace kvoffload

@@ -119,6 +119,7 @@ void DiskTier::start_threads(int n, const std::function<void()>& body) {
 }
 
 DiskTier::~DiskTier() {
+  stall_io_for_test(false);
   stop();
   for (std::thread& t : threads_) t.join();
 }
@@ -164,6 +165,19 @@ void DiskTier::fail_submits_for_test(int count, int err) noexcept {
   if (uring_ != nullptr) uring_->fail_submits_for_test(count, err);
 }
 
+void DiskTier::stall_io_for_test(bool on) {
+  {
+    std::lock_guard lock(stall_mutex_);
+    stalled_ = on;
+  }
+  stall_cv_.notify_all();
+}
+
+void DiskTier::wait_while_stalled() {
+  std::unique_lock lock(stall_mutex_);
+  stall_cv_.wait(lock, [&] { return !stalled_; });
+}
+
 int DiskTier::take_read_fault() noexcept {
   int n = read_faults_.load();
   while (n > 0 && !read_faults_.compare_exchange_weak(n, n - 1)) {
@@ -186,6 +200,7 @@ void DiskTier::run_threads() {
     tasks.clear();
     if (!queue().take(tasks, 1, false)) return;
     if (tasks.empty()) continue;
+    wait_while_stalled();
     const TierJob& job = tasks[0].job->job;
     const std::size_t i = tasks[0].index;
     const std::int64_t slot = job.slots[i];
@@ -277,6 +292,7 @@ void DiskTier::run_uring() {
     tasks.clear();
     if (room == 0 && !idle) return true;
     if (!queue().take(tasks, room, !idle)) return false;
+    if (!tasks.empty()) wait_while_stalled();
     for (const Task& t : tasks) {
       const TierJob& job = t.job->job;
       const std::size_t i = t.index;
