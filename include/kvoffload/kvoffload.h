@@ -657,9 +657,9 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_store_pressure(kvoffload_worker_t worker,
                                                                    int* on);
 /* Empties the worker's disk tiers: after kvoffload_scheduler_reset_cache, once the flush set
- * has finished, so the old cache's blocks do not come back after a restart. A tier still
- * running tier jobs issued before the reset (a slow disk) is skipped with a warning, never
- * waited for; its old blocks stay unreachable until overwritten. */
+ * has finished, so the old cache's blocks do not come back after a restart. Never waits for
+ * tier jobs issued before the reset (a slow disk): their writes are skipped, or erased once
+ * they land. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_clear_tiers(kvoffload_worker_t worker);
 /* The host pool: the address of host block `block` and the bytes of each block. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_host_block(kvoffload_worker_t worker,

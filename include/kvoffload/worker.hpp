@@ -119,8 +119,8 @@ class KVOFFLOAD_EXPORT Worker {
   void check_matches(const SchedulerConfig& config) const;
   /// Clears every tier (Tier::clear: a disk tier empties its slots): call it after
   /// Scheduler::reset_cache and the step's flush set, so the old cache's blocks do not come
-  /// back after a restart. A tier still running jobs issued before the reset (a slow disk) is
-  /// skipped with a warning: the step never waits for it.
+  /// back after a restart. Never waits for tier jobs issued before the reset (a slow disk):
+  /// their writes are skipped or erased once they land.
   void clear_tiers();
   /// Tier `t` of this worker, in SchedulerConfig::tiers' order (its scan, for
   /// Scheduler::restore_tier, and its counters). Throws invalid_argument past the tiers.

@@ -964,7 +964,7 @@ def _define_classes() -> None:
             if meta.flush:
                 self._worker.wait(meta.flush)
             if getattr(meta, "clear_tiers", False):
-                self._worker.clear_tiers()  # skipped (logged) while old tier jobs still run
+                self._worker.clear_tiers()  # never waits: old tier jobs' writes are erased
             if meta.load_jobs:
                 self._follow_stream()
             for job in meta.load_jobs:

@@ -328,7 +328,8 @@ void TierCoordinator::write_back() {
   for (std::uint32_t t = 0; t < tiers_.size(); ++t) {
     TierState& tier = *tiers_[t];
     if (!tier.config.write_back) continue;
-    const std::int64_t free_blocks = s_.manager.capacity() - s_.manager.num_used();
+    const std::int64_t free_blocks =
+        s_.manager.capacity() - s_.manager.num_used() - s_.manager.num_held();
     const std::int64_t want = tier.free_target - free_blocks - tier.queued;
     if (want <= 0) continue;
     std::vector<HostBlockId> candidates, evict_now, sources;
@@ -461,6 +462,11 @@ void TierCoordinator::poll_presence() {
 }
 
 void TierCoordinator::adopt_orphan(const JobState& job) {
+  // A job not yet emitted (queued for the next step) never reaches a worker: reset drops it.
+  if (std::any_of(pending_jobs_.begin(), pending_jobs_.end(),
+                  [&](const TierJob& p) { return p.id == job.id; })) {
+    return;
+  }
   OrphanJob& o = orphans_[job.id];
   o.tier = job.tier;
   o.remaining = job.remaining;

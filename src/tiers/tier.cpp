@@ -35,6 +35,7 @@ void TierQueue::submit(const TierJob& job) {
   auto state = std::make_unique<Job>();
   state->job = job;
   state->remaining = static_cast<std::int64_t>(job.keys.size());
+  state->clears = clears_.load();
   {
     std::lock_guard lock(mutex_);
     KVOFFLOAD_EXPECTS(!jobs_.contains(job.id), "tier job {}: submitted twice to the {}", job.id,
@@ -117,13 +118,6 @@ bool TierQueue::owns(JobId job) const {
   return jobs_.contains(job);
 }
 
-bool TierQueue::when_idle(const std::function<void()>& f) {
-  std::lock_guard lock(mutex_);
-  if (!jobs_.empty()) return false;
-  f();
-  return true;
-}
-
 std::size_t TierQueue::num_jobs() const {
   std::lock_guard lock(mutex_);
   return jobs_.size();
@@ -164,9 +158,19 @@ bool Tier::owns(JobId job) const {
   return queue_->owns(job);
 }
 
-bool Tier::clear() {
-  if (num_slots() == 0) return true;  // nothing of its own to clear (a shared tier)
-  return queue_->when_idle([this] { clear_contents(); });
+void Tier::clear() {
+  if (num_slots() == 0) return;  // nothing of its own to clear (a shared tier)
+  // Jobs issued before a reset_cache may still run (a slow disk): the step does not wait for
+  // them. Noted first, so a write of theirs that lands after the contents went is erased.
+  const std::size_t running = queue_->num_jobs();
+  queue_->note_clear();
+  clear_contents();
+  if (running > 0) {
+    detail::logger().info(
+        "{}: cleared with {} tier job(s) still running; their writes are skipped, or erased "
+        "once they land",
+        queue_->name(), running);
+  }
 }
 
 void Tier::stop() noexcept {

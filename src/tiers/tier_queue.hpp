@@ -8,6 +8,7 @@
 // keeps its submission order.
 
 #include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -52,6 +53,7 @@ class TierQueue {
     TierJob job;
     std::int64_t remaining = 0;
     std::int64_t failed = 0;
+    std::uint64_t clears = 0;  // note_clear calls before it was submitted
   };
   /// One block of a job: the job (alive until its last block is done) and the block's index
   /// into its lists.
@@ -74,11 +76,17 @@ class TierQueue {
   std::vector<FinishedTierJob> get_finished();
   void wait(std::span<const JobId> jobs);
   [[nodiscard]] bool owns(JobId job) const;
-  /// Runs `f` with no job running, none able to start meanwhile, and returns true; false
-  /// (f not run) if jobs are running.
-  bool when_idle(const std::function<void()>& f);
   /// Jobs submitted and not finished.
   [[nodiscard]] std::size_t num_jobs() const;
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// The tier's contents are about to be cleared: a write of a job submitted before must not
+  /// land (cleared_since).
+  void note_clear() noexcept { clears_.fetch_add(1); }
+  /// Whether the tier was cleared since `task`'s job was submitted: its write is skipped, or,
+  /// if it already landed, erased.
+  [[nodiscard]] bool cleared_since(const Task& task) const noexcept {
+    return task.job->clears != clears_.load();
+  }
   void stop() noexcept;
 
  private:
@@ -93,6 +101,7 @@ class TierQueue {
   std::deque<Task> writes_;                               // blocks of write jobs
   std::vector<FinishedTierJob> finished_;
   bool stopping_ = false;
+  std::atomic<std::uint64_t> clears_{0};
 };
 
 }  // namespace kvoffload::detail

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "common/expects.hpp"
-#include "common/logging.hpp"
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/device_runtime.hpp"
 #include "kvoffload/host_backend.hpp"
@@ -223,14 +222,7 @@ Medium Worker::tier_medium(std::size_t t) const {
 }
 
 void Worker::clear_tiers() {
-  for (std::size_t t = 0; t < tiers_.size(); ++t) {
-    if (!tiers_[t]->clear()) {
-      detail::logger().warn(
-          "worker: tier {} ({}) not cleared: tier jobs issued before reset_cache still run (a "
-          "slow disk?); its old blocks stay unreachable until overwritten",
-          t, to_string(tiers_[t]->medium()));
-    }
-  }
+  for (const auto& tier : tiers_) tier->clear();
 }
 
 void Worker::submit_tier(const TierJob& job) {

@@ -110,11 +110,9 @@ TEST_CASE("A stalled disk holds no step, and its late read lands only in held bl
   CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(5));
   CHECK(r.t.h.s.tier_stats(0).promotions_overdue == 2);
 
-  // New weights while the read is stuck: nothing flushed, the disk not cleared (not waited
-  // for), the promotion's host blocks held.
+  // New weights while the read is stuck: nothing flushed, the promotion's host blocks held.
   r.t.h.s.reset_cache("w2");
   CHECK(r.t.h.s.build_step({}).flush.empty());
-  CHECK_FALSE(r.disk.clear());
   CHECK(r.t.h.s.manager().num_held() == 2);
   const auto d = kvtest::chain_hashes("d", 2);
   const TransferJob sd = r.store("d", d);
@@ -135,5 +133,32 @@ TEST_CASE("A stalled disk holds no step, and its late read lands only in held bl
   CHECK(r.t.h.s.tier_index(0).num_held() == 0);
   // a is under the old weights: a miss now, never the late read's bytes.
   CHECK(r.t.h.lookup("e", a, 33, 0) == 0);
-  CHECK(r.disk.clear());  // idle again
+}
+
+TEST_CASE("clear() does not wait for a stalled write, and the write never outlives it",
+          "[disk][tier]") {
+  const DiskIo io = GENERATE(DiskIo::threads, DiskIo::automatic);
+  TempDir dir;
+  kvtest::TierPool pool(2, kBlockBytes);
+  pool.fill(0, 7);
+  pool.fill(1, 8);
+  {
+    DiskTier disk(Rig::config(dir, io), "stall", kBlockBytes,
+                  [&](HostBlockId id) { return pool.block(id); });
+    disk.stall_io_for_test(true);
+    disk.submit(kvtest::job_of(1, JobKind::write, 0, 2, 0, 0));
+    // Let the I/O threads take the blocks (either way the write must not survive the clear).
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    disk.clear();  // returns at once, the write stalled
+    disk.stall_io_for_test(false);
+    const std::vector<JobId> ids{1};
+    disk.wait(ids);
+    const auto finished = disk.get_finished();
+    REQUIRE(finished.size() == 1);
+    CHECK_FALSE(finished[0].ok);
+  }
+  // A restart finds nothing: the write that landed after the clear was erased.
+  DiskTier again(Rig::config(dir, io), "stall", kBlockBytes,
+                 [&](HostBlockId id) { return pool.block(id); });
+  for (const auto& k : again.scanned()) CHECK_FALSE(k.has_value());
 }

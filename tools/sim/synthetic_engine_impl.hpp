@@ -259,6 +259,9 @@ struct SyntheticEngine::Impl {
   std::unordered_set<Key, KeyHash> disk_ok;
   std::unordered_map<Key, std::vector<bool>, KeyHash> disk_written;  // per key on disk
   std::unordered_map<JobId, std::vector<Key>> tier_keys;
+  // Tier jobs in flight at a reset_cache: they may finish later (the step does not wait), and
+  // their keys are then under the old weights, in no shadow.
+  std::unordered_set<JobId> stale_tier_jobs;
   std::unordered_set<JobId> shared_writes;  // tier_keys' writes to the shared tier
   std::size_t shared_tier = 0;              // its index in SchedulerConfig::tiers
   // Store jobs whose copy may still run (not flushed, not reported finished): their sources.

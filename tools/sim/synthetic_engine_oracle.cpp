@@ -108,7 +108,8 @@ void SyntheticEngine::Impl::transfer_finished(const FinishedTransfer& t) {
     }
     // A promotion puts its keys in host memory; a write puts them on disk.
     const bool shared_write = shared_writes.erase(t.job) > 0;
-    if (t.ok && !shared_write) {
+    const bool stale = stale_tier_jobs.erase(t.job) > 0;  // issued before a reset_cache
+    if (t.ok && !shared_write && !stale) {
       auto& shadow = t.kind == JobKind::promote ? stored_ok : disk_ok;
       shadow.insert(it->second.begin(), it->second.end());
     }

@@ -204,7 +204,7 @@ void SyntheticEngine::Impl::step() {
   }
 
   // reset_cache now and then: the cache empties without per-key events (the engine that
-  // resets knows), every job in flight is flushed, and their reports become stale.
+  // resets knows), every transfer in flight is flushed, and their reports become stale.
   std::vector<ManagerEvent> events_before;
   const bool reset = chance(config.reset_probability);
   if (reset) {
@@ -214,6 +214,7 @@ void SyntheticEngine::Impl::step() {
     scheduler->reset_cache("synthetic weights " + std::to_string(report.resets + 1));
     stored_ok.clear();
     disk_ok.clear();
+    for (const auto& [id, keys] : tier_keys) stale_tier_jobs.insert(id);
     jobs_of.clear();  // every job is stale now
     ++report.resets;
   }
@@ -230,8 +231,9 @@ void SyntheticEngine::Impl::step() {
   // Their copies are done (a FaultyBackend may still hold their results back a few polls).
   for (const JobId id : out.flush) stores_running.erase(id);
   if (reset) {
-    // Jobs from before the reset have all run (flushed): verify and report them (the
-    // scheduler ignores the stale reports); requests waiting for a load start over.
+    // Transfers from before the reset have all run (flushed): verify and report them (the
+    // scheduler ignores their stale reports; a tier job still running reports when it ends,
+    // its blocks held meanwhile); requests waiting for a load start over.
     (void)report_finished(/*all_owed=*/true);
     // A load whose result a FaultyBackend still holds back is not verified: its request
     // starts over now and its blocks go to others.

@@ -62,11 +62,11 @@ class KVOFFLOAD_EXPORT Tier {
   [[nodiscard]] bool owns(JobId job) const;
   /// Forgets what this worker's tier holds (after Scheduler::reset_cache, so the old cache's
   /// blocks do not come back at the next start): a disk tier empties its slots; a shared tier
-  /// holds nothing of its own (the fleet's values stay) and does nothing. A tier with slots
-  /// that still runs tier jobs (jobs issued before the reset, on a slow or stalled disk) is
-  /// left as it is and false returned: the step never waits for the disk, and the old slots
-  /// are found by no lookup (another epoch, or an index that forgot them) until overwritten.
-  bool clear();
+  /// holds nothing of its own (the fleet's values stay) and does nothing. Never waits for
+  /// the tier jobs still running (issued before the reset, on a slow or stalled disk): a
+  /// write of theirs not started is skipped, one that lands after the clear is erased (both
+  /// fail), so no old block survives it.
+  void clear();
 
   /// Slots the tier holds (its capacity in blocks); 0 for a tier with no slots of its own (a
   /// shared tier: the cluster decides).

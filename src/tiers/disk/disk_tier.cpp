@@ -207,7 +207,13 @@ void DiskTier::run_threads() {
     bool ok = false;
     try {
       if (job.kind == JobKind::write) {
-        ok = slots_.write(slot, job.keys[i], job.epoch, host_bytes(job, i));
+        // A write of a job from before a clear() is skipped, or erased if it landed after.
+        ok = !queue().cleared_since(tasks[0]) &&
+             slots_.write(slot, job.keys[i], job.epoch, host_bytes(job, i));
+        if (ok && queue().cleared_since(tasks[0])) {
+          (void)slots_.erase(slot);
+          ok = false;
+        }
       } else {
         SlotRead r = SlotRead::io_error;
         if (const int err = take_read_fault(); err != 0) {
@@ -297,6 +303,10 @@ void DiskTier::run_uring() {
       const TierJob& job = t.job->job;
       const std::size_t i = t.index;
       const unsigned b = free_buffers.back();
+      if (job.kind == JobKind::write && queue().cleared_since(t)) {
+        queue().done(t, false);  // from before a clear(): never written
+        continue;
+      }
       try {
         const bool write = job.kind == JobKind::write;
         const SlotIo io = write ? slots_.prepare_write(job.slots[i], job.keys[i], job.epoch,
@@ -328,6 +338,10 @@ void DiskTier::run_uring() {
       const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
       if (!complete) slots_.write_failed(slot, res < 0 ? static_cast<int>(-res) : EIO);
       ok = complete;
+      if (ok && queue().cleared_since(owner[b])) {  // landed after a clear(): erased
+        (void)slots_.erase(slot);
+        ok = false;
+      }
     } else {
       if (const int err = take_read_fault(); err != 0) res = -err;
       const bool complete = res == static_cast<std::int64_t>(slots_.slot_bytes());
