@@ -106,6 +106,7 @@ Probe TierCoordinator::probe(const RequestState& r, const Key& k, std::size_t g,
   // Below the host cache every block is whole (partly written ones are never written there).
   if (promoting_.contains(k)) return {LookupResult::pending, 0};  // promotion starts next step
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
+    if (tiers_[t]->stalled_promotions > 0) continue;  // stalled: a miss, not a wait
     HostBlockManager& index = tiers_[t]->index;
     if ((pass.count_lookups ? index.lookup(k) : index.lookup_again(k)) == LookupResult::hit) {
       pass.tier_found.push_back(
@@ -247,10 +248,11 @@ bool TierCoordinator::overdue(const Key& k) {
   clock.overdue = true;
   TierState& tier = *tiers_[clock.tier];
   tier.stats.promotions_overdue += clock.blocks;
+  ++tier.stalled_promotions;
   detail::logger().warn(
       "tier {} ({}): promotion job {} of {} block(s) is past promote_timeout_ms; lookups "
-      "compute its keys instead of waiting, and its host blocks stay in use until the workers "
-      "report it",
+      "compute its keys instead of waiting and do not ask this tier until it answers; its "
+      "host blocks stay in use until the workers report it",
       clock.tier, to_string(tier.config.medium), block->second, clock.blocks);
   return true;
 }
@@ -360,6 +362,10 @@ void TierCoordinator::complete(JobState& job) {
   const auto n = static_cast<std::uint64_t>(job.keys.size());
   const std::vector<SlotId> slots(job.slots.begin(), job.slots.end());
   if (job.kind == JobKind::promote) {
+    if (const auto clock = promotion_clock_.find(job.id);
+        clock != promotion_clock_.end() && clock->second.overdue) {
+      end_stall(job.tier, job.id);
+    }
     promotion_clock_.erase(job.id);
     for (const HostBlockId h : job.host_ids) {
       if (const auto it = promoting_blocks_.find(h);
@@ -470,6 +476,8 @@ void TierCoordinator::adopt_orphan(const JobState& job) {
   OrphanJob& o = orphans_[job.id];
   o.tier = job.tier;
   o.remaining = job.remaining;
+  const auto clock = promotion_clock_.find(job.id);
+  o.stalled = clock != promotion_clock_.end() && clock->second.overdue;
   o.host_ids = job.host_ids;
   o.slots.assign(job.slots.begin(), job.slots.end());
 }
@@ -505,6 +513,14 @@ std::vector<HostBlockId> TierCoordinator::reset() {
   return held_host;
 }
 
+void TierCoordinator::end_stall(std::uint32_t t, JobId job) {
+  TierState& tier = *tiers_[t];
+  if (--tier.stalled_promotions > 0) return;
+  detail::logger().info(
+      "tier {} ({}): overdue promotion job {} reported; lookups ask the tier again", t,
+      to_string(tier.config.medium), job);
+}
+
 std::int64_t TierCoordinator::orphan_remaining(JobId job) const {
   const auto it = orphans_.find(job);
   return it == orphans_.end() ? -1 : it->second.remaining;
@@ -517,6 +533,7 @@ void TierCoordinator::orphan_reported(const JobReport& report) {
   if (it->second.remaining > 0) return;
   const OrphanJob done = std::move(it->second);
   orphans_.erase(it);
+  if (done.stalled) end_stall(done.tier, report.job);
   // A host block two orphans use (one block written to two tiers) waits for both.
   std::unordered_set<HostBlockId> host_in_use;
   std::unordered_set<SlotId> slots_in_use;

@@ -65,6 +65,9 @@ struct TierState {
   std::int64_t queue_limit = 0;
   std::int64_t queued = 0;       // blocks in write jobs not yet completed
   std::int64_t free_target = 0;  // write-back: host blocks kept free
+  // Promotions past promote_timeout_ms still in flight (orphans included): while any is, the
+  // tier is taken as stalled and lookups do not probe it, so no new request waits on it.
+  std::int64_t stalled_promotions = 0;
 };
 
 /// An existence check in flight: whose, and which keys (PresenceAnswer::present's order).
@@ -91,6 +94,7 @@ struct PlannedPromotion {
 struct OrphanJob {
   std::uint32_t tier = 0;
   std::int64_t remaining = 0;  // worker reports still expected
+  bool stalled = false;        // a promotion past its deadline (TierState::stalled_promotions)
   std::vector<HostBlockId> host_ids;
   std::vector<SlotId> slots;
 };
@@ -166,6 +170,8 @@ class TierCoordinator {
   /// Whether key k (pending in the host cache) is being filled by a promotion past its tier's
   /// promote_timeout_ms; counts and logs each such promotion once.
   bool overdue(const Key& k);
+  /// An overdue promotion of tier t (job) reported: the tier is probed again once none is left.
+  void end_stall(std::uint32_t t, JobId job);
   TierJob& new_job(JobKind kind, std::uint32_t tier, std::string request_id);
 
   Scheduler::Impl& s_;  // the host cache, the job records, the requests, the keys

@@ -70,6 +70,36 @@ TEST_CASE("A promotion past promote_timeout_ms is a miss; its host blocks wait f
   CHECK(t.h.s.tier_stats(0).promotions == 4);
 }
 
+TEST_CASE("While an overdue promotion is out, lookups do not ask its tier", "[scheduler][tier]") {
+  SchedulerConfig c = tiered({full()}, 8, 16);
+  c.tiers[0].promote_timeout_ms = 200;
+  Tiered t(c);
+  const auto a = chain_hashes("a", 4);
+  const auto b = chain_hashes("b", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  t.store("b", b);
+  t.complete(t.tier_jobs().at(0));
+  t.store("x", chain_hashes("x", 4));  // evicts a: a is in the tier only
+  t.complete(t.tier_jobs().at(0));
+  REQUIRE_FALSE(t.h.lookup("c", a, 65, 0).has_value());
+  const auto promoting_a = t.tier_jobs();  // takes b's host blocks: b is in the tier only
+  REQUIRE(promoting_a.size() == 1);
+  for (const BlockHash& hash : b) REQUIRE(t.in_host(hash) == LookupResult::miss);
+
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(t.h.s.lookup("c", 0) == 0);  // overdue: the tier is taken as stalled
+  // g's keys are in the tier, but asking it would make g wait on the stalled disk too.
+  CHECK(t.h.lookup("g", b, 65, 0) == 0);
+  CHECK(t.tier_jobs().empty());
+
+  t.complete(promoting_a.at(0));  // the disk answers: the tier is asked again
+  CHECK_FALSE(t.h.lookup("h", b, 65, 0).has_value());
+  const auto promoting_b = t.tier_jobs();
+  REQUIRE(promoting_b.size() == 1);
+  CHECK(promoting_b[0].keys == keys_of(b));
+}
+
 TEST_CASE("promote_timeout_ms is checked and defaults to 5 s", "[scheduler][tier]") {
   SchedulerConfig c = tiered({full()}, 4, 16);
   c.tiers[0].promote_timeout_ms = -1;
