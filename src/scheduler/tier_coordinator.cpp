@@ -3,7 +3,6 @@
 // tiers' existence checks, and the completion of both kinds of tier job.
 
 #include <algorithm>
-#include <unordered_set>
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
@@ -478,8 +477,12 @@ void TierCoordinator::adopt_orphan(const JobState& job) {
   o.remaining = job.remaining;
   const auto clock = promotion_clock_.find(job.id);
   o.stalled = clock != promotion_clock_.end() && clock->second.overdue;
+  o.write = job.kind == JobKind::write;
   o.host_ids = job.host_ids;
   o.slots.assign(job.slots.begin(), job.slots.end());
+  for (const HostBlockId h : o.host_ids) ++held_host_[h];
+  held_slots_.resize(tiers_.size());
+  for (const SlotId slot : o.slots) ++held_slots_[o.tier][slot];
 }
 
 std::vector<HostBlockId> TierCoordinator::reset() {
@@ -493,16 +496,21 @@ std::vector<HostBlockId> TierCoordinator::reset() {
   // again.
   tickets_.clear();
   s_.requests.for_each([](RequestState& r) { r.shared_check = RequestState::SharedCheck::none; });
-  // What the jobs in flight use stays held, here and in the host cache, until they report.
+  // What the jobs in flight use stays held, here and in the host cache, until they report;
+  // their writes still fill the write queue, so a dead disk takes no more than it allows.
   std::vector<HostBlockId> held_host;
-  std::vector<std::vector<SlotId>> held_slots(tiers_.size());
-  for (const auto& [id, o] : orphans_) {
-    held_host.insert(held_host.end(), o.host_ids.begin(), o.host_ids.end());
-    held_slots[o.tier].insert(held_slots[o.tier].end(), o.slots.begin(), o.slots.end());
-  }
+  held_host.reserve(held_host_.size());
+  for (const auto& [h, n] : held_host_) held_host.push_back(h);
+  held_slots_.resize(tiers_.size());
+  std::vector<SlotId> slots;
   for (std::size_t t = 0; t < tiers_.size(); ++t) {
-    tiers_[t]->index.reset(held_slots[t]);
+    slots.clear();
+    for (const auto& [slot, n] : held_slots_[t]) slots.push_back(slot);
+    tiers_[t]->index.reset(slots);
     tiers_[t]->queued = 0;
+  }
+  for (const auto& [id, o] : orphans_) {
+    if (o.write) tiers_[o.tier]->queued += static_cast<std::int64_t>(o.host_ids.size());
   }
   if (!orphans_.empty()) {
     detail::logger().info(
@@ -534,23 +542,28 @@ void TierCoordinator::orphan_reported(const JobReport& report) {
   const OrphanJob done = std::move(it->second);
   orphans_.erase(it);
   if (done.stalled) end_stall(done.tier, report.job);
+  TierState& tier = *tiers_[done.tier];
+  if (done.write) tier.queued -= static_cast<std::int64_t>(done.host_ids.size());
   // A host block two orphans use (one block written to two tiers) waits for both.
-  std::unordered_set<HostBlockId> host_in_use;
-  std::unordered_set<SlotId> slots_in_use;
-  for (const auto& [id, o] : orphans_) {
-    host_in_use.insert(o.host_ids.begin(), o.host_ids.end());
-    if (o.tier == done.tier) slots_in_use.insert(o.slots.begin(), o.slots.end());
-  }
   std::vector<HostBlockId> host;
-  std::vector<SlotId> slots;
   for (const HostBlockId h : done.host_ids) {
-    if (!host_in_use.contains(h)) host.push_back(h);
+    const auto held = held_host_.find(h);
+    if (held != held_host_.end() && --held->second == 0) {
+      held_host_.erase(held);
+      host.push_back(h);
+    }
   }
+  std::vector<SlotId> slots;
+  auto& held_slots = held_slots_[done.tier];
   for (const SlotId slot : done.slots) {
-    if (!slots_in_use.contains(slot)) slots.push_back(slot);
+    const auto held = held_slots.find(slot);
+    if (held != held_slots.end() && --held->second == 0) {
+      held_slots.erase(held);
+      slots.push_back(slot);
+    }
   }
   s_.manager.release_held(host);
-  tiers_[done.tier]->index.release_held(slots);
+  tier.index.release_held(slots);
 }
 
 TierState& TierCoordinator::tier(std::size_t t, std::string_view op) {

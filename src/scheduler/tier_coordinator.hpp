@@ -95,6 +95,7 @@ struct OrphanJob {
   std::uint32_t tier = 0;
   std::int64_t remaining = 0;  // worker reports still expected
   bool stalled = false;        // a promotion past its deadline (TierState::stalled_promotions)
+  bool write = false;          // its blocks count in its tier's write queue until it reports
   std::vector<HostBlockId> host_ids;
   std::vector<SlotId> slots;
 };
@@ -182,7 +183,10 @@ class TierCoordinator {
   detail::FlatHashMap<Key, std::int32_t, KeyHash> promoting_;  // keys of planned promotions
   std::unordered_map<std::uint64_t, PresenceTicket> tickets_;  // checks in flight
   std::uint64_t next_ticket_ = 1;
-  std::unordered_map<JobId, OrphanJob> orphans_;               // jobs issued before a reset
+  std::unordered_map<JobId, OrphanJob> orphans_;  // jobs issued before a reset
+  // How many orphans use each held host block, and each held slot (per tier): released at 0.
+  std::unordered_map<HostBlockId, std::int32_t> held_host_;
+  std::vector<std::unordered_map<SlotId, std::int32_t>> held_slots_;
   std::unordered_map<JobId, PromotionClock> promotion_clock_;  // promotions in flight
   std::unordered_map<HostBlockId, JobId> promoting_blocks_;    // host blocks they fill
   LookupPass pass_;                                            // begin_pass's, reused

@@ -31,6 +31,10 @@ void check_host_blocks(const TierJob& job,
 TierQueue::TierQueue(std::string name, bool failures_expected)
     : name_(std::move(name)), failures_expected_(failures_expected) {}
 
+TierQueue::~TierQueue() {
+  join_clear();
+}
+
 void TierQueue::submit(const TierJob& job) {
   auto state = std::make_unique<Job>();
   state->job = job;
@@ -71,7 +75,8 @@ void TierQueue::submit(const TierJob& job) {
 bool TierQueue::take(std::vector<Task>& out, std::size_t max, bool busy) {
   std::unique_lock lock(mutex_);
   const auto empty = [&] { return promotes_.empty() && writes_.empty(); };
-  if (!busy) work_ready_.wait(lock, [&] { return stopping_ || !empty(); });
+  if (!busy) work_ready_.wait(lock, [&] { return !clearing_ && (stopping_ || !empty()); });
+  if (clearing_) return true;  // busy: nothing new until the tier is emptied
   for (std::deque<Task>* q : {&promotes_, &writes_}) {
     while (out.size() < max && !q->empty()) {
       out.push_back(q->front());
@@ -118,9 +123,48 @@ bool TierQueue::owns(JobId job) const {
   return jobs_.contains(job);
 }
 
-std::size_t TierQueue::num_jobs() const {
+void TierQueue::start_clear(std::function<void()> clear_contents) {
   std::lock_guard lock(mutex_);
-  return jobs_.size();
+  clears_.fetch_add(1);  // before the contents go: a write landing after is erased
+  if (clearing_) {
+    clear_again_ = true;
+    return;
+  }
+  clearing_ = true;
+  // A previous clear has ended (clearing_ was false): its thread only has to exit.
+  if (clear_thread_.joinable()) clear_thread_.join();
+  clear_thread_ = std::thread([this, clear = std::move(clear_contents)] {
+    for (;;) {
+      try {
+        clear();
+      } catch (const std::exception& e) {
+        logger().error(
+            "{}: emptying it failed: {}; its old blocks stay on disk, found by no "
+            "lookup (another epoch)",
+            name_, e.what());
+      }
+      std::lock_guard done(mutex_);
+      if (clear_again_) {
+        clear_again_ = false;
+        continue;
+      }
+      clearing_ = false;
+      work_ready_.notify_all();
+      job_done_.notify_all();
+      return;
+    }
+  });
+}
+
+void TierQueue::wait_cleared() {
+  std::unique_lock lock(mutex_);
+  job_done_.wait(lock, [&] { return !clearing_; });
+}
+
+void TierQueue::join_clear() {
+  wait_cleared();
+  std::lock_guard lock(mutex_);
+  if (clear_thread_.joinable()) clear_thread_.join();
 }
 
 void TierQueue::stop() noexcept {
@@ -160,21 +204,19 @@ bool Tier::owns(JobId job) const {
 
 void Tier::clear() {
   if (num_slots() == 0) return;  // nothing of its own to clear (a shared tier)
-  // Jobs issued before a reset_cache may still run (a slow disk): the step does not wait for
-  // them. Noted first, so a write of theirs that lands after the contents went is erased.
-  const std::size_t running = queue_->num_jobs();
-  queue_->note_clear();
-  clear_contents();
-  if (running > 0) {
-    detail::logger().info(
-        "{}: cleared with {} tier job(s) still running; their writes are skipped, or erased "
-        "once they land",
-        queue_->name(), running);
-  }
+  queue_->start_clear([this] { clear_contents(); });
+}
+
+void Tier::wait_cleared() {
+  queue_->wait_cleared();
 }
 
 void Tier::stop() noexcept {
   queue_->stop();
+}
+
+void Tier::join_clear() {
+  queue_->join_clear();
 }
 
 }  // namespace kvoffload

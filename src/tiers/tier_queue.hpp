@@ -17,6 +17,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -63,6 +64,9 @@ class TierQueue {
   };
 
   TierQueue(std::string name, bool failures_expected);
+  ~TierQueue();
+  TierQueue(const TierQueue&) = delete;
+  TierQueue& operator=(const TierQueue&) = delete;
 
   /// Queues every block of `job` (a job without blocks finishes at once). Throws
   /// invalid_argument if a job of that id is still running.
@@ -76,12 +80,17 @@ class TierQueue {
   std::vector<FinishedTierJob> get_finished();
   void wait(std::span<const JobId> jobs);
   [[nodiscard]] bool owns(JobId job) const;
-  /// Jobs submitted and not finished.
-  [[nodiscard]] std::size_t num_jobs() const;
-  [[nodiscard]] const std::string& name() const noexcept { return name_; }
-  /// The tier's contents are about to be cleared: a write of a job submitted before must not
-  /// land (cleared_since).
-  void note_clear() noexcept { clears_.fetch_add(1); }
+  /// Starts emptying the tier on a thread of its own and returns at once: an ftruncate waits
+  /// in the kernel for I/O in flight, which on a stalled device is forever, so never on the
+  /// caller's (an engine step's) thread. No block is handed out meanwhile (take() waits), so
+  /// a job submitted after runs on the emptied tier; a write of a job submitted before is
+  /// skipped or erased (cleared_since). A clear asked for while one runs runs once more after
+  /// it. A failure is logged (the old blocks stay unreachable: another epoch).
+  void start_clear(std::function<void()> clear_contents);
+  /// Returns once no clear is running.
+  void wait_cleared();
+  /// Joins the clear's thread (the tier kind's destructor, after its I/O threads stopped).
+  void join_clear();
   /// Whether the tier was cleared since `task`'s job was submitted: its write is skipped, or,
   /// if it already landed, erased.
   [[nodiscard]] bool cleared_since(const Task& task) const noexcept {
@@ -102,6 +111,9 @@ class TierQueue {
   std::vector<FinishedTierJob> finished_;
   bool stopping_ = false;
   std::atomic<std::uint64_t> clears_{0};
+  bool clearing_ = false;     // start_clear's thread runs: nothing is handed out
+  bool clear_again_ = false;  // asked for again meanwhile
+  std::thread clear_thread_;
 };
 
 }  // namespace kvoffload::detail

@@ -14,6 +14,7 @@
 #include <string_view>
 #include <vector>
 
+#include "support/resp_feed.hpp"
 #include "tiers/shared/resp_reader.hpp"
 
 using kvoffload::detail::RespLimits;
@@ -58,16 +59,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     }
     if (r.buffered() > limits.max_line + 2 + (64 << 10)) std::abort();
     if (fed == stream.size()) return 0;
-    const std::span<char> direct = r.direct();
-    const std::span<char> to = direct.empty() ? r.space() : direct;
-    const std::size_t n = std::min(std::min(step, to.size()), stream.size() - fed);
-    std::memcpy(to.data(), stream.data() + fed, n);
-    fed += n;
-    if (direct.empty()) {
-      r.commit(n);
-    } else {
-      r.commit_direct(n);
-    }
+    fed += kvoffload::test::feed_some(r, stream.substr(fed), step);
   }
   return 0;
 }

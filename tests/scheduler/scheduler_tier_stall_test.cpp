@@ -100,6 +100,53 @@ TEST_CASE("While an overdue promotion is out, lookups do not ask its tier", "[sc
   CHECK(promoting_b[0].keys == keys_of(b));
 }
 
+TEST_CASE("An overdue promotion orphaned by a reset keeps its tier unasked until it reports",
+          "[scheduler][tier]") {
+  SchedulerConfig c = tiered({full()}, 8, 16);
+  c.tiers[0].promote_timeout_ms = 200;
+  Tiered t(c);
+  const auto a = chain_hashes("a", 4);
+  t.store("a", a);
+  t.complete(t.tier_jobs().at(0));
+  t.store("x", chain_hashes("x", 4));
+  t.complete(t.tier_jobs().at(0));
+  t.store("y", chain_hashes("y", 4));  // evicts a
+  t.complete(t.tier_jobs().at(0));
+  REQUIRE_FALSE(t.h.lookup("c", a, 65, 0).has_value());
+  const auto p = t.tier_jobs();
+  REQUIRE(p.size() == 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(t.h.s.lookup("c", 0) == 0);  // overdue: the tier is stalled
+  t.h.s.reset_cache("w2");
+  // Under the new weights, z is written to the tier and evicted from host memory; the tier
+  // still answers nothing while the stalled read is out.
+  const auto z = chain_hashes("z", 4);
+  t.store("z", z);
+  t.complete(t.tier_jobs().at(0));
+  t.store("q", chain_hashes("q", 4));  // 4 held + 4 free: evicts z
+  t.complete(t.tier_jobs().at(0));
+  REQUIRE(t.in_host(z[0]) == LookupResult::miss);
+  CHECK(t.h.lookup("r", z, 65, 0) == 0);
+  t.complete(p[0]);                                    // the orphan's report ends the stall
+  CHECK_FALSE(t.h.lookup("s", z, 65, 0).has_value());  // promoted now
+  CHECK(t.tier_jobs().size() == 1);
+}
+
+TEST_CASE("Orphan writes still fill the tier's write queue until they report",
+          "[scheduler][tier]") {
+  Tiered t(tiered({full()}, 8, 16, 0, /*queue=*/2));
+  t.store("a", chain_hashes("a", 2));
+  const auto w = t.tier_jobs();
+  REQUIRE(w.size() == 1);
+  t.h.s.reset_cache("w2");
+  t.store("b", chain_hashes("b", 2));
+  CHECK(t.tier_jobs().empty());  // the queue is full of a's write, on a disk that may be dead
+  CHECK(t.h.s.tier_stats(0).writes_queue_full == 2);
+  t.complete(w[0]);
+  t.store("c", chain_hashes("c", 2));
+  CHECK(t.tier_jobs().size() == 1);
+}
+
 TEST_CASE("promote_timeout_ms is checked and defaults to 5 s", "[scheduler][tier]") {
   SchedulerConfig c = tiered({full()}, 4, 16);
   c.tiers[0].promote_timeout_ms = -1;

@@ -15,6 +15,8 @@
 #include <string>
 #include <thread>
 
+#include "support/resp_command.hpp"
+
 namespace kvoffload::test {
 
 /// A one-connection-at-a-time RESP server on a loopback port: CLUSTER SLOTS gets a map giving
@@ -74,7 +76,7 @@ class FakeRespServer {
         // small commands the tests send).
         std::size_t pos = 0;
         while ((pos = in.find("\r\n", 0)) != std::string::npos && in[0] == '*') {
-          const std::size_t end = command_end(in);
+          const std::size_t end = resp_command_end(in);
           if (end == std::string::npos) break;
           const std::string command = in.substr(0, end);
           in.erase(0, end);
@@ -92,26 +94,9 @@ class FakeRespServer {
     }
   }
 
-  /// The end of the first complete RESP array of bulk strings in `in`, or npos.
-  static std::size_t command_end(const std::string& in) {
-    std::size_t p = in.find("\r\n");
-    if (p == std::string::npos) return std::string::npos;
-    const long argc = std::stol(in.substr(1, p - 1));
-    p += 2;
-    for (long i = 0; i < argc; ++i) {
-      const std::size_t e = in.find("\r\n", p);
-      if (e == std::string::npos || in[p] != '$') return std::string::npos;
-      const std::size_t len = std::stoul(in.substr(p + 1, e - p - 1));
-      p = e + 2 + len + 2;
-      if (p > in.size()) return std::string::npos;
-    }
-    return p;
-  }
-
   [[nodiscard]] std::string slots_reply() const {
     if (!slots_.empty()) return slots_;
-    const std::string port = std::to_string(port_);
-    return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + port + "\r\n";
+    return one_node_slots(port_);
   }
 
   std::string answer_;

@@ -26,6 +26,8 @@
 #include <string>
 #include <thread>
 
+#include "support/resp_command.hpp"
+
 namespace kvoffload::test {
 
 /// A reply: `head`, then `body` `repeat` times, then `tail` (e.g. "*5000000\r\n", ":1\r\n",
@@ -172,8 +174,8 @@ class HostileServer {
       in.append(buf.data(), static_cast<std::size_t>(n));
       if (in.size() > (64 << 20)) break;  // a client flooding us: dropped
       bool open = true;
-      for (std::size_t end = command_end(in); open && end != std::string::npos;
-           end = command_end(in)) {
+      for (std::size_t end = resp_command_end(in); open && end != std::string::npos;
+           end = resp_command_end(in)) {
         const bool slots = in.substr(0, end).find("SLOTS") != std::string::npos;
         in.erase(0, end);
         if (!slots) ++commands_;
@@ -184,27 +186,7 @@ class HostileServer {
     ::close(c);
   }
 
-  /// The end of the first complete RESP array of bulk strings in `in`, or npos.
-  static std::size_t command_end(const std::string& in) {
-    if (in.empty() || in[0] != '*') return std::string::npos;
-    std::size_t p = in.find("\r\n");
-    if (p == std::string::npos) return std::string::npos;
-    const long argc = std::stol(in.substr(1, p - 1));
-    p += 2;
-    for (long i = 0; i < argc; ++i) {
-      const std::size_t e = in.find("\r\n", p);
-      if (e == std::string::npos || in[p] != '$') return std::string::npos;
-      const std::size_t len = std::stoul(in.substr(p + 1, e - p - 1));
-      p = e + 2 + len + 2;
-      if (p > in.size()) return std::string::npos;
-    }
-    return p;
-  }
-
-  [[nodiscard]] std::string own_slots() const {
-    return "*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:" + std::to_string(port_) +
-           "\r\n";
-  }
+  [[nodiscard]] std::string own_slots() const { return one_node_slots(port_); }
 
   HostileBehavior b_;
   int fd_ = -1;

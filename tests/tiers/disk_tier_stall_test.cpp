@@ -147,9 +147,12 @@ TEST_CASE("clear() does not wait for a stalled write, and the write never outliv
                   [&](HostBlockId id) { return pool.block(id); });
     disk.stall_io_for_test(true);
     disk.submit(kvtest::job_of(1, JobKind::write, 0, 2, 0, 0));
-    // Let the I/O threads take the blocks (either way the write must not survive the clear).
+    // Let the I/O threads take the blocks and pass their check against a clear, so the write
+    // lands after the clear below (if they have not, it is skipped: it must not survive
+    // either way).
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     disk.clear();  // returns at once, the write stalled
+    disk.wait_cleared();
     disk.stall_io_for_test(false);
     const std::vector<JobId> ids{1};
     disk.wait(ids);

@@ -169,7 +169,8 @@ TEST_CASE("clear() empties the tier, also for the next start", "[disk][tier]") {
     tier.submit(job_of(1, JobKind::write, 0, 4, 0, 0));
     const std::vector<JobId> ids{1};
     REQUIRE(finish(tier, ids).at(0).ok);
-    tier.clear();
+    tier.clear();  // returns at once: the tier's own thread empties it
+    tier.wait_cleared();
     for (const auto& k : tier.scanned()) CHECK_FALSE(k.has_value());
     // A promotion of a cleared slot is a miss.
     tier.submit(job_of(2, JobKind::promote, 0, 1, 3, 0));

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include "support/resp_feed.hpp"
+
 using kvoffload::detail::RespLimits;
 using kvoffload::detail::RespReader;
 using kvoffload::detail::RespType;
@@ -23,16 +25,7 @@ namespace {
 Status feed(RespReader& r, std::string_view bytes, std::size_t step, RespValue& out) {
   Status s = r.parse(out);
   while (s == Status::more && !bytes.empty()) {
-    const std::span<char> direct = r.direct();
-    const std::span<char> to = direct.empty() ? r.space() : direct;
-    const std::size_t n = std::min(std::min(step, to.size()), bytes.size());
-    std::memcpy(to.data(), bytes.data(), n);
-    bytes.remove_prefix(n);
-    if (direct.empty()) {
-      r.commit(n);
-    } else {
-      r.commit_direct(n);
-    }
+    bytes.remove_prefix(kvoffload::test::feed_some(r, bytes, step));
     s = r.parse(out);
   }
   return s;

@@ -21,6 +21,7 @@ using kvoffload::test::HostileBehavior;
 using kvoffload::test::HostileReply;
 using kvoffload::test::HostileServer;
 using kvoffload::test::RssWatch;
+using kvoffload::test::slot_range_entry;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -194,13 +195,9 @@ TEST_CASE("Hostile node: a slot map naming nodes that do not answer, thousands o
     silent.push_back(fd);
     silent.push_back(ntohs(a.sin_port));
   }
-  const auto entry = [](int first, int last, int port) {
-    return std::string("*3\r\n:") + std::to_string(first) + std::string("\r\n:") +
-           std::to_string(last) + std::string("\r\n*2\r\n$9\r\n127.0.0.1\r\n:") +
-           std::to_string(port) + "\r\n";
-  };
-  std::string slots = "*3002\r\n" + entry(0, 8191, silent[1]) + entry(8192, 9999, silent[3]);
-  for (int s = 10000; s < 13000; ++s) slots += entry(s, s, 40000 + (s - 10000));
+  std::string slots =
+      "*3002\r\n" + slot_range_entry(0, 8191, silent[1]) + slot_range_entry(8192, 9999, silent[3]);
+  for (int s = 10000; s < 13000; ++s) slots += slot_range_entry(s, s, 40000 + (s - 10000));
   HostileBehavior b;
   b.slots = slots;
   HostileServer server(b);
@@ -223,14 +220,10 @@ TEST_CASE("Hostile node: a silent node holds back only the commands sent to it",
   HostileBehavior quiet;
   quiet.stall = true;
   HostileServer silent(quiet);
-  const auto entry = [](int first, int last, int port) {
-    return std::string("*3\r\n:") + std::to_string(first) + std::string("\r\n:") +
-           std::to_string(last) + std::string("\r\n*2\r\n$9\r\n127.0.0.1\r\n:") +
-           std::to_string(port) + "\r\n";
-  };
   HostileBehavior fast_b;
   fast_b.reply.head = ":1\r\n";
-  fast_b.slots = "*2\r\n" + entry(0, 8191, silent.port()) + entry(8192, 16383, -1);
+  fast_b.slots =
+      "*2\r\n" + slot_range_entry(0, 8191, silent.port()) + slot_range_entry(8192, 16383, -1);
   const std::size_t at = fast_b.slots.find(":-1\r\n");
   fast_b.slots.replace(at, 5, ":PORT\r\n");
   HostileServer fast(fast_b);

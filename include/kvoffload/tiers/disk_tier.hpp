@@ -80,7 +80,8 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   /// io_uring engine: the next `count` submissions fail with -`err` before the kernel sees
   /// them (EAGAIN, EBUSY: retried; another errno: their blocks fail). No-op for threads.
   void fail_submits_for_test(int count, int err) noexcept;
-  /// While on, the I/O threads take blocks but start no I/O: a stalled device. Jobs then stay
+  /// While on, the I/O threads take blocks but start no I/O: a stalled device (a write after
+  /// its check against a clear(), so a clear() meanwhile sees it land late). Jobs then stay
   /// in flight until it is turned off (the destructor turns it off).
   void stall_io_for_test(bool on);
 
@@ -97,6 +98,8 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   void settle_read(SlotRead r, std::int64_t slot);
   /// Returns once stall_io_for_test is off.
   void wait_while_stalled();
+  /// A write of `job` that landed in `slot` after a clear(): erased, or an error logged.
+  void erase_late_write(const TierJob& job, std::int64_t slot);
 
   DiskSlots slots_;  // clear() changes it: not const after construction
   DiskIo io_ = DiskIo::threads;

@@ -62,11 +62,15 @@ class KVOFFLOAD_EXPORT Tier {
   [[nodiscard]] bool owns(JobId job) const;
   /// Forgets what this worker's tier holds (after Scheduler::reset_cache, so the old cache's
   /// blocks do not come back at the next start): a disk tier empties its slots; a shared tier
-  /// holds nothing of its own (the fleet's values stay) and does nothing. Never waits for
-  /// the tier jobs still running (issued before the reset, on a slow or stalled disk): a
-  /// write of theirs not started is skipped, one that lands after the clear is erased (both
-  /// fail), so no old block survives it.
+  /// holds nothing of its own (the fleet's values stay) and does nothing. Returns at once:
+  /// the tier's own thread empties it (a truncate waits in the kernel for I/O in flight, on a
+  /// stalled disk forever), and jobs submitted after wait for that. Never waits for the tier
+  /// jobs still running (issued before the reset, on a slow or stalled disk): a write of
+  /// theirs not started is skipped, one that lands after the clear is erased (both fail), so
+  /// no old block survives it. A failure to empty is logged, never thrown.
   void clear();
+  /// Returns once the clear() started before has finished (tests; a scan after a clear).
+  void wait_cleared();
 
   /// Slots the tier holds (its capacity in blocks); 0 for a tier with no slots of its own (a
   /// shared tier: the cluster decides).
@@ -87,8 +91,10 @@ class KVOFFLOAD_EXPORT Tier {
   /// For the tier's I/O threads: the blocks to run, and where to report them.
   [[nodiscard]] detail::TierQueue& queue() const noexcept { return *queue_; }
   /// Lets every submitted block finish, then makes the queue's take() return false: a kind's
-  /// destructor calls it, then joins its threads.
+  /// destructor calls it, then joins its threads, then join_clear().
   void stop() noexcept;
+  /// Waits for a clear() still running and joins its thread (before the kind's members go).
+  void join_clear();
 
  private:
   std::unique_ptr<detail::TierQueue> queue_;
