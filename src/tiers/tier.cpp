@@ -124,36 +124,49 @@ bool TierQueue::owns(JobId job) const {
 }
 
 void TierQueue::start_clear(std::function<void()> clear_contents) {
-  std::lock_guard lock(mutex_);
+  std::thread previous;
+  std::unique_lock lock(mutex_);
   clears_.fetch_add(1);  // before the contents go: a write landing after is erased
   if (clearing_) {
     clear_again_ = true;
     return;
   }
+  previous = std::move(clear_thread_);  // a clear that ended (clearing_ false): only exits
   clearing_ = true;
-  // A previous clear has ended (clearing_ was false): its thread only has to exit.
-  if (clear_thread_.joinable()) clear_thread_.join();
-  clear_thread_ = std::thread([this, clear = std::move(clear_contents)] {
-    for (;;) {
-      try {
-        clear();
-      } catch (const std::exception& e) {
-        logger().error(
-            "{}: emptying it failed: {}; its old blocks stay on disk, found by no "
-            "lookup (another epoch)",
-            name_, e.what());
-      }
-      std::lock_guard done(mutex_);
-      if (clear_again_) {
-        clear_again_ = false;
-        continue;
-      }
-      clearing_ = false;
-      work_ready_.notify_all();
-      job_done_.notify_all();
-      return;
+  try {
+    clear_thread_ = std::thread([this, clear = std::move(clear_contents)] { run_clear(clear); });
+  } catch (const std::exception& e) {
+    // Old writes are still skipped or erased (the generation moved); the files keep the old
+    // blocks, found by no lookup (another epoch).
+    clearing_ = false;
+    work_ready_.notify_all();
+    job_done_.notify_all();
+    logger().error("{}: not emptied: no thread to empty it on: {}", name_, e.what());
+  }
+  lock.unlock();
+  if (previous.joinable()) previous.join();
+}
+
+void TierQueue::run_clear(const std::function<void()>& clear) {
+  for (;;) {
+    try {
+      clear();
+    } catch (const std::exception& e) {
+      logger().error(
+          "{}: emptying it failed: {}; its old blocks stay on disk, found by no lookup "
+          "(another epoch)",
+          name_, e.what());
     }
-  });
+    std::lock_guard done(mutex_);
+    if (clear_again_) {
+      clear_again_ = false;
+      continue;
+    }
+    clearing_ = false;
+    work_ready_.notify_all();
+    job_done_.notify_all();
+    return;
+  }
 }
 
 void TierQueue::wait_cleared() {
@@ -163,8 +176,12 @@ void TierQueue::wait_cleared() {
 
 void TierQueue::join_clear() {
   wait_cleared();
-  std::lock_guard lock(mutex_);
-  if (clear_thread_.joinable()) clear_thread_.join();
+  std::thread t;
+  {
+    std::lock_guard lock(mutex_);
+    t = std::move(clear_thread_);
+  }
+  if (t.joinable()) t.join();
 }
 
 void TierQueue::stop() noexcept {
@@ -204,6 +221,7 @@ bool Tier::owns(JobId job) const {
 
 void Tier::clear() {
   if (num_slots() == 0) return;  // nothing of its own to clear (a shared tier)
+  forget_scan();                 // here: scanned() is read on the caller's side
   queue_->start_clear([this] { clear_contents(); });
 }
 

@@ -54,7 +54,7 @@ class TierQueue {
     TierJob job;
     std::int64_t remaining = 0;
     std::int64_t failed = 0;
-    std::uint64_t clears = 0;  // note_clear calls before it was submitted
+    std::uint64_t clears = 0;  // start_clear calls before it was submitted
   };
   /// One block of a job: the job (alive until its last block is done) and the block's index
   /// into its lists.
@@ -99,6 +99,9 @@ class TierQueue {
   void stop() noexcept;
 
  private:
+  /// start_clear's thread: `clear`, again while asked for meanwhile; failures logged.
+  void run_clear(const std::function<void()>& clear);
+
   std::string name_;
   bool failures_expected_;
   mutable std::mutex mutex_;

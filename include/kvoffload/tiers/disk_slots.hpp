@@ -132,9 +132,12 @@ class KVOFFLOAD_EXPORT DiskSlots {
                 std::span<std::uint8_t> out);
   /// Marks `slot` empty (its header zeroed), e.g. when the tier evicts it.
   bool erase(std::int64_t slot);
-  /// Empties every slot (each file cut to nothing and grown back, sparse). No I/O may be in
-  /// flight. Throws kvoffload::error naming the file if one cannot be cut.
+  /// Empties every slot (each file cut to nothing and grown back, sparse). I/O in flight
+  /// meanwhile may land after (the disk tier erases such writes). Throws kvoffload::error
+  /// naming the file if one cannot be cut. scanned() is left to forget_scanned().
   void clear();
+  /// Forgets what the start-up scan found (scanned() all empty).
+  void forget_scanned() { scanned_.assign(scanned_.size(), std::nullopt); }
 
   // write() and read() in parts, for an engine that does the I/O itself. `buffer` holds a
   // slot (slot_bytes()), 4 KiB-aligned.

@@ -88,6 +88,7 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
  private:
   void check(const TierJob& job) const override;
   void clear_contents() override { slots_.clear(); }
+  void forget_scan() override { slots_.forget_scanned(); }
   void start_threads(int n, const std::function<void()>& body);
   void run_threads();
   void run_uring();

@@ -86,8 +86,12 @@ class KVOFFLOAD_EXPORT Tier {
   Tier(std::string name, bool failures_expected);
   /// Throws invalid_argument naming the job for one this tier cannot run.
   virtual void check(const TierJob& job) const = 0;
-  /// Called by clear() while no job runs (and none can start).
+  /// Run by clear() on a thread of its own while no block is handed out (blocks handed out
+  /// before may still be in I/O). A kind with slots calls join_clear() in its destructor
+  /// before its members go.
   virtual void clear_contents() = 0;
+  /// Called by clear() on the caller's thread first: what scanned() gives is forgotten.
+  virtual void forget_scan() {}
   /// For the tier's I/O threads: the blocks to run, and where to report them.
   [[nodiscard]] detail::TierQueue& queue() const noexcept { return *queue_; }
   /// Lets every submitted block finish, then makes the queue's take() return false: a kind's

@@ -548,7 +548,6 @@ void DiskSlots::clear() {
                                  std::strerror(errno)));
     }
   }
-  scanned_.assign(scanned_.size(), std::nullopt);
   detail::logger().info("disk tier: {} emptied ({} slots)", layout_dir_, num_slots_);
 }
 

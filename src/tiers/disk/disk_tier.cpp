@@ -167,11 +167,12 @@ void DiskTier::fail_submits_for_test(int count, int err) noexcept {
 }
 
 void DiskTier::erase_late_write(const TierJob& job, std::int64_t slot) {
+  errno = 0;
   if (slots_.erase(slot)) return;
   detail::logger().error(
       "tier job {}: slot {} was written after the tier was cleared and could not be erased "
       "({}); a restart under the same weights may find it",
-      job.id, slot, std::strerror(errno));
+      job.id, slot, errno != 0 ? std::strerror(errno) : "a short write");
 }
 
 void DiskTier::stall_io_for_test(bool on) {
