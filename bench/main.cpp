@@ -11,6 +11,7 @@
 #include "kvoffload/byte_size.hpp"
 #include "kvoffload/error.hpp"
 #include "scenarios.hpp"
+#include "trace_bench.hpp"
 
 int main(int argc, char** argv) {
   CLI::App app{"kvoffload-bench: kvoffload's benchmarks, each side by side with its baseline"};
@@ -78,6 +79,38 @@ int main(int argc, char** argv) {
   auto* loads = app.add_subcommand(
       "loads", "load latency behind a flood of stores vs idle: host, simulated device, disk");
   loads->add_option("--dir", loads_dir, "where the disk tier part writes")->capture_default_str();
+  kvbench::TraceOptions trace_opt;
+  std::string trace_format = "mooncake";
+  auto* trace = app.add_subcommand(
+      "trace",
+      "a production trace through the real scheduler, host cache and disk tier: hit ratios "
+      "against the never-evicting bound (not part of all)");
+  trace->add_option("file", trace_opt.file, "the trace, JSON lines (- for standard input)")
+      ->required();
+  trace->add_option("--format", trace_format, "the trace's format")
+      ->check(CLI::IsMember({"mooncake"}))
+      ->capture_default_str();
+  trace->add_option("--block-tokens", trace_opt.block_tokens, "tokens per hash id")
+      ->capture_default_str();
+  trace->add_option("--host-tokens", trace_opt.host_tokens, "host cache capacity in tokens")
+      ->capture_default_str();
+  trace->add_option("--disk-tokens", trace_opt.disk_tokens,
+                    "a disk tier of this many tokens below the host cache (needs --disk)");
+  trace->add_option("--disk", trace_opt.disk_dir, "the disk tier's directory");
+  trace->add_option("--policy", trace_opt.policy, "lru or arc")
+      ->check(CLI::IsMember({"lru", "arc"}))
+      ->capture_default_str();
+  trace->add_option("--store-threshold", trace_opt.store_threshold,
+                    "lookups before a block is stored (0: off)");
+  trace
+      ->add_option("--block-bytes", trace_opt.block_bytes,
+                   "bytes moved per block (scaled down from a real model's)")
+      ->capture_default_str();
+  trace->add_option("--requests", trace_opt.limit, "replay only the first N requests");
+  trace
+      ->add_option("--model-bytes-per-token", trace_opt.model_bytes_per_token,
+                   "KV bytes per token at full size (default: Llama-3-8B bf16)")
+      ->capture_default_str();
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
@@ -117,6 +150,7 @@ int main(int argc, char** argv) {
       doc["shared"] = kvbench::run_shared(opt, shared_nodes, shared_size, shared_access);
     }
     if (soak->parsed()) doc["soak"] = kvbench::run_soak(opt, soak_steps, soak_samples);
+    if (trace->parsed()) doc["trace"] = kvbench::run_trace(opt, trace_opt);
   } catch (const std::exception& e) {
     std::cerr << "kvoffload-bench: " << e.what() << "\n";
     return 1;

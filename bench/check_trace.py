@@ -1,0 +1,90 @@
+#!/usr/bin/env python3
+"""The CI smoke test of `kvoffload-bench trace` (issue 50): replays a slice of the Mooncake trace
+through the benchmark and checks its hit ratios against figures computed here, from the trace
+alone, never from the benchmark's output.
+
+  check_trace.py BENCH TRACE WORKDIR
+
+1. Host cache larger than the slice: nothing is evicted, so the hit ratio must equal the bound
+   (a cache that never evicts), computed here.
+2. A host cache of 300 blocks (more than any request's 236, so promotions find room) over a disk
+   tier larger than the slice: write-through puts every stored block on disk, so again the hit
+   ratio must equal the bound, part of it from the disk.
+3. The same host cache alone: it evicts, so it must stay below the bound.
+"""
+import json
+import os
+import subprocess
+import sys
+
+BLOCK_TOKENS = 512
+
+
+def bound(path):
+    """Token-weighted hit ratio of a never-evicting cache: per request, the longest prefix of its
+    hash ids seen in earlier requests; the last block counts its remaining tokens."""
+    seen, hit, total = set(), 0, 0
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            ids, n = r["hash_ids"], len(r["hash_ids"])
+            tokens = [BLOCK_TOKENS] * (n - 1) + [
+                max(0, min(BLOCK_TOKENS, r["input_length"] - BLOCK_TOKENS * (n - 1)))]
+            i = 0
+            while i < n and ids[i] in seen:
+                hit += tokens[i]
+                i += 1
+            total += sum(tokens)
+            seen.update(ids)
+    return hit / total
+
+
+def run(bench, trace, out, *args):
+    cmd = [bench, "--json", out, "trace", "--format", "mooncake", trace, *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr}")
+    with open(out) as f:
+        return json.load(f)["trace"]
+
+
+def main():
+    bench, trace, work = sys.argv[1:4]
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    want = bound(trace)
+    assert 0.02 < want < 0.5, f"the slice's bound is {want}: not the slice this test expects"
+    failures = []
+
+    def check(what, ok):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    big = run(bench, trace, os.path.join(work, "big.json"), "--host-tokens", "1e8")
+    check(f"huge host cache: hit ratio {big['hit_ratio']:.6f} == bound {want:.6f}",
+          abs(big["hit_ratio"] - want) < 1e-9)
+    check(f"the bench's own bound {big['infinite_hit_ratio']:.6f} == {want:.6f}",
+          abs(big["infinite_hit_ratio"] - want) < 1e-9)
+
+    disk_dir = os.path.join(work, "disk")
+    os.makedirs(disk_dir, mode=0o700, exist_ok=True)
+    tiered = run(bench, trace, os.path.join(work, "disk.json"), "--host-tokens",
+                 str(300 * BLOCK_TOKENS), "--disk-tokens", str(8192 * BLOCK_TOKENS), "--disk",
+                 disk_dir)
+    check(f"300-block host over a disk tier: hit ratio {tiered['hit_ratio']:.6f} == bound",
+          abs(tiered["hit_ratio"] - want) < 1e-9)
+    disk_part = tiered["tiers"]["disk"]["hit_ratio"]
+    check(f"part of it from the disk tier ({disk_part:.6f} > 0)", disk_part > 0)
+    check("host and disk parts add up",
+          abs(tiered["tiers"]["host"]["hit_ratio"] + disk_part - tiered["hit_ratio"]) < 1e-9)
+
+    small = run(bench, trace, os.path.join(work, "small.json"), "--host-tokens",
+                str(300 * BLOCK_TOKENS))
+    check(f"300-block host alone: hit ratio {small['hit_ratio']:.6f} below the bound",
+          0 < small["hit_ratio"] < want - 1e-3)
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed")
+
+
+if __name__ == "__main__":
+    main()
