@@ -5,8 +5,8 @@ usage: bench/plot.py RESULTS.json OUT_DIR
 Writes copy_host.png (HostBackend bandwidth vs piece size with the memcpy ceiling),
 copy_cuda_<dir>.png (per mode, with the one-copy ceiling) when the GPU sweep is present, and
 scheduler.png (step cost per configuration), soak.png (resident memory over a soak run), and
-vllm_engine_ttft.png (bench/vllm_engine_bench.py's time to first token). Needs matplotlib (pip
-install matplotlib).
+vllm_engine_ttft.png (bench/vllm_engine_bench.py's time to first token) and trace_curve.png
+(bench/trace_curve.py's capacity sweep). Needs matplotlib (pip install matplotlib).
 """
 import json
 import os
@@ -156,6 +156,34 @@ def vllm_engine_gains(doc, out):
     fig.savefig(os.path.join(out, "vllm_engine_gains.png"), dpi=110)
 
 
+def trace_curve(doc, out):
+    """bench/trace_curve.py's sweep: hit ratio vs host capacity (LRU, ARC), the never-evicting
+    bound, the paper's 3M and 50M points, and a 3M host cache over disk tiers."""
+    if "trace_curve" not in doc:
+        return
+    c = doc["trace_curve"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for policy, style in (("lru", "o-"), ("arc", "s--")):
+        rows = [r for r in c["host"] if r["policy"] == policy]
+        ax.plot([r["host_tokens"] for r in rows], [r["hit_ratio"] for r in rows], style,
+                label=f"host cache only, {policy.upper()}")
+    ax.axhline(c["bound"], color="k", linestyle=":", label=f"bound (never evicts): {c['bound']:.3f}")
+    for x, name in ((3e6, "3M (paper: under 50% of the bound)"), (5e7, "50M (paper: near it)")):
+        ax.axvline(x, color="grey", linewidth=0.8)
+        ax.text(x, 0.02, " " + name, rotation=90, va="bottom", fontsize=7, color="grey")
+    for r in c["disk"]:
+        ax.plot([r["host_tokens"]], [r["hit_ratio"]], "D", markersize=8,
+                label=f"3M host + {r['disk_tokens'] / 1e6:.0f}M disk tier: {r['hit_ratio']:.3f}")
+    ax.set_xscale("log")
+    ax.set_xlabel("host cache capacity (tokens)")
+    ax.set_ylabel("token-weighted hit ratio")
+    ax.set_ylim(0, max(0.5, c["bound"] * 1.15))
+    ax.set_title(f"Mooncake conversation trace ({c['requests']} requests), real scheduler")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "trace_curve.png"), dpi=110)
+
+
 def main():
     doc = json.load(open(sys.argv[1]))
     out = sys.argv[2]
@@ -167,6 +195,7 @@ def main():
     soak(doc, out)
     vllm_engine(doc, out)
     vllm_engine_gains(doc, out)
+    trace_curve(doc, out)
     print("charts in", out)
 
 
