@@ -86,7 +86,7 @@ double peak_rss_mib() {
 class TraceEngine {
  public:
   TraceEngine(const TraceOptions& o, std::size_t max_blocks)
-      : gpu_((max_blocks + 1) * static_cast<std::size_t>(o.block_bytes)) {
+      : gpu_((max_blocks + 2) * static_cast<std::size_t>(o.block_bytes)) {
     const auto bt = o.block_tokens;
     SchedulerConfig sc;
     sc.groups = {GroupConfig{GroupKind::full_attention, bt, 0}};
@@ -122,7 +122,7 @@ class TraceEngine {
     }
     WorkerConfig wc;
     wc.tensors.push_back({reinterpret_cast<std::uintptr_t>(gpu_.data()),
-                          static_cast<std::int64_t>(max_blocks + 1), o.block_bytes, o.block_bytes});
+                          static_cast<std::int64_t>(max_blocks + 2), o.block_bytes, o.block_bytes});
     wc.groups = {{{0, o.block_bytes}}};
     wc.threads = 2;
     worker_ = std::make_unique<Worker>(derive_worker_config(sc, std::move(wc)));
@@ -209,7 +209,8 @@ class TraceEngine {
 
 }  // namespace
 
-std::vector<TraceRequest> read_mooncake_trace(std::istream& in, std::size_t limit) {
+std::vector<TraceRequest> read_mooncake_trace(std::istream& in, std::size_t limit,
+                                              std::int64_t block_tokens) {
   std::vector<TraceRequest> out;
   std::string line;
   for (std::size_t number = 1; (limit == 0 || out.size() < limit) && bounded_line(in, line, number);
@@ -220,6 +221,9 @@ std::vector<TraceRequest> read_mooncake_trace(std::istream& in, std::size_t limi
       j = nlohmann::json::parse(line);
     } catch (const std::exception& e) {
       throw invalid_argument("trace line " + std::to_string(number) + ": not JSON: " + e.what());
+    }
+    if (!j.is_object()) {
+      throw invalid_argument("trace line " + std::to_string(number) + ": not a JSON object");
     }
     TraceRequest r;
     r.timestamp_ms = int_field(j, "timestamp", number);
@@ -236,6 +240,13 @@ std::vector<TraceRequest> read_mooncake_trace(std::istream& in, std::size_t limi
                                ": \"hash_ids\" holds a value that is not a non-negative integer");
       }
       r.hash_ids.push_back(id.get<std::uint64_t>());
+    }
+    // The last block holds what remains of the prompt: 1 to block_tokens tokens.
+    const auto n = static_cast<std::int64_t>(r.hash_ids.size());
+    if (r.input_length <= block_tokens * (n - 1) || r.input_length > block_tokens * n) {
+      throw invalid_argument("trace line " + std::to_string(number) + ": \"input_length\" " +
+                             std::to_string(r.input_length) + " does not fit " + std::to_string(n) +
+                             " blocks of " + std::to_string(block_tokens) + " tokens");
     }
     out.push_back(std::move(r));
   }
@@ -259,17 +270,30 @@ double infinite_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t b
 
 nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
   if (o.block_tokens < 1) throw invalid_argument("trace: --block-tokens must be at least 1");
-  if (o.block_bytes < 64) throw invalid_argument("trace: --block-bytes must be at least 64");
+  if (o.block_bytes < 64 || o.block_bytes > (1 << 20)) {
+    throw invalid_argument("trace: --block-bytes must be 64 to 1048576");
+  }
+  // Whole blocks, at least one, and memory (the host pool) and disk this machine could hold.
+  for (const auto& [name, tokens] :
+       {std::pair{"--host-tokens", o.host_tokens}, std::pair{"--disk-tokens", o.disk_tokens}}) {
+    const double blocks = tokens / static_cast<double>(o.block_tokens);
+    const bool host = std::string_view(name) == "--host-tokens";
+    if (!(blocks >= (host ? 1.0 : 0.0)) || blocks * static_cast<double>(o.block_bytes) > 1e12) {
+      throw invalid_argument(std::string("trace: ") + name + " must be " +
+                             (host ? "at least one block" : "0 or more") +
+                             " and its blocks at most 1e12 bytes");
+    }
+  }
   if (o.policy != "lru" && o.policy != "arc") {
     throw invalid_argument("trace: --policy must be lru or arc");
   }
   std::vector<TraceRequest> trace;
   if (o.file == "-") {
-    trace = read_mooncake_trace(std::cin, o.limit);
+    trace = read_mooncake_trace(std::cin, o.limit, o.block_tokens);
   } else {
     std::ifstream in(o.file);
     if (!in) throw invalid_argument("trace: cannot open " + o.file);
-    trace = read_mooncake_trace(in, o.limit);
+    trace = read_mooncake_trace(in, o.limit, o.block_tokens);
   }
   if (trace.empty()) throw invalid_argument("trace: " + o.file + " holds no request");
   std::size_t max_blocks = 0;
@@ -297,14 +321,19 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
     return total > 0 ? static_cast<double>(t) / static_cast<double>(total) : 0.0;
   };
   const double hit_ratio = ratio(hit_host + hit_tier);
-  const double trace_seconds = static_cast<double>(trace.back().timestamp_ms) / 1000.0;
+  const double trace_seconds =
+      static_cast<double>(trace.back().timestamp_ms - trace.front().timestamp_ms) / 1000.0;
   const CacheStats cs = engine.scheduler().cache_stats();
   const auto bb = static_cast<std::uint64_t>(o.block_bytes);
   nlohmann::json tiers = {{"host",
                            {{"hit_ratio", ratio(hit_host)},
                             {"capacity_tokens", cs.blocks_total * o.block_tokens},
                             {"bytes_stored", cs.blocks_stored * bb},
-                            {"bytes_loaded", cs.blocks_loaded * bb}}}};
+                            {"bytes_loaded", cs.blocks_loaded * bb},
+                            // Stores that found no room (a request's blocks beyond what
+                            // the cache can free): those blocks are not stored.
+                            {"stores_without_room", cs.stores_without_room},
+                            {"stores_skipped", cs.stores_skipped}}}};
   if (disk) {
     const TierStats ts = engine.scheduler().tier_stats(0);
     tiers["disk"] = {{"hit_ratio", ratio(hit_tier)},
@@ -313,7 +342,9 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                      {"bytes_loaded", ts.promotions * bb},
                      {"failed_promotions", ts.failed_promotions},
                      {"promotions_without_room", ts.promotions_without_room},
-                     {"writes_queue_full", ts.writes_queue_full}};
+                     {"writes_queue_full", ts.writes_queue_full},
+                     {"writes_skipped", ts.writes_skipped},
+                     {"writes_without_room", ts.writes_without_room}};
   }
   const auto full_bytes = [&](double tokens_) {
     return tokens_ * static_cast<double>(o.model_bytes_per_token);

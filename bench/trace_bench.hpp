@@ -28,8 +28,10 @@ struct TraceRequest {
 
 /// Reads a Mooncake trace (JSON lines) from `in`: at most `limit` requests (0: all). Every line
 /// is bounded (1 MiB, 65536 ids) before it is kept; throws kvoffload::invalid_argument naming
-/// the line and field for a malformed one.
-std::vector<TraceRequest> read_mooncake_trace(std::istream& in, std::size_t limit);
+/// the line and field for a malformed one (an input_length its blocks of `block_tokens` do
+/// not fit included).
+std::vector<TraceRequest> read_mooncake_trace(std::istream& in, std::size_t limit,
+                                              std::int64_t block_tokens);
 
 /// What `kvoffload-bench trace` replays against.
 struct TraceOptions {

@@ -49,6 +49,7 @@ def main():
                          "requests_per_second": r["requests_per_second"],
                          "speedup_over_arrival": r["speedup_over_arrival"],
                          "peak_rss_mib": r["peak_rss_mib"],
+                         "stores_without_room": r["tiers"]["host"]["stores_without_room"],
                          "scheduler_seconds_per_request": r["scheduler_seconds_per_request"]})
     for tokens in DISK_TOKENS:
         d = os.path.join(work, f"disk-{tokens:g}")
@@ -61,6 +62,9 @@ def main():
                      "fraction_of_bound": r["fraction_of_bound"],
                      "disk_bytes_stored": r["tiers"]["disk"]["bytes_stored"],
                      "disk_bytes_loaded": r["tiers"]["disk"]["bytes_loaded"],
+                     "writes_queue_full": r["tiers"]["disk"]["writes_queue_full"],
+                     "promotions_without_room": r["tiers"]["disk"]["promotions_without_room"],
+                     "failed_promotions": r["tiers"]["disk"]["failed_promotions"],
                      "requests_per_second": r["requests_per_second"]})
         shutil.rmtree(d, ignore_errors=True)
     doc = {"trace_curve": {"requests": first["requests"], "prompt_tokens": first["prompt_tokens"],
