@@ -81,10 +81,10 @@ int main(int argc, char** argv) {
   loads->add_option("--dir", loads_dir, "where the disk tier part writes")->capture_default_str();
   kvbench::TraceOptions trace_opt;
   std::string trace_format = "mooncake";
-  auto* trace = app.add_subcommand(
-      "trace",
-      "a production trace through the real scheduler, host cache and disk tier: hit ratios "
-      "against the never-evicting bound (not part of all)");
+  auto* trace = app.add_subcommand("trace",
+                                   "a production trace through the real scheduler, host cache, "
+                                   "disk and shared tiers: hit ratios "
+                                   "against the never-evicting bound (not part of all)");
   trace->add_option("file", trace_opt.file, "the trace, JSON lines (- for standard input)")
       ->required();
   trace->add_option("--format", trace_format, "the trace's format")
@@ -111,6 +111,22 @@ int main(int argc, char** argv) {
       ->add_option("--model-bytes-per-token", trace_opt.model_bytes_per_token,
                    "KV bytes per token at full size (default: Llama-3-8B bf16)")
       ->capture_default_str();
+  trace->add_option("--shared", trace_opt.shared_nodes,
+                    "HOST:PORT[,...]: a shared tier on this Valkey cluster (needs --shared-name)");
+  trace->add_option("--shared-name", trace_opt.shared_name,
+                    "the fleet's name: engines that share KV give the same");
+  trace->add_option("--shared-secret-file", trace_opt.shared_secret_file,
+                    "the fleet secret (else $KVOFFLOAD_SHARED_SECRET)");
+  trace
+      ->add_option("--shared-tokens", trace_opt.shared_tokens,
+                   "tokens this engine's index of the cluster's keys may name")
+      ->capture_default_str();
+  trace->add_option("--pace", trace_opt.pace,
+                    "keep arrival times, sped up this many times (0: as fast as it goes)");
+  trace->add_option("--start-at", trace_opt.start_at_ms,
+                    "start the clock at this Unix time in ms (a fleet's processes in step)");
+  trace->add_flag("--latency-samples", trace_opt.latency_samples,
+                  "keep every request's lookup-to-loaded time in the JSON");
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);

@@ -4,9 +4,11 @@
 // (issue 50). A trace in the Mooncake format (JSON lines: timestamp, input_length,
 // output_length, hash_ids: one id per 512-token block, ids chaining like prefix hashes) is
 // replayed request by request: the longest prefix of its blocks found in host memory or a
-// tier is a hit (promotions run on the real disk tier), then every block of the request is
-// stored. Hit ratios are token-weighted: a full block counts block_tokens, the last block the
-// request's remaining tokens.
+// tier is a hit (promotions run on the real disk tier and the real shared tier on a Valkey
+// cluster), then every block of the request is stored. Hit ratios are token-weighted: a full
+// block counts block_tokens, the last block the request's remaining tokens. Several processes
+// given slices of one trace, the same --shared cluster and name, and --pace with one
+// --start-at are a fleet sharing KV (scripts/trace-fleet).
 
 #include <cstdint>
 #include <istream>
@@ -47,7 +49,27 @@ struct TraceOptions {
   /// Bytes per token at full size, for the output's "full size" figures (Llama-3-8B bf16:
   /// 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB).
   std::int64_t model_bytes_per_token = 131072;
+  /// A shared tier: the cluster's seed nodes ("" none), the fleet's name (its keys' namespace
+  /// and the weights' identity: engines that share give the same), the fleet secret's file
+  /// (else KVOFFLOAD_SHARED_SECRET), and how many tokens this engine's index of the cluster's
+  /// keys may name (the cluster's memory bounds what it holds).
+  std::string shared_nodes;
+  std::string shared_name;
+  std::string shared_secret_file;
+  double shared_tokens = 1.34e8;
+  /// Arrival times kept, sped up this many times (0: every request at once, as fast as it
+  /// goes); the clock starts at start_at_ms (Unix milliseconds; 0: now), so processes of a
+  /// fleet replay in step.
+  double pace = 0;
+  std::int64_t start_at_ms = 0;
+  /// The JSON keeps every request's time from lookup to loaded (a fleet's quantiles).
+  bool latency_samples = false;
 };
+
+/// Tokens of block i of a request: block_tokens, the last one what remains of the prompt.
+std::int64_t block_tokens_of(const TraceRequest& r, std::size_t i, std::int64_t block_tokens);
+/// The request's prompt tokens, as its blocks count them.
+std::int64_t prompt_tokens(const TraceRequest& r, std::int64_t block_tokens);
 
 /// The token-weighted hit ratio a cache that never evicts reaches on `trace`: per request,
 /// the longest prefix of its blocks seen in any earlier request (the bound).

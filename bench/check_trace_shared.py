@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The CI test of `kvoffload-bench trace --shared` (issue 50): engines in separate processes
+share a slice of the Mooncake trace's KV through a real Valkey cluster. Every expected figure
+is computed here from the trace alone, never from the benchmark's output.
+
+  check_trace_shared.py BENCH TRACE WORKDIR NODES
+
+1. Engine A, a host cache that never evicts, writes through to the cluster: its hit ratio is
+   the bound, and it writes every distinct block of the slice exactly once.
+2. Engine B, a new process with a 300-block host cache and A's fleet name and secret: every
+   block of every request is in the cluster, so every prompt token is a hit (ratio 1), most of
+   them from the shared tier, none failed.
+3. Engine C, another fleet name, and engine D, A's name under another secret: A's keys are
+   not theirs, so each reaches exactly the bound, nothing from the shared tier.
+"""
+import json
+import os
+import secrets
+import sys
+
+from check_trace import BLOCK_TOKENS, bound, run
+
+
+def main():
+    bench, trace, work, nodes = sys.argv[1:5]
+    os.makedirs(work, mode=0o700, exist_ok=True)
+    want = bound(trace)
+    distinct = set()
+    with open(trace) as f:
+        for line in f:
+            distinct.update(json.loads(line)["hash_ids"])
+    failures = []
+
+    def check(what, ok):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    def secret_file(name):
+        path = os.path.join(work, name)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write(secrets.token_hex(32))
+        return path
+
+    fleet, other = secret_file("fleet-secret"), secret_file("other-secret")
+    name = "check-" + secrets.token_hex(8)  # a run of its own, whatever the cluster holds
+
+    def engine(tag, host_blocks, fleet_name, secret):
+        return run(bench, trace, os.path.join(work, tag + ".json"), "--host-tokens",
+                   str(host_blocks * BLOCK_TOKENS), "--block-bytes", "64", "--shared", nodes,
+                   "--shared-name", fleet_name, "--shared-secret-file", secret)
+
+    a = engine("a", 8192, name, fleet)
+    check(f"A: hit ratio {a['hit_ratio']:.6f} == bound {want:.6f}",
+          abs(a["hit_ratio"] - want) < 1e-9)
+    written = a["tiers"]["shared"]["bytes_stored"] // 64
+    check(f"A: wrote {written} blocks == the slice's {len(distinct)} distinct blocks",
+          written == len(distinct))
+
+    b = engine("b", 300, name, fleet)
+    check(f"B (a new process): hit ratio {b['hit_ratio']:.6f} == 1 (every block in the cluster)",
+          b["hit_tokens"] == b["prompt_tokens"])
+    part = b["tiers"]["shared"]["hit_ratio"]
+    check(f"B: most of it from the shared tier ({part:.6f} > 0.5)", part > 0.5)
+    check("B: no promotion failed, none overdue, no bad value",
+          b["tiers"]["shared"]["failed_promotions"] == 0
+          and b["tiers"]["shared"]["promotions_overdue"] == 0
+          and b["tiers"]["shared"]["bad_values"] == 0)
+
+    for tag, fleet_name, secret, what in (("c", name + "-other", fleet, "another fleet name"),
+                                          ("d", name, other, "A's name, another secret")):
+        e = engine(tag, 8192, fleet_name, secret)
+        check(f"{tag.upper()} ({what}): hit ratio {e['hit_ratio']:.6f} == bound, "
+              f"shared part {e['tiers']['shared']['hit_ratio']:.6f} == 0",
+              abs(e["hit_ratio"] - want) < 1e-9 and e["tiers"]["shared"]["hit_ratio"] == 0)
+    if failures:
+        sys.exit(f"{len(failures)} check(s) failed")
+
+
+if __name__ == "__main__":
+    main()
