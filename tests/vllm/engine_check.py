@@ -814,19 +814,25 @@ def plugin_path(root):
     return d
 
 
-def serve(model, root, tag, connector):
+SERVER_ARGS = ["--skip-tokenizer-init", "--enable-prompt-tokens-details",
+               "--load-format", "seeded_dummy", "--dtype", "float32", "--block-size", str(BLOCK),
+               "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
+               "--no-enable-prefix-caching", "--max-num-seqs", "32"]
+
+
+def serve(model, root, tag, connector, server_args=None):
+    """vLLM's OpenAI server on a free loopback port, serving `model` as "m" with `server_args`
+    (default SERVER_ARGS), the connector's extra config `connector` (True: this check's; falsy:
+    no connector). Returns (process, base URL, log path) once /health answers."""
     port = free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
            "--served-model-name", "m", "--host", "127.0.0.1", "--port", str(port),
-           "--skip-tokenizer-init", "--enable-prompt-tokens-details",
-           "--load-format", "seeded_dummy", "--dtype", "float32", "--block-size", str(BLOCK),
-           "--max-model-len", "1024", "--enforce-eager", "--seed", "0",
-           "--no-enable-prefix-caching", "--max-num-seqs", "32"]
+           *(SERVER_ARGS if server_args is None else server_args)]
     if connector:
+        extra = {"block_size": 2 * BLOCK, "host_bytes": "64MiB"} if connector is True else connector
         cmd += ["--kv-transfer-config", json.dumps({
             "kv_connector": "KvoffloadConnector", "kv_connector_module_path": "kvoffload.vllm",
-            "kv_role": "kv_both",
-            "kv_connector_extra_config": {"block_size": 2 * BLOCK, "host_bytes": "64MiB"}})]
+            "kv_role": "kv_both", "kv_connector_extra_config": extra})]
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the default: engine core in a process
     env["PYTHONPATH"] = os.pathsep.join([HERE, plugin_path(root)] +
@@ -880,6 +886,19 @@ def complete(base, prompt):
             int(details.get("cached_tokens") or 0)]
 
 
+def prefix_metrics(text):
+    """vLLM's prefix-cache counters (GPU and external) and kvoffload's own from a /metrics
+    page, summed over their labels: {"vllm:prefix_cache_hits_total": tokens, ...}."""
+    out = {}
+    for m in text.splitlines():
+        if m.startswith(("vllm:external_prefix_cache_hits", "vllm:external_prefix_cache_queries",
+                         "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+                         "vllm:kvoffload_")) and "_created" not in m:
+            key = m.split("{")[0].split(" ")[0]
+            out[key] = out.get(key, 0) + float(m.rsplit(" ", 1)[1])
+    return out
+
+
 def run_server(model, root, tag, connector):
     from concurrent.futures import ThreadPoolExecutor
     from vllm.entrypoints.openai import api_server  # noqa: F401 (fail early if missing)
@@ -897,12 +916,7 @@ def run_server(model, root, tag, connector):
         metrics = http(base + "/metrics", timeout=30)
     finally:
         stop(proc)
-    hits = {}
-    for m in metrics.splitlines():
-        if m.startswith(("vllm:external_prefix_cache_hits", "vllm:external_prefix_cache_queries",
-                         "vllm:prefix_cache_hits", "vllm:kvoffload_")) and "_created" not in m:
-            key = m.split("{")[0]
-            hits[key] = hits.get(key, 0) + float(m.rsplit(" ", 1)[1])
+    hits = prefix_metrics(metrics)
     with open(os.path.join(root, f"server-{tag}.log")) as f:
         hits["log lines 'KV Transfer metrics'"] = f.read().count("KV Transfer metrics:")
     return out, hits, up, time.time() - t0
