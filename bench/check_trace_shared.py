@@ -10,19 +10,51 @@ is computed here from the trace alone, never from the benchmark's output.
 2. Engine B, a new process with a 300-block host cache and A's fleet name and secret: every
    block of every request is in the cluster, so every prompt token is a hit (ratio 1), most of
    them from the shared tier, none failed.
-3. Engine C, another fleet name, and engine D, A's name under another secret: A's keys are
-   not theirs, so each reaches exactly the bound, nothing from the shared tier.
+3. Engine C, another fleet name (every shared run has the same weights identity, so only the
+   name's namespace keeps it apart), and engine D, A's name under another secret: A's keys
+   are not theirs, so each reaches exactly the bound, nothing from the shared tier, and no
+   existence check finds a key.
 """
 import json
 import os
 import secrets
+import shutil
+import subprocess
 import sys
 
 from check_trace import BLOCK_TOKENS, bound, run
 
 
+def valkey(addr, *args, stdin=None):
+    host, port = addr.rsplit(":", 1)
+    cli = shutil.which("valkey-cli") or shutil.which("redis-cli") or "valkey-cli"
+    return subprocess.run([cli, "-h", host, "-p", port, *args], input=stdin, text=True,
+                          capture_output=True, check=True, timeout=60).stdout
+
+
+def our_keys(seed):
+    """The kvo:* keys on every master of the cluster, per master."""
+    nodes = [line.split() for line in valkey(seed, "cluster", "nodes").splitlines()]
+    masters = [n[1].split("@")[0] for n in nodes
+               if "master" in n[2].split(",") and "fail" not in n[2]]
+    return {m: set(valkey(m, "--scan", "--pattern", "kvo:*").split()) for m in masters}
+
+
 def main():
     bench, trace, work, nodes = sys.argv[1:5]
+    # The test cluster is shared: the keys this test writes are deleted at its end (a slot
+    # holding keys cannot be moved, which another cluster test does).
+    before = our_keys(nodes.split(",")[0])
+    try:
+        checks(bench, trace, work, nodes)
+    finally:
+        for master, keys in our_keys(nodes.split(",")[0]).items():
+            new = keys - before.get(master, set())
+            if new:
+                valkey(master, stdin="".join(f"DEL {k}\n" for k in sorted(new)))
+
+
+def checks(bench, trace, work, nodes):
     os.makedirs(work, mode=0o700, exist_ok=True)
     want = bound(trace)
     distinct = set()
@@ -70,9 +102,11 @@ def main():
     for tag, fleet_name, secret, what in (("c", name + "-other", fleet, "another fleet name"),
                                           ("d", name, other, "A's name, another secret")):
         e = engine(tag, 8192, fleet_name, secret)
+        found = e["tiers"]["shared"]["presence_hits"]
         check(f"{tag.upper()} ({what}): hit ratio {e['hit_ratio']:.6f} == bound, "
-              f"shared part {e['tiers']['shared']['hit_ratio']:.6f} == 0",
-              abs(e["hit_ratio"] - want) < 1e-9 and e["tiers"]["shared"]["hit_ratio"] == 0)
+              f"shared part {e['tiers']['shared']['hit_ratio']:.6f} == 0, keys found {found}",
+              abs(e["hit_ratio"] - want) < 1e-9 and e["tiers"]["shared"]["hit_ratio"] == 0
+              and found == 0)
     if failures:
         sys.exit(f"{len(failures)} check(s) failed")
 

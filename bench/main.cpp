@@ -121,10 +121,13 @@ int main(int argc, char** argv) {
       ->add_option("--shared-tokens", trace_opt.shared_tokens,
                    "tokens this engine's index of the cluster's keys may name")
       ->capture_default_str();
-  trace->add_option("--pace", trace_opt.pace,
-                    "keep arrival times, sped up this many times (0: as fast as it goes)");
+  trace->add_option(
+      "--pace", trace_opt.pace,
+      "keep arrival times, sped up this many times (0.1 or more; 0: as fast as it goes)");
   trace->add_option("--start-at", trace_opt.start_at_ms,
                     "start the clock at this Unix time in ms (a fleet's processes in step)");
+  trace->add_option("--origin-ms", trace_opt.origin_ms,
+                    "the trace time (ms) the clock starts at (default: the first request's)");
   trace->add_flag("--latency-samples", trace_opt.latency_samples,
                   "keep every request's lookup-to-loaded time in the JSON");
   auto* all = app.add_subcommand("all", "every scenario");

@@ -56,7 +56,9 @@ void check_options(const TraceOptions& o) {
   if (!(shared_blocks >= 1.0 && shared_blocks <= 1e8)) {
     throw invalid_argument("trace: --shared-tokens must be 1 to 1e8 blocks");
   }
-  if (!(o.pace >= 0 && o.pace <= 1e9)) throw invalid_argument("trace: --pace must be 0 to 1e9");
+  if (!(o.pace == 0 || (o.pace >= 0.1 && o.pace <= 1e9))) {
+    throw invalid_argument("trace: --pace must be 0 (no pacing) or 0.1 to 1e9");
+  }
   const auto now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                           std::chrono::system_clock::now().time_since_epoch())
                           .count();
@@ -91,6 +93,7 @@ struct Tally {
   std::int64_t total = 0;
   std::int64_t host = 0;
   std::vector<std::int64_t> tier;  ///< per tier
+  std::int64_t unattributed = 0;   ///< hit tokens neither in host memory nor promoted
   /// First lookup to loaded, by where its hits came from: "miss", "host", "tier".
   std::map<std::string, std::vector<double>> seconds;
   std::size_t late = 0;
@@ -109,11 +112,13 @@ struct Tally {
       }
       from_tier = true;
       std::size_t k = 0;
-      while (k + 1 < left.size() && left[k] == 0) ++k;
-      if (!left.empty()) {
-        tier[k] += t;
-        if (left[k] > 0) --left[k];
+      while (k < left.size() && left[k] == 0) ++k;
+      if (k == left.size()) {
+        unattributed += t;  // a hit no tier promoted (none expected): counted, not guessed
+        continue;
       }
+      tier[k] += t;
+      --left[k];
     }
     total += prompt_tokens(r, bt);
     seconds[p.hit_blocks == 0 ? "miss"
@@ -159,14 +164,29 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
   const std::vector<TraceRequest> trace = read_trace(o);
   std::size_t max_blocks = 0;
   for (const TraceRequest& r : trace) max_blocks = std::max(max_blocks, r.hash_ids.size());
+  // The "GPU" cache: one request's blocks of block_bytes each, in this process's memory.
+  if (static_cast<double>(max_blocks + 2) * static_cast<double>(o.block_bytes) > 4.0 * (1 << 30)) {
+    throw invalid_argument("trace: a request of " + std::to_string(max_blocks) +
+                           " blocks needs more than 4 GiB of GPU cache at --block-bytes " +
+                           std::to_string(o.block_bytes));
+  }
+  const std::int64_t origin = o.origin_ms >= 0 ? o.origin_ms : trace[0].timestamp_ms;
+  if (o.pace > 0 && trace[0].timestamp_ms < origin) {
+    throw invalid_argument("trace: --origin-ms " + std::to_string(origin) +
+                           " is after the first request's timestamp " +
+                           std::to_string(trace[0].timestamp_ms));
+  }
 
   TraceEngine engine(o, max_blocks);
   const std::vector<std::string>& names = engine.tier_names();
   Tally tally;
   tally.tier.assign(names.size(), 0);
   if (o.start_at_ms > 0) {
-    std::this_thread::sleep_until(
-        std::chrono::system_clock::time_point(std::chrono::milliseconds(o.start_at_ms)));
+    const std::chrono::system_clock::time_point at{std::chrono::milliseconds(o.start_at_ms)};
+    if (std::chrono::system_clock::now() > at) {
+      std::cerr << "trace: --start-at is already past: this engine starts late\n";
+    }
+    std::this_thread::sleep_until(at);
   }
   Progress progress("trace", trace.size());
   const auto start = std::chrono::steady_clock::now();
@@ -174,17 +194,19 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
     const TraceRequest& r = trace[k];
     if (o.pace > 0) {
       const auto due =
-          start +
-          std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-              std::chrono::duration<double>(
-                  static_cast<double>(r.timestamp_ms - trace[0].timestamp_ms) / 1000.0 / o.pace));
+          start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                      std::chrono::duration<double>(static_cast<double>(r.timestamp_ms - origin) /
+                                                    1000.0 / o.pace));
       std::this_thread::sleep_until(due);
       const double lag =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - due).count();
       tally.max_lag = std::max(tally.max_lag, lag);
       if (lag > kLateSeconds) ++tally.late;
     }
-    tally.add(r, engine.replay("r" + std::to_string(k), r), o.block_tokens);
+    // Built by appending: GCC 12's -O3 -Wrestrict misfires on "literal" + std::string here.
+    std::string id = "r";
+    id += std::to_string(k);
+    tally.add(r, engine.replay(id, r), o.block_tokens);
     if (k % 100 == 99 || k + 1 == trace.size()) progress.step();
   }
   progress.done();
@@ -193,7 +215,7 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
   const auto ratio = [&](std::int64_t t) {
     return tally.total > 0 ? static_cast<double>(t) / static_cast<double>(tally.total) : 0.0;
   };
-  std::int64_t hit_tokens = tally.host;
+  std::int64_t hit_tokens = tally.host + tally.unattributed;
   for (const std::int64_t t : tally.tier) hit_tokens += t;
   const double hit_ratio = ratio(hit_tokens);
   const double trace_seconds =
@@ -213,7 +235,10 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
   for (std::size_t t = 0; t < names.size(); ++t) {
     tiers[names[t]] =
         tier_json(engine, engine.scheduler(), t, ratio(tally.tier[t]), o.block_tokens, bb);
-    per_tier += ", " + names[t] + " " + std::to_string(ratio(tally.tier[t]));
+    per_tier += ", ";
+    per_tier += names[t];
+    per_tier += ' ';
+    per_tier += std::to_string(ratio(tally.tier[t]));
   }
   nlohmann::json latency = nlohmann::json::object();
   for (auto& [source, v] : tally.seconds) {
@@ -233,6 +258,7 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                         {"store_threshold", o.store_threshold},
                         {"hit_ratio", hit_ratio},
                         {"hit_tokens", hit_tokens},
+                        {"unattributed_hit_tokens", tally.unattributed},
                         {"infinite_hit_ratio", bound},
                         {"fraction_of_bound", bound > 0 ? hit_ratio / bound : 0.0},
                         {"tiers", tiers},
@@ -243,6 +269,7 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                         {"trace_seconds", trace_seconds},
                         {"speedup_over_arrival", seconds > 0 ? trace_seconds / seconds : 0.0},
                         {"pace", o.pace},
+                        {"origin_ms", origin},
                         {"late_requests", tally.late},
                         {"max_lag_seconds", tally.max_lag},
                         {"peak_rss_mib", peak_rss_mib()},
@@ -254,7 +281,8 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
             << " prompt tokens: hit ratio " << hit_ratio << " (host " << ratio(tally.host)
             << per_tier << "), bound " << bound << " (" << (bound > 0 ? hit_ratio / bound : 0.0)
             << " of it); " << static_cast<double>(trace.size()) / seconds << " requests/s"
-            << (o.pace > 0 ? ", " + std::to_string(tally.late) + " started late" : std::string())
+            << (o.pace > 0 ? std::string(", ") + std::to_string(tally.late) + " started late"
+                           : std::string())
             << "; at " << o.model_bytes_per_token << " bytes per token the host cache would need "
             << full_bytes(o.host_tokens) / (1 << 30) << " GiB\n";
   (void)opt;

@@ -49,8 +49,9 @@ struct TraceOptions {
   /// Bytes per token at full size, for the output's "full size" figures (Llama-3-8B bf16:
   /// 32 layers x 8 KV heads x 128 x 2 (K and V) x 2 bytes = 128 KiB).
   std::int64_t model_bytes_per_token = 131072;
-  /// A shared tier: the cluster's seed nodes ("" none), the fleet's name (its keys' namespace
-  /// and the weights' identity: engines that share give the same), the fleet secret's file
+  /// A shared tier: the cluster's seed nodes ("" none), the fleet's name (its keys' namespace:
+  /// engines that share give the same; every shared run has one weights identity, so the name
+  /// alone keeps fleets apart), the fleet secret's file
   /// (else KVOFFLOAD_SHARED_SECRET), and how many tokens this engine's index of the cluster's
   /// keys may name (the cluster's memory bounds what it holds).
   std::string shared_nodes;
@@ -62,6 +63,9 @@ struct TraceOptions {
   /// fleet replay in step.
   double pace = 0;
   std::int64_t start_at_ms = 0;
+  /// The trace time (ms) the clock's start stands for (-1: the first request's), so that
+  /// processes given slices of one trace keep the trace's own timing between them.
+  std::int64_t origin_ms = -1;
   /// The JSON keeps every request's time from lookup to loaded (a fleet's quantiles).
   bool latency_samples = false;
 };

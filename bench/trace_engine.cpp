@@ -76,11 +76,14 @@ TraceEngine::TraceEngine(const TraceOptions& o, std::size_t max_blocks)
   sc.manager.policy = o.policy == "arc" ? EvictionPolicyKind::arc : EvictionPolicyKind::lru;
   sc.manager.store_threshold = o.store_threshold;
   sc.manager.enable_events = false;
-  // Engines of one fleet share the weights' identity (their shared keys' epoch). Alone, an
-  // identity of its own: slots a previous run left in the disk directory are never found.
+  // Every shared run has one weights identity (the shared keys' epoch): fleets are kept apart
+  // by their name (the keys' namespace) alone, which bench_trace_shared checks. Without a
+  // shared tier, an identity of its own: slots a previous run left in the disk directory are
+  // never found. (The bench restores no disk index, so with a shared tier an old directory's
+  // slots are overwritten, never read.)
   sc.weights =
       !o.shared_nodes.empty()
-          ? "trace-bench-" + o.shared_name
+          ? std::string("trace-bench-shared")
           : "trace-bench-" +
                 std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
   if (o.disk_tokens > 0) {
@@ -154,8 +157,11 @@ Replayed TraceEngine::replay(const std::string& id, const TraceRequest& r) {
   std::optional<std::int64_t> hit;
   timed([&] { scheduler_->update_request(id, tokens, hashes_); });
   // "Retry later" while a tier answers: a shared tier's existence check runs on a thread of
-  // its own, a promotion on the worker. Bounded in time, whatever the tiers do.
+  // its own, a promotion on the worker. At most kLookupSeconds, checked between steps; a step
+  // waits for its jobs as long as the tiers' own deadlines let it (the shared tier's reply
+  // deadlines; a disk tier's I/O has none).
   const auto deadline = start + std::chrono::duration<double>(kLookupSeconds);
+  int idle = 20;
   while (true) {
     timed([&] { hit = scheduler_->lookup(id, 0); });
     if (hit) break;
@@ -163,7 +169,12 @@ Replayed TraceEngine::replay(const std::string& id, const TraceRequest& r) {
       throw error("trace: request " + id + ": no lookup answered in " +
                   std::to_string(kLookupSeconds) + " s");
     }
-    if (step({}) == 0) std::this_thread::sleep_for(std::chrono::microseconds(20));
+    if (step({}) == 0) {  // nothing to run yet: back off, 20 us doubling to 200 us
+      std::this_thread::sleep_for(std::chrono::microseconds(idle));
+      idle = std::min(idle * 2, 200);
+    } else {
+      idle = 20;
+    }
   }
   const std::vector<GpuBlockId> blocks(ids_.begin(), ids_.begin() + static_cast<long>(n + 1));
   timed([&] {

@@ -21,7 +21,9 @@ struct Replayed {
   std::vector<char> host;      ///< host[i]: block i was in host memory before the request
   /// Blocks promoted for it, per tier (disk, shared: the order of TraceEngine::tier_names).
   std::vector<std::uint64_t> promoted;
-  double seconds_to_loaded = 0;  ///< first lookup until its hit blocks were loaded
+  /// First lookup until the end of the step that loads its hit blocks (its store is
+  /// submitted in the same step).
+  double seconds_to_loaded = 0;
 };
 
 class TraceEngine {

@@ -25,7 +25,13 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALUE_HEADER = 112     # the shared tier's value header (docs/tiers.md)
-KEY_OVERHEAD = 480     # a Valkey key's name, entry and allocator slack, measured (see docs)
+# A Valkey key's name, entry and allocator slack beyond its value: INFO used_memory over DBSIZE
+# on a 3-node cluster holding 7,000 values of 1,136 bytes was about 1.6 KiB a key (Valkey 8.0);
+# the pooled runs ended holding 8-11% more keys than this sizing aims at (their JSON says).
+KEY_OVERHEAD = 480
+# Counters that mean the cluster failed us (not a capacity miss): a run with any is refused.
+SHARED_FAILURES = ("presence_errors", "read_errors", "write_errors", "failed_writes", "timeouts",
+                   "bad_values")
 
 
 def read_trace(path, limit):
@@ -139,12 +145,31 @@ class Cluster:
         self.script("stop")
 
 
-def run_fleet(a, lines, route, tag, shared):
-    """Runs the N engines at once on their slices; returns their JSON documents."""
+def run_fleet(a, lines, route, tag, shared, origin):
+    """Runs the N engines at once on their slices, each request at its trace time from
+    `origin` sped up a.pace times (one clock for all); returns their JSON documents."""
     d = os.path.join(a.work, tag)
     os.makedirs(d, mode=0o700, exist_ok=True)
     start_at = int(time.time() * 1000) + 3000 + 500 * a.engines
     procs = []
+    try:
+        start_engines(a, lines, route, tag, shared, origin, d, start_at, procs)
+        deadline = time.time() + 3600
+        for p, _ in procs:
+            p.wait(timeout=max(1, deadline - time.time()))
+            if p.returncode != 0:
+                raise RuntimeError(f"{tag}: an engine failed (logs in {d})")
+    finally:
+        for p, log in procs:  # none left running, whatever happened
+            if p.poll() is None:
+                p.kill()
+                p.wait(timeout=30)
+            log.close()
+    return [json.load(open(os.path.join(d, f"engine-{e}.json")))["trace"]
+            for e in range(a.engines)]
+
+
+def start_engines(a, lines, route, tag, shared, origin, d, start_at, procs):
     for e in range(a.engines):
         path = os.path.join(d, f"engine-{e}.jsonl")
         with open(path, "w") as f:
@@ -152,25 +177,17 @@ def run_fleet(a, lines, route, tag, shared):
         cmd = [a.bench, "--json", os.path.join(d, f"engine-{e}.json"), "trace", "--format",
                "mooncake", path, "--host-tokens", f"{a.host_tokens:g}", "--block-bytes",
                str(a.block_bytes), "--pace", f"{a.pace:g}", "--start-at", str(start_at),
-               "--latency-samples"]
+               "--origin-ms", str(origin), "--latency-samples"]
         if shared:
             cmd += ["--shared", f"127.0.0.1:{a.port}", "--shared-name", tag,
                     "--shared-secret-file", a.secret]
         log = open(os.path.join(d, f"engine-{e}.log"), "w")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
-    print("$", " ".join(cmd), f"(and {a.engines - 1} more)", file=sys.stderr, flush=True)
-    deadline = time.time() + 3600
-    for p, log in procs:
         try:
-            p.wait(timeout=max(1, deadline - time.time()))
-        finally:
-            if p.poll() is None:
-                p.kill()
+            procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), log))
+        except OSError:
             log.close()
-        if p.returncode != 0:
-            raise RuntimeError(f"{tag}: an engine failed (logs in {d})")
-    return [json.load(open(os.path.join(d, f"engine-{e}.json")))["trace"]
-            for e in range(a.engines)]
+            raise
+    print("$", " ".join(cmd), f"(and {a.engines - 1} more)", file=sys.stderr, flush=True)
 
 
 def quantile(v, q):
@@ -187,8 +204,13 @@ def fleet_row(runs, tag, routing, shared, bound_local, held=None):
     host = sum(r["tiers"]["host"]["hit_ratio"] * r["prompt_tokens"] for r in runs)
     tier = {k: sum(r["tiers"].get("shared", {}).get(k, 0) for r in runs)
             for k in ("bytes_stored", "bytes_loaded", "failed_promotions", "promotions_overdue",
-                      "writes_queue_full", "bad_values", "read_misses", "read_errors",
-                      "presence_errors", "timeouts")}
+                      "writes_queue_full", "writes_skipped", "writes_without_room", "read_misses",
+                      *SHARED_FAILURES)}
+    if shared != "none":
+        failed = {k: tier[k] for k in SHARED_FAILURES if tier[k]}
+        if failed or tier["bytes_stored"] == 0:
+            raise RuntimeError(f"{tag}: the cluster failed the fleet ({failed or 'nothing stored'})"
+                               "; not a result")
     samples = collections.defaultdict(list)
     for r in runs:
         for source, s in r["seconds_to_loaded"].items():
@@ -236,6 +258,7 @@ def main():
     lines, reqs = read_trace(a.trace, a.requests)
     bt = a.block_tokens
     hit, total = bound(reqs, bt)
+    origin = reqs[0]["timestamp"]
     capacity = int(a.host_tokens) // bt
     pooled = capacity * a.engines
     cluster = Cluster(a.port, a.work)
@@ -251,7 +274,7 @@ def main():
                 if shared != "none":
                     cluster.start(a.block_bytes + VALUE_HEADER,
                                   pooled if shared == "pooled" else None)
-                runs = run_fleet(a, lines, route, tag, shared != "none")
+                runs = run_fleet(a, lines, route, tag, shared != "none", origin)
                 if shared != "none":
                     held = cluster.keys()
                     cluster.stop()

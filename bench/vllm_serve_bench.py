@@ -26,6 +26,7 @@ import gzip
 import json
 import math
 import random
+import shutil
 import statistics
 import os
 import subprocess
@@ -213,7 +214,7 @@ def main():
     # KV connector is configured (for NIXL); with 2 cores that second reservation falls back to
     # no reservation at all, so the server with the connector would compute on 2 cores and the
     # one without on 1. Both reserve 1 (the log line "core ids" is recorded per run).
-    os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "1")
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "1"
     root = tempfile.mkdtemp(prefix="vllm-serve-bench-")
     model = model_dir(root)
     write_tokenizer(model)
@@ -236,6 +237,7 @@ def main():
     differ = {run: [i for i, (x, y) in enumerate(zip(reference, t)) if x != y][:20]
               for run, t in texts.items() if t != reference}
     same = all(len(t) == n for t in texts.values()) and not differ
+    cores = {tuple(r["worker_cores"]) for r in rows}
     summary = {}
     for tag in ("plain", "kvoffload"):
         mine = [r for r in rows if r["config"] == tag]
@@ -261,10 +263,15 @@ def main():
         with open(a.json, "w") as f:
             f.write(text + "\n")
     print(text)
-    ok = same and all(r["completed"] == n for r in rows) and kv["external_prefix_hit_ratio"] > 0
+    ok = (same and all(r["completed"] == n for r in rows) and kv["external_prefix_hit_ratio"] > 0
+          and len(cores) == 1)
+    if len(cores) != 1:
+        log(f"FAILED: the servers' workers ran on different cores: {sorted(cores)}")
     log(("ok" if ok else "FAILED") + f": {len(texts)} runs, every request the same tokens: "
         f"{same}; external hit ratio {kv['external_prefix_hit_ratio']:.3f}; TTFT p50 "
         f"{plain['ttft_p50_ms']:.0f} -> {kv['ttft_p50_ms']:.0f} ms (medians)")
+    if ok:
+        shutil.rmtree(root, ignore_errors=True)  # kept when something failed: its logs
     sys.exit(0 if ok else 1)
 
 
