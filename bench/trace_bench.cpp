@@ -171,25 +171,34 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                            std::to_string(o.block_bytes));
   }
   const std::int64_t origin = o.origin_ms >= 0 ? o.origin_ms : trace[0].timestamp_ms;
-  if (o.pace > 0 && trace[0].timestamp_ms < origin) {
-    throw invalid_argument("trace: --origin-ms " + std::to_string(origin) +
-                           " is after the first request's timestamp " +
+  if (o.origin_ms < -1 || (o.pace > 0 && trace[0].timestamp_ms < origin)) {
+    throw invalid_argument("trace: --origin-ms " + std::to_string(o.origin_ms) +
+                           " must be -1 (the first request's) or a time at or before the first "
+                           "request's timestamp " +
                            std::to_string(trace[0].timestamp_ms));
+  }
+  if (o.pace > 0 && static_cast<double>(trace[0].timestamp_ms - origin) / o.pace >
+                        static_cast<double>(kMaxStartWaitMs)) {
+    throw invalid_argument(
+        "trace: the first request is more than 10 minutes after --origin-ms "
+        "at this --pace");
   }
 
   TraceEngine engine(o, max_blocks);
   const std::vector<std::string>& names = engine.tier_names();
   Tally tally;
   tally.tier.assign(names.size(), 0);
+  // The clock: a fleet's engines all start it at --start-at, so an engine that gets there
+  // late counts the delay as lag on every request (late_requests), not as a shifted slice.
+  auto start = std::chrono::steady_clock::now();
   if (o.start_at_ms > 0) {
     const std::chrono::system_clock::time_point at{std::chrono::milliseconds(o.start_at_ms)};
-    if (std::chrono::system_clock::now() > at) {
-      std::cerr << "trace: --start-at is already past: this engine starts late\n";
-    }
     std::this_thread::sleep_until(at);
+    const auto late = std::chrono::system_clock::now() - at;
+    start = std::chrono::steady_clock::now() -
+            std::chrono::duration_cast<std::chrono::steady_clock::duration>(late);
   }
   Progress progress("trace", trace.size());
-  const auto start = std::chrono::steady_clock::now();
   for (std::size_t k = 0; k < trace.size(); ++k) {
     const TraceRequest& r = trace[k];
     if (o.pace > 0) {
@@ -218,8 +227,12 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
   std::int64_t hit_tokens = tally.host + tally.unattributed;
   for (const std::int64_t t : tally.tier) hit_tokens += t;
   const double hit_ratio = ratio(hit_tokens);
+  // From the clock's origin: with --origin-ms the replay's seconds include the wait for the
+  // slice's first request.
   const double trace_seconds =
-      static_cast<double>(trace.back().timestamp_ms - trace.front().timestamp_ms) / 1000.0;
+      static_cast<double>(trace.back().timestamp_ms -
+                          (o.pace > 0 ? origin : trace.front().timestamp_ms)) /
+      1000.0;
   const CacheStats cs = engine.scheduler().cache_stats();
   const auto bb = static_cast<std::uint64_t>(o.block_bytes);
   nlohmann::json tiers = {{"host",

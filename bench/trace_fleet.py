@@ -27,7 +27,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VALUE_HEADER = 112     # the shared tier's value header (docs/tiers.md)
 # A Valkey key's name, entry and allocator slack beyond its value: INFO used_memory over DBSIZE
 # on a 3-node cluster holding 7,000 values of 1,136 bytes was about 1.6 KiB a key (Valkey 8.0);
-# the pooled runs ended holding 8-11% more keys than this sizing aims at (their JSON says).
+# the pooled runs ended holding about 9% more keys than this sizing aims at (their JSON says).
 KEY_OVERHEAD = 480
 # Counters that mean the cluster failed us (not a capacity miss): a run with any is refused.
 SHARED_FAILURES = ("presence_errors", "read_errors", "write_errors", "failed_writes", "timeouts",
@@ -161,9 +161,12 @@ def run_fleet(a, lines, route, tag, shared, origin):
                 raise RuntimeError(f"{tag}: an engine failed (logs in {d})")
     finally:
         for p, log in procs:  # none left running, whatever happened
-            if p.poll() is None:
-                p.kill()
-                p.wait(timeout=30)
+            try:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired) as e:
+                print(f"{tag}: engine {p.pid} not reaped: {e}", file=sys.stderr)
             log.close()
     return [json.load(open(os.path.join(d, f"engine-{e}.json")))["trace"]
             for e in range(a.engines)]
@@ -206,6 +209,9 @@ def fleet_row(runs, tag, routing, shared, bound_local, held=None):
             for k in ("bytes_stored", "bytes_loaded", "failed_promotions", "promotions_overdue",
                       "writes_queue_full", "writes_skipped", "writes_without_room", "read_misses",
                       *SHARED_FAILURES)}
+    unattributed = sum(r["unattributed_hit_tokens"] for r in runs)
+    if unattributed:
+        raise RuntimeError(f"{tag}: {unattributed} hit tokens neither in host memory nor promoted")
     if shared != "none":
         failed = {k: tier[k] for k in SHARED_FAILURES if tier[k]}
         if failed or tier["bytes_stored"] == 0:
@@ -258,7 +264,7 @@ def main():
     lines, reqs = read_trace(a.trace, a.requests)
     bt = a.block_tokens
     hit, total = bound(reqs, bt)
-    origin = reqs[0]["timestamp"]
+    origin = min(r["timestamp"] for r in reqs)
     capacity = int(a.host_tokens) // bt
     pooled = capacity * a.engines
     cluster = Cluster(a.port, a.work)

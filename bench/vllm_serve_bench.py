@@ -264,9 +264,9 @@ def main():
             f.write(text + "\n")
     print(text)
     ok = (same and all(r["completed"] == n for r in rows) and kv["external_prefix_hit_ratio"] > 0
-          and len(cores) == 1)
-    if len(cores) != 1:
-        log(f"FAILED: the servers' workers ran on different cores: {sorted(cores)}")
+          and len(cores) == 1 and all(r["worker_cores"] for r in rows))
+    if len(cores) != 1 or not all(r["worker_cores"] for r in rows):
+        log(f"FAILED: the servers' workers' cores differ or are unknown: {sorted(cores)}")
     log(("ok" if ok else "FAILED") + f": {len(texts)} runs, every request the same tokens: "
         f"{same}; external hit ratio {kv['external_prefix_hit_ratio']:.3f}; TTFT p50 "
         f"{plain['ttft_p50_ms']:.0f} -> {kv['ttft_p50_ms']:.0f} ms (medians)")
