@@ -13,7 +13,7 @@ REQUIRED = {
     "calibrate": [],
     "compact": [],
     "source_order": [],
-    "pool": ["results", "speedup_all_threads_vs_one"],
+    "pool": ["results", "speedup_all_threads_vs_one", "pool_vs_memset_all_cores"],
     "e2e": ["steps_per_second"],
     "disk": ["throughput", "lookup_to_loaded"],
     "loads": ["host", "sim", "disk"],
