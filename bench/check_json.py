@@ -8,6 +8,7 @@ REQUIRED = {
     "machine": ["cpu", "cores"],
     "scheduler": ["reference", "sweep", "requests_sweep", "lookup_32k_tokens"],
     "manager": ["lru", "arc"],
+    "index": ["results", "timer_cost_ns"],
     "copy_host": ["results", "threads"],
     "copy_cuda": ["backend"],
     "calibrate": [],

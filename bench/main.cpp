@@ -28,6 +28,14 @@ int main(int argc, char** argv) {
                    "reference (the issue's workload), requests (the running-requests sweep) or all")
       ->check(CLI::IsMember({"reference", "requests", "all"}));
   auto* manager = app.add_subcommand("manager", "host block manager throughput, LRU and ARC");
+  std::string index_blocks = "1M,10M";
+  std::size_t index_hash_bytes = 32;
+  auto* index = app.add_subcommand(
+      "index", "heap per stored block and lookup p99 of the block index (host and tiers) at scale");
+  index->add_option("--blocks", index_blocks, "capacities to measure (quick: 64K)")
+      ->capture_default_str();
+  index->add_option("--hash-bytes", index_hash_bytes, "bytes per block hash (vLLM: 32)")
+      ->capture_default_str();
   std::string backend = "host";
   auto* copy = app.add_subcommand("copy", "copy bandwidth over piece sizes vs one large copy");
   copy->add_option("--backend", backend, "host or cuda")->check(CLI::IsMember({"host", "cuda"}));
@@ -133,6 +141,7 @@ int main(int argc, char** argv) {
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);
+  if (opt.quick && index_blocks == "1M,10M") index_blocks = "64K";
   if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
   if (opt.quick && disk_size == "1GiB") disk_size = "32MiB";
   if (opt.quick && shared_size == "512MiB") shared_size = "32MiB";
@@ -154,6 +163,9 @@ int main(int argc, char** argv) {
     if (scheduler->parsed() || every)
       doc["scheduler"] = kvbench::run_scheduler(opt, every ? "all" : preset);
     if (manager->parsed() || every) doc["manager"] = kvbench::run_manager(opt);
+    if (index->parsed() || every) {
+      doc["index"] = kvbench::run_index(opt, index_blocks, index_hash_bytes);
+    }
     if ((copy->parsed() && backend == "host") || every)
       doc["copy_host"] = kvbench::run_copy_host(opt);
     if ((copy->parsed() && backend == "cuda") || every)

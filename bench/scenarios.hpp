@@ -13,6 +13,9 @@ namespace kvbench {
 
 nlohmann::json run_scheduler(const Options& opt, const std::string& preset);
 nlohmann::json run_manager(const Options& opt);
+/// Heap per stored block and lookup latency of the block index at each size in `blocks`
+/// (comma-separated counts: "1M,10M"), against a std::unordered_map of the same keys.
+nlohmann::json run_index(const Options& opt, const std::string& blocks, std::size_t hash_bytes);
 nlohmann::json run_copy_host(const Options& opt);
 nlohmann::json run_copy_cuda(const Options& opt);
 nlohmann::json run_copy_cuda_sweep(const Options& opt);

@@ -4,8 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvoffload/detail/flat_hash_map.hpp"
 #include "kvoffload/detail/intrusive_lists.hpp"
+#include "kvoffload/detail/key_index.hpp"
 #include "kvoffload/eviction_policy.hpp"
 
 namespace kvoffload {
@@ -41,7 +41,9 @@ class KVOFFLOAD_EXPORT ArcPolicy final : public EvictionPolicy {
   [[nodiscard]] std::size_t b2_size() const { return ghosts_.size(kB2); }
   /// The adaptive target size of T1, 0..capacity.
   [[nodiscard]] std::size_t target() const { return target_; }
-  [[nodiscard]] bool is_ghost(const Key& key) const { return ghost_index_.contains(key); }
+  [[nodiscard]] bool is_ghost(const Key& key) const {
+    return ghost_index_.find(key, detail::KeyIndex::hash(key), ghost_keys_.data()) >= 0;
+  }
 
  private:
   static constexpr std::size_t kT1 = 0, kT2 = 1, kB1 = 0, kB2 = 1;
@@ -53,9 +55,12 @@ class KVOFFLOAD_EXPORT ArcPolicy final : public EvictionPolicy {
   std::size_t target_ = 0;
   detail::IntrusiveLists resident_;  // block ids: T1 and T2
   detail::IntrusiveLists ghosts_;    // ghost nodes: B1 and B2
-  std::vector<Key> ghost_keys_;
+  std::vector<Key> ghost_keys_;      // per ghost node
   std::vector<std::uint32_t> free_ghosts_;
-  detail::FlatHashMap<Key, std::uint32_t, KeyHash> ghost_index_;
+  // Ghost key -> node, over ghost_keys_: 8-byte slots (16 bytes a ghost) where a map holding
+  // the keys took 52-byte slots at a power-of-two size (issue 51: ARC cost 540 bytes of heap
+  // per host block at 10M blocks).
+  detail::KeyIndex ghost_index_;
   std::vector<std::uint32_t> touch_stamp_;
   std::uint32_t stamp_ = 0;
 };

@@ -33,9 +33,11 @@ ArcPolicy::List ArcPolicy::where(HostBlockId id) const {
 
 void ArcPolicy::insert(HostBlockId id, const Key& key) {
   const auto node = static_cast<std::uint32_t>(id);
-  if (const std::uint32_t* ghost = ghost_index_.find(key)) {
+  if (const HostBlockId ghost =
+          ghost_index_.find(key, detail::KeyIndex::hash(key), ghost_keys_.data());
+      ghost >= 0) {
     // A key evicted recently comes back: the list that lost it should have been larger.
-    const std::uint32_t g = *ghost;
+    const auto g = static_cast<std::uint32_t>(ghost);
     const std::size_t b1 = ghosts_.size(kB1), b2 = ghosts_.size(kB2);
     if (ghosts_.list_of(g) == kB1) {
       target_ = std::min(capacity_,
@@ -114,18 +116,22 @@ void ArcPolicy::erase(HostBlockId id) {
 }
 
 void ArcPolicy::add_ghost(std::size_t list, const Key& key) {
-  if (const std::uint32_t* old = ghost_index_.find(key)) drop_ghost(*old);
+  const std::uint64_t h = detail::KeyIndex::hash(key);
+  if (const HostBlockId old = ghost_index_.find(key, h, ghost_keys_.data()); old >= 0) {
+    drop_ghost(static_cast<std::uint32_t>(old));
+  }
   // Each ghost list remembers at most `capacity` keys: the least recent goes first.
   if (ghosts_.size(list) >= capacity_) drop_ghost(ghosts_.front(list));
   const std::uint32_t g = free_ghosts_.back();
   free_ghosts_.pop_back();
   ghost_keys_[g] = key;
   ghosts_.push_back(list, g);
-  ghost_index_.insert(key, g);
+  (void)ghost_index_.insert(key, h, static_cast<HostBlockId>(g), ghost_keys_.data());
 }
 
 void ArcPolicy::drop_ghost(std::uint32_t node) {
-  ghost_index_.erase(ghost_keys_[node]);
+  (void)ghost_index_.erase(detail::KeyIndex::hash(ghost_keys_[node]),
+                           static_cast<HostBlockId>(node));
   ghosts_.remove(node);
   free_ghosts_.push_back(node);
 }

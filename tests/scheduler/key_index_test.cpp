@@ -1,4 +1,5 @@
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
 #include <cstdio>
 #include <random>
 #include <unordered_map>
@@ -22,8 +23,11 @@ TEST_CASE("KeyIndex agrees with a reference map under random inserts and erases"
   const std::uint64_t seed = std::random_device{}();
   std::printf("KeyIndex test seed %llu\n", static_cast<unsigned long long>(seed));
   std::mt19937_64 rng(seed);
-  constexpr int kBlocks = 64;  // 128 slots at most half full: long shared probe chains
-  KeyIndex index(kBlocks);
+  // 128 slots, and sizes that are no power of two (the table is exactly twice the entries, so
+  // probe chains wrap at the end at any size), each at most half full: long shared chains.
+  const int kBlocks = GENERATE(64, 37, 9);
+  std::printf("KeyIndex test: %d blocks\n", kBlocks);
+  KeyIndex index(static_cast<std::size_t>(kBlocks));
   std::vector<Key> keys(kBlocks);
   std::vector<bool> used(kBlocks, false);
   std::unordered_map<std::uint64_t, HostBlockId> reference;  // key number -> block
@@ -36,7 +40,8 @@ TEST_CASE("KeyIndex agrees with a reference map under random inserts and erases"
       reference.erase(number[static_cast<std::size_t>(id)]);
       used[static_cast<std::size_t>(id)] = false;
     } else {
-      const std::uint64_t n = rng() % 200;  // repeats: inserting a present key must not add it
+      const std::uint64_t n =
+          rng() % (3 * kBlocks);  // repeats: inserting a present key must not add it
       const Key k = key_of(n, static_cast<std::uint32_t>(n % 3));
       const auto [found, added] = index.insert(k, KeyIndex::hash(k), id, keys.data());
       const auto it = reference.find(n);
@@ -51,7 +56,7 @@ TEST_CASE("KeyIndex agrees with a reference map under random inserts and erases"
       }
     }
     REQUIRE(index.size() == reference.size());
-    for (std::uint64_t n = 0; n < 200; ++n) {
+    for (std::uint64_t n = 0; n < 3 * static_cast<std::uint64_t>(kBlocks); ++n) {
       const Key k = key_of(n, static_cast<std::uint32_t>(n % 3));
       const auto it = reference.find(n);
       REQUIRE(index.find(k, KeyIndex::hash(k), keys.data()) ==
