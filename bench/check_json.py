@@ -17,6 +17,7 @@ REQUIRED = {
     "pool": ["results", "speedup_all_threads_vs_one", "pool_vs_memset_all_cores"],
     "e2e": ["steps_per_second"],
     "disk": ["throughput", "lookup_to_loaded"],
+    "disk_restart": ["results"],
     "loads": ["host", "sim", "disk"],
 }
 REFERENCE = ["decode_step_median_us", "decode_step_min_us", "prefill_step_ms",

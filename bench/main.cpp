@@ -71,6 +71,15 @@ int main(int argc, char** argv) {
   disk->add_option("--io", opt.disk_io, "the tier's I/O engine: auto, io_uring or threads")
       ->check(CLI::IsMember({"auto", "io_uring", "threads"}))
       ->capture_default_str();
+  std::string restart_dir = ".", restart_slots = "1M";
+  auto* disk_restart = app.add_subcommand(
+      "disk-restart", "disk tier restart: header scan and index rebuild vs reading the headers");
+  disk_restart->add_option("--dir", restart_dir, "a directory on the file system to measure")
+      ->capture_default_str();
+  disk_restart
+      ->add_option("--slots", restart_slots,
+                   "slot counts (4 KiB of headers each on disk: 10M needs 40 GiB; quick: 4K)")
+      ->capture_default_str();
   std::string shared_nodes, shared_size = "512MiB";
   auto* shared = app.add_subcommand(
       "shared",
@@ -143,6 +152,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (opt.quick && index_blocks == "1M,10M") index_blocks = "64K";
   if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
+  if (opt.quick && restart_slots == "1M") restart_slots = "4K";
   if (opt.quick && disk_size == "1GiB") disk_size = "32MiB";
   if (opt.quick && shared_size == "512MiB") shared_size = "32MiB";
   try {
@@ -176,6 +186,9 @@ int main(int argc, char** argv) {
     if (pool->parsed() || every) doc["pool"] = kvbench::run_pool(opt, pool_size);
     if (e2e->parsed() || every) doc["e2e"] = kvbench::run_e2e(opt);
     if (disk->parsed() || every) doc["disk"] = kvbench::run_disk(opt, disk_dir, disk_size);
+    if (disk_restart->parsed() || every) {
+      doc["disk_restart"] = kvbench::run_disk_restart(opt, restart_dir, restart_slots);
+    }
     if (loads->parsed() || every) doc["loads"] = kvbench::run_loads(opt, loads_dir);
     if (shared->parsed()) {
       doc["shared"] = kvbench::run_shared(opt, shared_nodes, shared_size, shared_access);

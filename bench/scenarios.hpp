@@ -25,6 +25,10 @@ nlohmann::json run_source_order(const Options& opt);
 nlohmann::json run_pool(const Options& opt, const std::string& size);
 nlohmann::json run_e2e(const Options& opt);
 nlohmann::json run_disk(const Options& opt, const std::string& directory, const std::string& size);
+/// The disk tier's restart at each slot count in `slots` ("1M,10M"): header scan and index
+/// rebuild, warm and cold, against reading the same headers unparsed.
+nlohmann::json run_disk_restart(const Options& opt, const std::string& directory,
+                                const std::string& slots);
 /// How the shared benchmark reaches its cluster: TLS (on when a CA file is given) and AUTH,
 /// for the tier and the baseline tool alike.
 struct SharedAccess {
