@@ -167,6 +167,10 @@ class KVOFFLOAD_EXPORT DiskSlots {
   void remove_stale_layouts(const std::string& root);
   void close_all() noexcept;
   void scan();
+  /// Scans slots [first, last) into scanned_, counting into `counts` (one scan thread's part).
+  void scan_slots(std::int64_t first, std::int64_t last, DiskScanReport& counts);
+  /// Header reads in flight during the scan at open (threads; fewer for small tiers).
+  static constexpr std::int64_t kScanThreads = 16;
   [[nodiscard]] std::pair<int, std::uint64_t> locate(std::int64_t slot) const;
 
   DiskSlotsConfig config_;
