@@ -11,17 +11,23 @@ the pickled size of the step's connector metadata (what goes to the workers), fu
 garbage collections, lookups answered "retry later", hits and jobs.
 
     python vllm_connector_bench.py [--running 64,512,2048] [--factor 1] [--hybrid]
-                                   [--json out.json]
+                                   [--profile] [--json out.json]
+
+--profile runs Python's cProfile inside the timed calls only (the measured steps, either
+connector) and adds each run's top functions by own time to the JSON; it slows the calls, so
+its runs' step times are not the ones to compare.
 
 In a virtual environment with vLLM 0.21.0 and kvoffload (scripts/vllm-test makes one).
 """
 
 import argparse
+import cProfile
 import gc
 import json
 import os
 import pickle
 import platform
+import pstats
 import random
 import statistics
 import sys
@@ -53,6 +59,8 @@ class Timed:
     """Replaces the connector's scheduler-side calls on the instance with timed ones."""
 
     def __init__(self, conn):
+        self.profiler = None  # a cProfile.Profile enabled inside the calls, when profiling
+        self.depth = 0        # a wrapped call that calls another wrapped one is timed once
         self.spent = dict.fromkeys(CALLS, 0.0)
         self.deferred = 0
         self.hits = 0
@@ -64,9 +72,20 @@ class Timed:
         clock = time.perf_counter
 
         def timed(*args, **kwargs):
+            if self.depth:
+                return fn(*args, **kwargs)
+            self.depth += 1
+            if self.profiler:
+                self.profiler.enable()
             start = clock()
-            out = fn(*args, **kwargs)
-            self.spent[name] += clock() - start
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                elapsed = clock() - start
+                if self.profiler:
+                    self.profiler.disable()
+                self.depth -= 1
+            self.spent[name] += elapsed
             if name == "get_num_new_matched_tokens":
                 if out[0] is None:
                     self.deferred += 1
@@ -86,7 +105,22 @@ def workload(seed, n):
     return system + suffix, rng.randrange(32, 65)
 
 
-def run(kind, running, factor, hybrid, seed, steps, host_blocks=0):
+def top_functions(profiler, n=15):
+    """The profile's top n functions by own time: where, calls, own and cumulative ms, and
+    the share of all profiled time."""
+    stats = pstats.Stats(profiler)
+    total = sum(v[2] for v in stats.stats.values()) or 1.0
+    rows = sorted(stats.stats.items(), key=lambda kv: kv[1][2], reverse=True)[:n]
+    out = []
+    for (file, line, func), (_, calls, own, cumulative, _) in rows:
+        where = f"{os.path.basename(file)}:{line}" if line else file
+        out.append({"function": func, "where": where, "calls": calls,
+                    "own_ms": round(own * 1e3, 3), "cumulative_ms": round(cumulative * 1e3, 3),
+                    "own_share": round(own / total, 4)})
+    return out
+
+
+def run(kind, running, factor, hybrid, seed, steps, host_blocks=0, profile=False):
     vc, kcc, _ = make_setup(hybrid, factor, prefix_caching=False)
     blocks = running * 24 + 1024
     vc.cache_config.num_gpu_blocks = blocks
@@ -141,6 +175,8 @@ def run(kind, running, factor, hybrid, seed, steps, host_blocks=0):
                 timed.spent = dict.fromkeys(CALLS, 0.0)
                 timed.deferred = timed.hits = 0
                 full_gcs[0] = 0
+                if profile:
+                    timed.profiler = cProfile.Profile()
             before = sum(timed.spent.values())
             out = sched.schedule()
             meta = out.kv_connector_metadata
@@ -184,6 +220,7 @@ def run(kind, running, factor, hybrid, seed, steps, host_blocks=0):
         "store_jobs": stores,
         "host_blocks": host_blocks,
         "evictions": (conn._sched.stats()["evictions"] if kind == "kvoffload" else None),
+        **({"profile_top_own_time": top_functions(timed.profiler)} if timed.profiler else {}),
     }
 
 
@@ -199,6 +236,8 @@ def main():
                    "the running requests' blocks)")
     p.add_argument("--only", choices=("vllm", "kvoffload"),
                    help="run one connector (to profile it); no ratio")
+    p.add_argument("--profile", action="store_true",
+                   help="cProfile inside the connector's calls; top functions in the JSON")
     p.add_argument("--json")
     a = p.parse_args()
     import vllm
@@ -212,7 +251,8 @@ def main():
         for r in range(a.runs):
             for kind in (a.only,) if a.only else ("vllm", "kvoffload"):
                 started = time.perf_counter()
-                res = run(kind, running, a.factor, a.hybrid, a.seed + r, steps, a.host_blocks)
+                res = run(kind, running, a.factor, a.hybrid, a.seed + r, steps, a.host_blocks,
+                          a.profile)
                 row["runs"][kind].append(res)
                 print(f"running {running} {kind:9s} run {r}: step {res['step_ms_median']:.3f} ms "
                       f"median, {res['step_ms_p90']:.3f} p90, meta {res['metadata_bytes_median']:.0f} B, "
