@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 
 #include <sys/utsname.h>
@@ -65,6 +67,33 @@ nlohmann::json machine_json() {
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+std::vector<std::uint64_t> parse_counts(const std::string& list, const std::string& option,
+                                        double min, double max) {
+  std::vector<std::uint64_t> out;
+  for (std::size_t at = 0; at <= list.size();) {
+    const std::size_t comma = std::min(list.find(',', at), list.size());
+    const std::string text = list.substr(at, comma - at);
+    std::size_t used = 0;
+    double v = 0;
+    try {
+      v = std::stod(text, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    const std::string unit = text.substr(used);
+    const double mul = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : 0;
+    if (used == 0 || mul == 0 || v * mul < min || v * mul > max) {
+      throw std::invalid_argument(option + ": '" + text + "' is not a count of " +
+                                  std::to_string(static_cast<std::uint64_t>(min)) + " to " +
+                                  std::to_string(static_cast<std::uint64_t>(max)) +
+                                  " (e.g. 4K, 10M)");
+    }
+    out.push_back(static_cast<std::uint64_t>(v * mul));
+    at = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace kvbench

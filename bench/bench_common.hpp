@@ -54,4 +54,9 @@ nlohmann::json machine_json();
 
 double seconds_since(std::chrono::steady_clock::time_point start);
 
+/// A comma-separated list of counts ("4K,1M,10M": K and M are powers of 1000), each within
+/// [min, max]. Throws invalid_argument naming `option` and the bad item.
+std::vector<std::uint64_t> parse_counts(const std::string& list, const std::string& option,
+                                        double min, double max);
+
 }  // namespace kvbench

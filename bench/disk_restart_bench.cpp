@@ -174,32 +174,11 @@ nlohmann::json measure(const Options& opt, const fs::path& dir, std::uint64_t sl
           {"index_restore_ns_per_slot", wr.median / n * 1e9}};
 }
 
-std::uint64_t parse_slots(const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  const double mul = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : 0;
-  if (used == 0 || mul == 0 || v * mul < 1 || v * mul > 1e9) {
-    throw std::invalid_argument("--slots: '" + text + "' is not a slot count (e.g. 4K, 1M)");
-  }
-  return static_cast<std::uint64_t>(v * mul);
-}
-
 }  // namespace
 
 nlohmann::json run_disk_restart(const Options& opt, const std::string& directory,
                                 const std::string& slots_list) {
-  std::vector<std::uint64_t> counts;
-  for (std::size_t at = 0; at <= slots_list.size();) {
-    const std::size_t comma = std::min(slots_list.find(',', at), slots_list.size());
-    counts.push_back(parse_slots(slots_list.substr(at, comma - at)));
-    at = comma + 1;
-  }
+  const std::vector<std::uint64_t> counts = parse_counts(slots_list, "--slots", 1, 1e9);
   const fs::path dir =
       fs::absolute(directory) / ("kvoffload-bench-restart-" + std::to_string(::getpid()));
   const std::size_t runs = opt.runs > 0 ? opt.runs : (opt.quick ? 1 : 3);

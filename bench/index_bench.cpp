@@ -83,24 +83,6 @@ Latency time_lookups(std::uint64_t seed, std::uint64_t first, std::uint64_t coun
   return out;
 }
 
-// "1000000", "64K", "10M" (powers of 1000, as block counts are usually said).
-std::uint64_t parse_count(const std::string& text) {
-  std::size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  const std::string unit = text.substr(used);
-  const double mul = unit.empty() ? 1 : unit == "K" || unit == "k" ? 1e3 : unit == "M" ? 1e6 : 0;
-  if (used == 0 || mul == 0 || v * mul < 1024 || v * mul > 1e9) {
-    throw std::invalid_argument("--blocks: '" + text +
-                                "' is not a block count of 1024 to 1e9 (e.g. 64K, 10M)");
-  }
-  return static_cast<std::uint64_t>(v * mul);
-}
-
 double timer_cost_ns() {
   std::vector<double> v;
   v.reserve(100000);
@@ -179,12 +161,7 @@ nlohmann::json run_index(const Options& opt, const std::string& blocks_list,
   if (hash_bytes < 1 || hash_bytes > BlockHash::max_size) {
     throw std::invalid_argument("--hash-bytes must be 1 to 32");
   }
-  std::vector<std::uint64_t> sizes;
-  for (std::size_t at = 0; at <= blocks_list.size();) {
-    const std::size_t comma = std::min(blocks_list.find(',', at), blocks_list.size());
-    sizes.push_back(parse_count(blocks_list.substr(at, comma - at)));
-    at = comma + 1;
-  }
+  const std::vector<std::uint64_t> sizes = parse_counts(blocks_list, "--blocks", 1024, 1e9);
   const std::size_t samples = opt.quick ? 20000 : 1000000;
   const std::size_t runs = opt.runs > 0 ? opt.runs : 1;
   Progress progress("index", sizes.size() * runs * 3);
