@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   disk_restart
       ->add_option("--slots", restart_slots,
-                   "slot counts (4 KiB of headers each on disk: 10M needs 40 GiB; quick: 4K)")
+                   "slot counts (4 KiB of headers each on disk: 10M needs 40 GiB; quick: 8K)")
       ->capture_default_str();
   std::string shared_nodes, shared_size = "512MiB";
   auto* shared = app.add_subcommand(
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (opt.quick && index_blocks == "1M,10M") index_blocks = "64K";
   if (opt.quick && pool_size == "8GiB") pool_size = "256MiB";
-  if (opt.quick && restart_slots == "1M") restart_slots = "4K";
+  if (opt.quick && restart_slots == "1M") restart_slots = "8K";  // two scan threads
   if (opt.quick && disk_size == "1GiB") disk_size = "32MiB";
   if (opt.quick && shared_size == "512MiB") shared_size = "32MiB";
   try {

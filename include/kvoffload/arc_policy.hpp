@@ -58,7 +58,7 @@ class KVOFFLOAD_EXPORT ArcPolicy final : public EvictionPolicy {
   std::vector<Key> ghost_keys_;      // per ghost node
   std::vector<std::uint32_t> free_ghosts_;
   // Ghost key -> node, over ghost_keys_: 8-byte slots (16 bytes a ghost) where a map holding
-  // the keys took 52-byte slots at a power-of-two size (issue 51: ARC cost 540 bytes of heap
+  // the keys took 52-byte slots at a power-of-two size (issue 51: ARC cost 551 bytes of heap
   // per host block at 10M blocks).
   detail::KeyIndex ghost_index_;
   std::vector<std::uint32_t> touch_stamp_;

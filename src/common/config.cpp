@@ -12,6 +12,11 @@ void validate(const ManagerConfig& config) {
                     config.host_blocks);
   KVOFFLOAD_EXPECTS(config.host_blocks <= (std::int64_t{1} << 31) - 2,
                     "host_blocks {} is too large (at most 2^31 - 2)", config.host_blocks);
+  KVOFFLOAD_EXPECTS(
+      config.policy != EvictionPolicyKind::arc || config.host_blocks <= (std::int64_t{1} << 30),
+      "host_blocks {} is too large for policy arc (at most 2^30: its ghost lists "
+      "need two ids a block)",
+      config.host_blocks);
   KVOFFLOAD_EXPECTS(config.store_threshold == 0 || config.store_threshold >= 2,
                     "store_threshold must be 0 (off) or at least 2, got {}",
                     config.store_threshold);

@@ -257,7 +257,11 @@ static void errors(void) {
   tensor.block_stride_bytes = 1 << 20;
   gt.page_bytes = 1 << 20;
   sc.host_blocks = 2147483646; /* 2 PiB: more than the address space */
+  FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_INVALID_ARGUMENT,
+             "too large for policy arc"); /* ARC numbers two ghosts a block: at most 2^30 */
+  sc.policy = "lru";
   FAILS_WITH(kvoffload_worker_create(&wc, &w), KVOFFLOAD_OUT_OF_MEMORY, "cannot map");
+  sc.policy = "arc";
   tensor.page_bytes = PAGE;
   tensor.block_stride_bytes = PAGE;
   gt.page_bytes = PAGE;

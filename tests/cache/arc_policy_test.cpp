@@ -1,4 +1,5 @@
 #include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
 
 #include "kvoffload/arc_policy.hpp"
 #include "kvoffload/host_block_manager.hpp"
@@ -136,4 +137,15 @@ TEST_CASE("The manager with ARC never evicts protected blocks and promotes on re
   CHECK(m.peek(key(3)) == LookupResult::miss);
   // Nothing else is evictable: all or nothing.
   CHECK_FALSE(m.prepare_store(std::vector<Key>{key(6)}, p));
+}
+
+TEST_CASE("ARC refuses a capacity its ghost ids cannot number, by field, before allocating",
+          "[arc]") {
+  kvoffload::ManagerConfig c;
+  c.policy = kvoffload::EvictionPolicyKind::arc;
+  c.host_blocks = (std::int64_t{1} << 30) + 1;  // 2^31 + 2 ghost ids: past a HostBlockId
+  REQUIRE_THROWS_WITH(kvoffload::HostBlockManager(c),
+                      Catch::Matchers::ContainsSubstring("too large for policy arc"));
+  c.policy = kvoffload::EvictionPolicyKind::lru;
+  REQUIRE_NOTHROW(kvoffload::validate(c));  // LRU numbers only the blocks
 }

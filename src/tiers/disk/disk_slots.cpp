@@ -16,7 +16,6 @@
 #include <exception>
 #include <new>
 #include <optional>
-#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -555,18 +554,23 @@ void DiskSlots::scan() {
       errors[t] = std::current_exception();
     }
   };
-  std::vector<std::thread> workers;
-  workers.reserve(threads - 1);
-  std::vector<std::size_t> here{0};  // ranges this thread scans (a thread that cannot start)
-  for (std::size_t t = 1; t < threads; ++t) {
-    try {
-      workers.emplace_back(scan_range, t);
-    } catch (const std::system_error&) {
-      here.push_back(t);
+  // Ranges this thread scans: its own, and any whose thread cannot start (out of threads or
+  // memory). Reserved first, so recording one cannot throw; jthreads join while unwinding.
+  std::vector<std::size_t> here;
+  here.reserve(threads);
+  here.push_back(0);
+  {
+    std::vector<std::jthread> workers;
+    workers.reserve(threads - 1);
+    for (std::size_t t = 1; t < threads; ++t) {
+      try {
+        workers.emplace_back(scan_range, t);
+      } catch (const std::exception&) {
+        here.push_back(t);
+      }
     }
-  }
-  for (const std::size_t t : here) scan_range(t);
-  for (std::thread& w : workers) w.join();
+    for (const std::size_t t : here) scan_range(t);
+  }  // joined
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
   }
