@@ -1,6 +1,7 @@
 #include "bench_common.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -8,6 +9,7 @@
 #include <string>
 #include <thread>
 
+#include <malloc.h>
 #include <sys/utsname.h>
 
 #include "kvoffload/device.hpp"
@@ -63,6 +65,18 @@ nlohmann::json machine_json() {
           {"kernel", std::string(u.release)},
           {"cuda_build", kvoffload::built_with_cuda()},
           {"cuda_devices", kvoffload::cuda_device_count()}};
+}
+
+double quantile(std::vector<double>& v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::clamp<std::size_t>(rank, 1, v.size()) - 1];
+}
+
+double heap_in_use() {
+  const struct mallinfo2 m = ::mallinfo2();
+  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
 }
 
 double seconds_since(std::chrono::steady_clock::time_point start) {

@@ -54,6 +54,12 @@ nlohmann::json machine_json();
 
 double seconds_since(std::chrono::steady_clock::time_point start);
 
+/// The q-quantile (0..1) of `v` (sorted here), nearest rank; 0 for none.
+double quantile(std::vector<double>& v, double q);
+
+/// Bytes the allocator has handed out (glibc's mallinfo2: small blocks and mmapped ones).
+double heap_in_use();
+
 /// A comma-separated list of counts ("4K,1M,10M": K and M are powers of 1000), each within
 /// [min, max]. Throws invalid_argument naming `option` and the bad item.
 std::vector<std::uint64_t> parse_counts(const std::string& list, const std::string& option,

@@ -9,14 +9,13 @@
 // subtracted). The baseline in the same run: a
 // std::unordered_map<Key, int32_t> holding the same keys (what a plain index costs).
 
-#include <malloc.h>
-
 #include <cstring>
 #include <random>
 #include <unordered_map>
 
 #include "bench_common.hpp"
 #include "kvoffload/host_block_manager.hpp"
+#include "manager_fill.hpp"
 #include "scenarios.hpp"
 
 namespace kvbench {
@@ -24,11 +23,6 @@ namespace {
 
 using namespace kvoffload;
 using Clock = std::chrono::steady_clock;
-
-double heap_now() {
-  const struct mallinfo2 m = ::mallinfo2();
-  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
-}
 
 // Key i of a run: `hash_bytes` bytes derived from (seed, i), group i % 3.
 Key key_at(std::uint64_t seed, std::uint64_t i, std::size_t hash_bytes) {
@@ -49,11 +43,10 @@ struct Latency {
 };
 
 nlohmann::json quantiles(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  auto q = [&v](double p) {
-    return v[std::min(v.size() - 1, static_cast<std::size_t>(p * static_cast<double>(v.size())))];
-  };
-  return {{"p50_ns", q(0.5)}, {"p99_ns", q(0.99)}, {"p999_ns", q(0.999)}, {"samples", v.size()}};
+  return {{"p50_ns", quantile(v, 0.5)},
+          {"p99_ns", quantile(v, 0.99)},
+          {"p999_ns", quantile(v, 0.999)},
+          {"samples", v.size()}};
 }
 
 // Times `samples` single lookups of present keys (indices drawn from [first, first + count))
@@ -104,35 +97,22 @@ nlohmann::json latency_json(Latency lat) {
 // (ARC's ghost lists fill); lookups of [blocks, 1.5 blocks), which LRU and ARC both keep.
 nlohmann::json run_manager_index(std::uint64_t blocks, const std::string& policy,
                                  std::size_t hash_bytes, std::size_t samples, std::uint64_t seed) {
-  constexpr std::size_t kBatch = 64;  // keys per prepare_store, like a request's blocks
-  std::vector<Key> batch(kBatch);
-  PreparedStore prepared;
-  prepared.keys_to_store.reserve(kBatch);
-  prepared.block_ids.reserve(kBatch);
-  prepared.key_blocks.reserve(kBatch);
-  prepared.key_stored.reserve(kBatch);
-  const double heap0 = heap_now();
+  ManagerFiller fill;
+  const double heap0 = heap_in_use();
   ManagerConfig mc;
   mc.host_blocks = static_cast<std::int64_t>(blocks);
   mc.policy = parse_eviction_policy(policy, "policy");
   HostBlockManager m(mc);
+  const auto key_of = [seed, hash_bytes](std::uint64_t i) { return key_at(seed, i, hash_bytes); };
   auto store = [&](std::uint64_t first, std::uint64_t last) {
-    for (std::uint64_t at = first; at < last; at += kBatch) {
-      const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBatch, last - at));
-      for (std::size_t i = 0; i < n; ++i) batch[i] = key_at(seed, at + i, hash_bytes);
-      if (!m.prepare_store(std::span<const Key>(batch.data(), n), prepared)) {
-        throw std::runtime_error("index bench: no room for a store");
-      }
-      m.complete_store_blocks(prepared.block_ids, true);
-      (void)m.take_events();  // as an engine does every step
-    }
+    fill.store(m, first, last, key_of, "index bench");
   };
   const auto t0 = Clock::now();
   store(0, blocks);
   const double fill_s = seconds_since(t0);
-  const double full = (heap_now() - heap0) / static_cast<double>(blocks);
+  const double full = (heap_in_use() - heap0) / static_cast<double>(blocks);
   store(blocks, blocks + blocks / 2);
-  const double churned = (heap_now() - heap0) / static_cast<double>(blocks);
+  const double churned = (heap_in_use() - heap0) / static_cast<double>(blocks);
   Latency lat = time_lookups(seed, blocks, blocks / 2, hash_bytes, samples,
                              [&m](const Key& k) { return m.lookup(k) == LookupResult::hit; });
   return {{"heap_bytes_per_block_full", full},
@@ -144,13 +124,13 @@ nlohmann::json run_manager_index(std::uint64_t blocks, const std::string& policy
 // The baseline: the same keys in a std::unordered_map (reserved for the capacity up front).
 nlohmann::json run_map_index(std::uint64_t blocks, std::size_t hash_bytes, std::size_t samples,
                              std::uint64_t seed) {
-  const double heap0 = heap_now();
+  const double heap0 = heap_in_use();
   std::unordered_map<Key, std::int32_t, KeyHash> map;
   map.reserve(blocks);
   for (std::uint64_t i = 0; i < blocks; ++i) {
     map.emplace(key_at(seed, i, hash_bytes), static_cast<std::int32_t>(i));
   }
-  const double full = (heap_now() - heap0) / static_cast<double>(blocks);
+  const double full = (heap_in_use() - heap0) / static_cast<double>(blocks);
   Latency lat = time_lookups(seed, blocks / 2, blocks / 2, hash_bytes, samples,
                              [&map](const Key& k) { return map.find(k) != map.end(); });
   return {{"heap_bytes_per_block_full", full}, {"lookup", latency_json(std::move(lat))}};

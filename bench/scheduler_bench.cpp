@@ -1,14 +1,13 @@
 // kvoffload-bench scheduler: the cost of build_step (and lookup) for many running requests.
 // --preset reference runs exactly the reference workload of the benchmark issue.
 
-#include <malloc.h>
-
 #include <cstring>
 #include <random>
 
 #include "alloc_counter.hpp"
 #include "bench_common.hpp"
 #include "kvoffload/scheduler.hpp"
+#include "manager_fill.hpp"
 #include "scenarios.hpp"
 
 namespace kvbench {
@@ -53,12 +52,6 @@ struct WorkloadResult {
   std::int64_t blocks_used = 0;
   std::int64_t blocks_total = 0;
 };
-
-/// Bytes the allocator has handed out (glibc's mallinfo2: small blocks and mmapped ones).
-double heap_in_use() {
-  const struct mallinfo2 m = ::mallinfo2();
-  return static_cast<double>(m.uordblks) + static_cast<double>(m.hblkhd);
-}
 
 /// One run: requests looked up (misses), one prefill step, then decode steps; store jobs
 /// completed after every step. Only build_step is timed.
@@ -166,23 +159,13 @@ double manager_bytes_per_block(std::int64_t blocks, std::uint64_t seed) {
   for (const BlockHash& h : random_hashes(rng, static_cast<std::size_t>(blocks))) {
     keys.push_back(Key{h, 0});
   }
-  constexpr std::size_t kBatch = 64;
-  PreparedStore prepared;
-  prepared.keys_to_store.reserve(kBatch);
-  prepared.block_ids.reserve(kBatch);
-  prepared.key_blocks.reserve(kBatch);
-  prepared.key_stored.reserve(kBatch);
+  ManagerFiller fill;
   const double heap0 = heap_in_use();
   ManagerConfig mc;
   mc.host_blocks = blocks;
   HostBlockManager m(mc);
-  for (std::size_t at = 0; at < keys.size(); at += kBatch) {
-    const std::span<const Key> batch =
-        std::span(keys).subspan(at, std::min(kBatch, keys.size() - at));
-    if (!m.prepare_store(batch, prepared)) throw std::runtime_error("manager bench: no room");
-    m.complete_store_blocks(prepared.block_ids, true);
-    (void)m.take_events();  // as an engine does every step
-  }
+  fill.store(
+      m, 0, keys.size(), [&keys](std::uint64_t i) { return keys[i]; }, "manager bench");
   return (heap_in_use() - heap0) / static_cast<double>(blocks);
 }
 

@@ -80,14 +80,6 @@ std::vector<TraceRequest> read_trace(const TraceOptions& o) {
   return trace;
 }
 
-/// The q-quantile (0..1) of `v` (sorted here), nearest rank; 0 for none.
-double quantile(std::vector<double>& v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const auto rank = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
-  return v[std::clamp<std::size_t>(rank, 1, v.size()) - 1];
-}
-
 /// What the replay adds up, token-weighted.
 struct Tally {
   std::int64_t total = 0;

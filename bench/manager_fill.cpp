@@ -1,0 +1,31 @@
+#include "manager_fill.hpp"
+
+#include <algorithm>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+namespace kvbench {
+
+ManagerFiller::ManagerFiller() : batch_(kBatch) {
+  prepared_.keys_to_store.reserve(kBatch);
+  prepared_.block_ids.reserve(kBatch);
+  prepared_.key_blocks.reserve(kBatch);
+  prepared_.key_stored.reserve(kBatch);
+}
+
+void ManagerFiller::store(kvoffload::HostBlockManager& m, std::uint64_t first, std::uint64_t last,
+                          const std::function<kvoffload::Key(std::uint64_t)>& key_of,
+                          const char* what) {
+  for (std::uint64_t at = first; at < last; at += kBatch) {
+    const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(kBatch, last - at));
+    for (std::size_t i = 0; i < n; ++i) batch_[i] = key_of(at + i);
+    if (!m.prepare_store(std::span<const kvoffload::Key>(batch_.data(), n), prepared_)) {
+      throw std::runtime_error(std::string(what) + ": no room for a store");
+    }
+    m.complete_store_blocks(prepared_.block_ids, true);
+    (void)m.take_events();  // as an engine does every step
+  }
+}
+
+}  // namespace kvbench

@@ -1,0 +1,29 @@
+#pragma once
+
+// Filling a HostBlockManager the way an engine's steps do (a request's worth of keys a call,
+// events taken after each), for the benchmarks that measure what a full manager costs.
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kvoffload/host_block_manager.hpp"
+
+namespace kvbench {
+
+class ManagerFiller {
+ public:
+  static constexpr std::size_t kBatch = 64;  // keys per prepare_store, like a request's blocks
+
+  ManagerFiller();
+  /// Stores key_of(i) for i in [first, last) into `m`. Throws runtime_error naming `what` when
+  /// the manager has no room for a call's keys.
+  void store(kvoffload::HostBlockManager& m, std::uint64_t first, std::uint64_t last,
+             const std::function<kvoffload::Key(std::uint64_t)>& key_of, const char* what);
+
+ private:
+  std::vector<kvoffload::Key> batch_;
+  kvoffload::PreparedStore prepared_;
+};
+
+}  // namespace kvbench
