@@ -652,6 +652,11 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t
                                                               const kvoffload_key_t** keys,
                                                               const uint8_t** present,
                                                               size_t* num_slots);
+/* Frees tier `tier`'s start-up scan, this worker's copy from kvoffload_worker_tier_scan
+ * included, once kvoffload_scheduler_restore_tier has read it (a disk tier otherwise keeps a
+ * key per slot for the worker's life). A later kvoffload_worker_tier_scan gives num_slots 0. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan_release(kvoffload_worker_t worker,
+                                                                      size_t tier);
 /* *on = 1 while the stores the worker holds reach half of max_store_bytes_in_flight: pass it
  * (any worker's) to kvoffload_scheduler_set_store_pressure before the next build_step. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_store_pressure(kvoffload_worker_t worker,

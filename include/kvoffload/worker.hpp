@@ -125,6 +125,10 @@ class KVOFFLOAD_EXPORT Worker {
   /// Tier `t` of this worker, in SchedulerConfig::tiers' order (its scan, for
   /// Scheduler::restore_tier, and its counters). Throws invalid_argument past the tiers.
   [[nodiscard]] const Tier& tier(std::size_t t) const;
+  /// Frees tier `t`'s start-up scan (Tier::release_scan) once Scheduler::restore_tier has
+  /// read it: a disk tier would otherwise keep a key per slot for the worker's life. Throws
+  /// invalid_argument past the tiers.
+  void release_tier_scan(std::size_t t);
   /// Tier `t` as the kind it is, for that kind's own details (a disk tier's I/O engine and
   /// slot counters, a shared tier's namespace and counters). Throws invalid_argument for a
   /// tier that is not configured or of another kind.

@@ -569,6 +569,11 @@ class Worker:
         """What tier ``tier`` found when the worker opened it: a key or None per slot."""
         return self._w.tier_scan(tier)
 
+    def release_tier_scan(self, tier: int = 0) -> None:
+        """Frees what tier_scan(tier) returns (a key per disk slot, for the worker's life
+        otherwise) once the scheduler has restored from it; tier_scan is empty afterwards."""
+        self._w.release_tier_scan(tier)
+
     def tier_slots(self, tier: int = 0) -> int:
         """Tier ``tier``'s capacity in slots (the scheduler's TierConfig.blocks)."""
         return self._w.tier_slots(tier)

@@ -939,6 +939,8 @@ def _define_classes() -> None:
             if self._disk_tiers:  # for the scheduler's restore (_take_scans), sent once
                 self._scans_to_send = {_tp_rank(self._tp_size): {
                     t: self._worker.tier_scan(t) for t in self._disk_tiers}}
+                for t in self._disk_tiers:  # the lists above are all that is needed
+                    self._worker.release_tier_scan(t)
 
         def _follow_stream(self):
             """Before a step's jobs are submitted: the engine's current stream becomes the

@@ -105,6 +105,7 @@ void bind_worker(nb::module_& m) {
           "tier_scan",
           [](const Worker& w, std::size_t t) { return scan_to_list(w.tier(t).scanned()); },
           "tier"_a)
+      .def("release_tier_scan", &Worker::release_tier_scan, "tier"_a)
       .def(
           "tier_slots", [](const Worker& w, std::size_t t) { return w.tier(t).num_slots(); },
           "tier"_a)

@@ -198,6 +198,10 @@ class _RecordingWorker:
     def tier_scan(self, t):
         return self.scan
 
+    def release_tier_scan(self, t):
+        self.calls.append(("release_tier_scan", t))
+        self.scan = []
+
     def clear_tiers(self):
         self.calls.append(("clear_tiers",))
 
@@ -624,8 +628,9 @@ def test_a_worker_sends_its_disk_scan_once_and_empties_its_disk_after_the_flush(
     c.start_load_kv(None)
     # Emptied once the flush set (every transfer in flight at the reset) finished, before
     # this step's own tier jobs.
-    assert c._worker.calls[1:] == [("start_step",), ("wait", [7]), ("clear_tiers",),
-                                   ("write", 8)]
+    # The scan was freed once read (the connector holds the list it sends).
+    assert c._worker.calls[1:] == [("release_tier_scan", 0), ("start_step",), ("wait", [7]),
+                                   ("clear_tiers",), ("write", 8)]
 
 
 def test_an_unknown_tensor_parallel_rank_is_never_guessed(monkeypatch):

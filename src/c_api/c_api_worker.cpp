@@ -258,6 +258,21 @@ kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
   });
 }
 
+kvoffload_status_t kvoffload_worker_tier_scan_release(kvoffload_worker_t w, size_t tier) {
+  return guard([&] {
+    constexpr std::string_view fn = "kvoffload_worker_tier_scan_release";
+    require(w, fn, "worker");
+    if (tier >= w->worker.num_tiers()) {
+      throw invalid_argument(
+          fmt::format("{}: tier {} is not configured ({} tiers)", fn, tier, w->worker.num_tiers()));
+    }
+    w->worker.release_tier_scan(tier);
+    std::lock_guard lock(w->mutex);
+    std::vector<kvoffload_key_t>().swap(w->scan_keys);
+    std::vector<std::uint8_t>().swap(w->scan_present);
+  });
+}
+
 kvoffload_status_t kvoffload_worker_metrics_text(kvoffload_worker_t w, const char** text,
                                                  size_t* length) {
   return guard([&] {

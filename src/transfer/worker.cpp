@@ -161,6 +161,12 @@ const Tier& Worker::tier(std::size_t t) const {
   return *tiers_[t];
 }
 
+void Worker::release_tier_scan(std::size_t t) {
+  KVOFFLOAD_EXPECTS(t < tiers_.size(), "worker: tier {} is not configured ({} tiers)", t,
+                    tiers_.size());
+  tiers_[t]->release_scan();
+}
+
 const DiskTier& Worker::disk_tier(std::size_t t) const {
   const Tier& tt = tier(t);
   KVOFFLOAD_EXPECTS(tt.medium() == Medium::disk, "worker: tier {} is a {} tier, not a disk tier", t,

@@ -96,6 +96,11 @@ void make_tiered(kvoffload_scheduler_t* s, kvoffload_worker_t* w, const char* di
   if (disk_dir != NULL) {
     OK(kvoffload_scheduler_restore_tier(*s, 0, keys, present, num_slots, &restored));
     CHECK(restored >= 0);
+    /* Restored: the scan is freed, and reading it again finds nothing. */
+    OK(kvoffload_worker_tier_scan_release(*w, 0));
+    OK(kvoffload_worker_tier_scan(*w, 0, &keys, &present, &num_slots));
+    CHECK(num_slots == 0);
+    CHECK(kvoffload_worker_tier_scan_release(*w, 1) == KVOFFLOAD_INVALID_ARGUMENT);
   }
 }
 

@@ -141,6 +141,10 @@ TEST_CASE("A corrupt slot fails its promotion, is emptied, and a restart does no
       REQUIRE(scanned[static_cast<std::size_t>(i)].has_value());  // headers are fine
       CHECK(*scanned[static_cast<std::size_t>(i)] == key_of(i));
     }
+    // Restored from (here: read): its memory goes back, and the reads below need none of it.
+    tier.release_scan();
+    CHECK(tier.scanned().empty());
+    CHECK(tier.scanned().capacity() == 0);
     TierJob p = job_of(2, JobKind::promote, 0, 4, 4, 0);
     tier.submit(p);
     const std::vector<JobId> ids{2};

@@ -138,6 +138,8 @@ class KVOFFLOAD_EXPORT DiskSlots {
   void clear();
   /// Forgets what the start-up scan found (scanned() all empty).
   void forget_scanned() { scanned_.assign(scanned_.size(), std::nullopt); }
+  /// Frees what the start-up scan found (scanned() empty, its memory given back).
+  void release_scanned() noexcept { std::vector<std::optional<Key>>().swap(scanned_); }
 
   // write() and read() in parts, for an engine that does the I/O itself. `buffer` holds a
   // slot (slot_bytes()), 4 KiB-aligned.

@@ -68,6 +68,7 @@ class KVOFFLOAD_EXPORT DiskTier final : public Tier {
   [[nodiscard]] const std::vector<std::optional<Key>>& scanned() const noexcept override {
     return slots_.scanned();
   }
+  void release_scan() override { slots_.release_scanned(); }
   [[nodiscard]] TierIoStats stats() const override;
   [[nodiscard]] const DiskSlots& slots() const noexcept { return slots_; }
   /// The engine in use: DiskIo::io_uring or DiskIo::threads.
