@@ -204,8 +204,8 @@ typedef struct kvoffload_disk_tier_config {
  * tiers) and, through it, every worker (kvoffload_worker_config_t's scheduler). */
 typedef struct kvoffload_tier_config {
   size_t struct_size;
-  const char* medium;             /* "disk" or "shared"; NULL: "disk" */
-  int64_t blocks;                 /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
+  const char* medium; /* "disk" or "shared"; NULL: "disk" */
+  int64_t blocks; /* capacity in slots (kvoffload_worker_tier_scan's num_slots, before a release) */
   const char* policy;             /* "lru" or "arc"; NULL: "lru" */
   int64_t store_threshold;        /* 0 or N >= 2 lookups before a key is written to the tier */
   int64_t write_queue_blocks;     /* blocks queued for tier writes at most (0: 1024) */
@@ -652,9 +652,11 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t
                                                               const kvoffload_key_t** keys,
                                                               const uint8_t** present,
                                                               size_t* num_slots);
-/* Frees tier `tier`'s start-up scan, this worker's copy from kvoffload_worker_tier_scan
- * included, once kvoffload_scheduler_restore_tier has read it (a disk tier otherwise keeps a
- * key per slot for the worker's life). A later kvoffload_worker_tier_scan gives num_slots 0. */
+/* Frees tier `tier`'s start-up scan once kvoffload_scheduler_restore_tier has read it (a disk
+ * tier otherwise keeps a key per slot for the worker's life), and the handle's copy from the
+ * last kvoffload_worker_tier_scan (of whichever tier: read every tier's scan first). A later
+ * kvoffload_worker_tier_scan of that tier gives num_slots 0, so read num_slots (the tier's
+ * capacity) before. Nothing to free for a shared tier. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_worker_tier_scan_release(kvoffload_worker_t worker,
                                                                       size_t tier);
 /* *on = 1 while the stores the worker holds reach half of max_store_bytes_in_flight: pass it

@@ -77,6 +77,8 @@ def test_written_through_then_promoted_after_a_restart(tmp_path):
     assert sum(k is not None for k in w.tier_scan()) == 2
     w.release_tier_scan(0)  # restored: the scan's memory goes back, the slots stay readable
     assert w.tier_scan() == []
+    with pytest.raises(kv.InvalidArgument, match="tier 1 is not configured"):
+        w.release_tier_scan(1)
     s.update_request("b", 64, h)
     assert s.lookup("b") is None  # being promoted
     step = s.build_step([])

@@ -266,8 +266,9 @@ kvoffload_status_t kvoffload_worker_tier_scan_release(kvoffload_worker_t w, size
       throw invalid_argument(
           fmt::format("{}: tier {} is not configured ({} tiers)", fn, tier, w->worker.num_tiers()));
     }
-    w->worker.release_tier_scan(tier);
+    // Under the lock kvoffload_worker_tier_scan reads the tier's scan with.
     std::lock_guard lock(w->mutex);
+    w->worker.release_tier_scan(tier);
     std::vector<kvoffload_key_t>().swap(w->scan_keys);
     std::vector<std::uint8_t>().swap(w->scan_present);
   });

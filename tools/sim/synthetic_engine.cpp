@@ -129,6 +129,7 @@ SyntheticEngine::Impl::Impl(const SimConfig& c) : config(c), rng(c.seed) {
         if (k) disk_ok.insert(*k);
       }
     }
+    engine->release_tier_scan(0);  // as an engine does: the tier runs on without it
   }
   for (GpuBlockId id = static_cast<GpuBlockId>(c.gpu_blocks - 1); id >= 1; --id) {
     free_ids.push_back(id);

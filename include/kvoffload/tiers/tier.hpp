@@ -78,11 +78,12 @@ class KVOFFLOAD_EXPORT Tier {
   /// What the tier found at start, slot by slot (for Scheduler::restore_tier); empty for a
   /// tier without slots.
   [[nodiscard]] virtual const std::vector<std::optional<Key>>& scanned() const noexcept = 0;
-  /// Frees what scanned() holds (a disk tier: a key per slot, 44 bytes, 440 MB at 10M slots)
-  /// once the scheduler has restored from it; scanned() is empty afterwards. Call it where
-  /// scanned() is read (the caller's side, like clear()).
-  virtual void release_scan() {}
   [[nodiscard]] virtual TierIoStats stats() const = 0;
+  /// Frees what scanned() holds (a disk tier: a key per slot, 44 bytes, 440 MB at 10M slots)
+  /// once the scheduler has restored from it; scanned() is empty afterwards (a tier without
+  /// slots: nothing to free). Call it where scanned() is read (the caller's side, like
+  /// clear()).
+  virtual void release_scan() {}
 
  protected:
   /// `name` is for logs ("disk tier"); failures of a kind that expects them (a shared tier's
