@@ -204,8 +204,8 @@ typedef struct kvoffload_disk_tier_config {
  * tiers) and, through it, every worker (kvoffload_worker_config_t's scheduler). */
 typedef struct kvoffload_tier_config {
   size_t struct_size;
-  const char* medium; /* "disk" or "shared"; NULL: "disk" */
-  int64_t blocks; /* capacity in slots (kvoffload_worker_tier_scan's num_slots, before a release) */
+  const char* medium;             /* "disk" or "shared"; NULL: "disk" */
+  int64_t blocks;                 /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
   const char* policy;             /* "lru" or "arc"; NULL: "lru" */
   int64_t store_threshold;        /* 0 or N >= 2 lookups before a key is written to the tier */
   int64_t write_queue_blocks;     /* blocks queued for tier writes at most (0: 1024) */
