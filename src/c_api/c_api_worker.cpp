@@ -229,6 +229,16 @@ kvoffload_status_t kvoffload_worker_submit_tier(kvoffload_worker_t w,
   });
 }
 
+namespace {
+/// Throws invalid_argument naming the C function for a tier the worker does not have.
+void require_tier(kvoffload_worker_t w, std::size_t tier, std::string_view fn) {
+  if (tier >= w->worker.num_tiers()) {
+    throw invalid_argument(
+        fmt::format("{}: tier {} is not configured ({} tiers)", fn, tier, w->worker.num_tiers()));
+  }
+}
+}  // namespace
+
 kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
                                               const kvoffload_key_t** keys, const uint8_t** present,
                                               size_t* num_slots) {
@@ -238,10 +248,7 @@ kvoffload_status_t kvoffload_worker_tier_scan(kvoffload_worker_t w, size_t tier,
     require(keys, fn, "keys");
     require(present, fn, "present");
     require(num_slots, fn, "num_slots");
-    if (tier >= w->worker.num_tiers()) {
-      throw invalid_argument(
-          fmt::format("{}: tier {} is not configured ({} tiers)", fn, tier, w->worker.num_tiers()));
-    }
+    require_tier(w, tier, fn);
     const auto& scanned = w->worker.tier(tier).scanned();
     std::lock_guard lock(w->mutex);
     w->scan_keys.assign(scanned.size(), kvoffload_key_t{});
@@ -262,10 +269,7 @@ kvoffload_status_t kvoffload_worker_tier_scan_release(kvoffload_worker_t w, size
   return guard([&] {
     constexpr std::string_view fn = "kvoffload_worker_tier_scan_release";
     require(w, fn, "worker");
-    if (tier >= w->worker.num_tiers()) {
-      throw invalid_argument(
-          fmt::format("{}: tier {} is not configured ({} tiers)", fn, tier, w->worker.num_tiers()));
-    }
+    require_tier(w, tier, fn);
     // Under the lock kvoffload_worker_tier_scan reads the tier's scan with.
     std::lock_guard lock(w->mutex);
     w->worker.release_tier_scan(tier);
