@@ -231,6 +231,29 @@ class CudaRuntime final : public DeviceRuntime {
   int stream_device(StreamHandle stream, int* device) noexcept override {
     return I(cudaStreamGetDevice(S(stream), device));
   }
+  int stream_capturing(StreamHandle stream, bool* capturing) noexcept override {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    const cudaError_t e = cudaStreamIsCapturing(S(stream), &status);
+    if (e == cudaErrorStreamCaptureImplicit) {  // the legacy stream, a blocking stream capturing
+      (void)cudaGetLastError();
+      *capturing = true;
+      return I(cudaSuccess);
+    }
+    *capturing = e == cudaSuccess && status != cudaStreamCaptureStatusNone;
+    return I(e);
+  }
+  int pointer_device(const void* ptr, int* device) noexcept override {
+    *device = -1;
+    cudaPointerAttributes attr{};
+    if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
+      (void)cudaGetLastError();  // memory CUDA does not know
+      return I(cudaSuccess);
+    }
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) {
+      *device = attr.device;
+    }
+    return I(cudaSuccess);
+  }
   int event_create(EventHandle* event) noexcept override {
     cudaEvent_t ev = nullptr;
     const cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);

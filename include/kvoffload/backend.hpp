@@ -40,6 +40,14 @@ class KVOFFLOAD_EXPORT Backend {
   /// Stops the backend: with drain, runs everything submitted first; without, plans not
   /// finished fail with "cancelled". Later submits fail at once. Idempotent.
   virtual void shutdown(bool drain) = 0;
+  /// Marks the engine's work queued so far (the forward pass a deferred store reads), for a
+  /// plan submitted later with this compute_mark: it then waits for that work and not for
+  /// engine work queued in between. 0 when there is nothing to wait for (the default: a
+  /// backend without a compute stream). Never throws.
+  virtual ComputeMark mark_compute() noexcept { return 0; }
+  /// Forgets a mark that no plan will use (its store was shed or could not start); unknown
+  /// or used marks are ignored.
+  virtual void drop_mark(ComputeMark /*mark*/) noexcept {}
 };
 
 }  // namespace kvoffload

@@ -18,11 +18,18 @@ struct CopyDescriptor {
 };
 
 /// A job's copies, coalesced, largest first.
+/// A point in the engine's compute work that a backend marked (Backend::mark_compute); 0: none.
+using ComputeMark = std::uint64_t;
+
 struct CopyPlan {
   JobId job = 0;
   JobKind kind = JobKind::store;
   std::vector<CopyDescriptor> descriptors;
   std::uint64_t total_bytes = 0;
+  /// A deferred store's mark, taken when the engine submitted it: the copies wait for the
+  /// engine's work up to that point only, not for what the engine queued after it. 0: they
+  /// wait for the engine's work queued before this submission.
+  ComputeMark compute_mark = 0;
 };
 
 /// Where host blocks live: block i at base + i * block_stride_bytes + row_offset, with room for
@@ -46,7 +53,9 @@ struct HostRegion {
 /// SEMANTICS 6 invariants (the pre-fix sliding-window counting among them) or points outside
 /// the layout or the host region is refused with invalid_argument naming the job and group:
 /// never a wrong copy. Contiguous pieces (on both sides) are merged, except across the seam of
-/// two host registrations (HostRegion::blocks_per_registration). Thread-safe (const).
+/// two host registrations (HostRegion::blocks_per_registration). A GPU block named twice in
+/// one job (within a group, or in two groups that share a tensor) or a host block named twice
+/// is refused too: two copies into one block leave whichever lands last. Thread-safe (const).
 class KVOFFLOAD_EXPORT CopyPlanner {
  public:
   /// Throws invalid_argument if a group's host block does not fit in host.row_bytes.
@@ -61,9 +70,15 @@ class KVOFFLOAD_EXPORT CopyPlanner {
  private:
   void check(const TransferJob& job) const;
 
+  /// Throws for a GPU or host block named twice in the job.
+  void check_duplicates(const TransferJob& job) const;
+
   const KvLayout& layout_;
   HostRegion host_;
   std::vector<std::int64_t> max_block_id_;  // per group: the smallest num_blocks of its tensors
+  // Per group: the lowest group it shares a tensor with, directly or through others (itself
+  // when it shares none): GPU ids of groups of one class name the same memory.
+  std::vector<std::size_t> tensor_class_;
 };
 
 }  // namespace kvoffload

@@ -4,10 +4,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string_view>
 #include <vector>
-
-#include <span>
 
 #include "kvoffload/backend.hpp"
 #include "kvoffload/enums.hpp"
@@ -24,9 +23,13 @@ struct CudaBackendConfig {
   int load_streams = 2;   ///< host-to-device streams (highest priority)
   int kernel_ctas = 8;    ///< CTAs of the copy kernels: few, so the forward pass keeps its SMs
   int kernel_threads = 256;
-  std::uint64_t staging_bytes = std::uint64_t{64} << 20;  ///< per backend, device and host
-  /// Pinned memory per stream for uploading piece arrays and device-table inputs (a ring; a
-  /// job that does not fit gets a pinned allocation of its own).
+  /// Per backend, device and pinned host; allocated only when a job can be staged (mode
+  /// staged, or automatic with staged_min_pieces).
+  std::uint64_t staging_bytes = std::uint64_t{64} << 20;
+  /// Pinned and device memory per stream for uploading piece arrays and the device-table
+  /// path's inputs and scratch (rings allocated once; no job allocates memory of its own). A
+  /// kernel job that does not fit runs on the copy engines instead; a device-table job that
+  /// does not fit fails, naming this field.
   std::uint64_t ring_bytes = std::uint64_t{4} << 20;
   // automatic mode: pieces averaging under the direction's threshold go to the kernel (or, for
   // stores of at least staged_min_pieces pieces when that is not 0, staged); larger ones to
@@ -59,7 +62,11 @@ struct CudaBackendStats {
   std::uint64_t jobs_batch = 0, jobs_memcpy = 0, jobs_kernel = 0, jobs_staged = 0;
   std::uint64_t jobs_device_table = 0;
   std::uint64_t staged_fell_back = 0;  ///< staged jobs run as kernel jobs: staging was full
-  std::uint64_t ring_fell_back = 0;    ///< uploads that got their own pinned allocation
+  /// Jobs refused because the compute stream was capturing a CUDA graph (failed, not run).
+  std::uint64_t refused_capturing = 0;
+  /// Kernel or staged jobs run by the copy engines (batch, else memcpy) instead: their piece
+  /// array did not fit the stream's upload rings then (ring_bytes).
+  std::uint64_t ring_fell_back = 0;
 };
 
 /// The automatic mode's decision, as a pure function (tested on the CPU).
@@ -108,6 +115,11 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   /// Work already on the GPU cannot be recalled: both ways wait for it before returning.
   /// Without drain, the jobs not finished by then are reported failed with "cancelled".
   void shutdown(bool drain) override;
+  /// An event of the compute stream's work so far (joined with the streams switched away from
+  /// whose work is not done), for a deferred store's plan. 0 without a compute stream, or if
+  /// recording failed (logged; the plan then waits for the compute stream at submit).
+  ComputeMark mark_compute() noexcept override;
+  void drop_mark(ComputeMark mark) noexcept override;
 
   /// The device-table path, for engines whose block table is already on the GPU: `table`
   /// (device memory) holds the job's GPU block ids per offloaded block with the null blocks
@@ -128,8 +140,18 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   /// the switch also wait for the work queued on it up to the switch, until that work is done
   /// (deferred stores of its pass, loads over blocks it reads). The engine keeps a stream
   /// alive until it has switched away from it. nullopt turns every wait off, old streams'
-  /// included. A stream of another device is refused (invalid_argument).
+  /// included. A stream of another device is refused (invalid_argument). A stream capturing a
+  /// CUDA graph when it is switched away from cannot be recorded without joining its capture:
+  /// its work from before the capture is then not waited for (logged).
+  ///
+  /// Graph captures: a job that would wait for a compute stream while it captures a graph is
+  /// refused (failed, "capturing a CUDA graph", CudaBackendStats::refused_capturing), and so
+  /// is a deferred store submitted during a capture; loads that need no compute wait run.
   void set_compute_stream(std::optional<StreamHandle> stream);
+  /// Refuses (invalid_argument, naming the tensor and both devices) KV tensors that are not
+  /// memory of the backend's device, first and last byte: a copy kernel would fault on them
+  /// (an illegal address poisons the engine's context too). The Worker calls it.
+  void check_tensors(std::span<const KvTensor> tensors) const;
   [[nodiscard]] bool batch_available() const noexcept;
   [[nodiscard]] bool kernel_available() const noexcept;
   /// The mode the backend would use for `plan` (before staging space is considered).

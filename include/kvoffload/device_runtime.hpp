@@ -97,6 +97,14 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
   /// The device `stream` belongs to (cudaStreamGetDevice); the legacy stream 0 is the current
   /// device's.
   virtual int stream_device(StreamHandle stream, int* device) noexcept = 0;
+  /// Whether `stream` is capturing a CUDA graph (cudaStreamIsCapturing: active or invalidated,
+  /// or the legacy stream while a blocking stream captures). Work ordered after a capturing
+  /// stream (an event recorded on it and waited for elsewhere) joins the capture instead of
+  /// running.
+  virtual int stream_capturing(StreamHandle stream, bool* capturing) noexcept = 0;
+  /// The device whose memory holds `ptr` (cudaPointerGetAttributes: device or managed
+  /// memory), or -1 for host memory and memory CUDA does not know.
+  virtual int pointer_device(const void* ptr, int* device) noexcept = 0;
   virtual int event_create(EventHandle* event) noexcept = 0;
   virtual int event_destroy(EventHandle event) noexcept = 0;
   /// Captures the work queued on `stream` so far (stream and event of one device).

@@ -93,16 +93,23 @@ class KVOFFLOAD_EXPORT TransferEngine {
 
  private:
   void submit(const TransferJob& job, JobKind kind);
-  void start(const TransferJob& job, JobKind kind);
+  /// `mark`: a deferred store's compute mark (0 for the others); dropped if the store is shed.
+  void start(const TransferJob& job, JobKind kind, ComputeMark mark = 0);
+  /// A store waiting for start_step, with the backend's mark of the engine's work at its
+  /// submission (the forward pass whose KV it reads).
+  struct Deferred {
+    TransferJob job;
+    ComputeMark mark = 0;
+  };
   /// A deferred store: started, or, if that throws, reported failed by the next get_finished
   /// (never lost, never started twice).
-  void start_deferred(const TransferJob& job) noexcept;
+  void start_deferred(const Deferred& d) noexcept;
 
   CopyPlanner planner_;
   std::unique_ptr<Backend> backend_;
   TransferEngineConfig config_;
   mutable std::mutex mutex_;
-  std::vector<TransferJob> deferred_;
+  std::vector<Deferred> deferred_;
   std::vector<FinishedTransfer> start_failed_;  // deferred stores whose start threw
   /// Sheds a store over the bound: reported failed by the next get_finished. True if shed.
   bool shed_over_bound(const TransferJob& job, std::uint64_t bytes);

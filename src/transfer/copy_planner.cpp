@@ -27,6 +27,55 @@ CopyPlanner::CopyPlanner(const KvLayout& layout, const HostRegion& host)
     }
     max_block_id_.push_back(most - 1);
   }
+  // Groups sharing a tensor, joined until nothing changes (a handful of groups).
+  const std::size_t G = layout.num_groups();
+  tensor_class_.resize(G);
+  for (std::size_t g = 0; g < G; ++g) tensor_class_[g] = g;
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (std::size_t a = 0; a < G; ++a) {
+      for (std::size_t b = a + 1; b < G; ++b) {
+        if (tensor_class_[a] == tensor_class_[b]) continue;
+        bool shared = false;
+        for (const GroupTensor& x : layout.group(a)) {
+          for (const GroupTensor& y : layout.group(b)) shared = shared || x.tensor == y.tensor;
+        }
+        if (!shared) continue;
+        const std::size_t low = std::min(tensor_class_[a], tensor_class_[b]);
+        for (std::size_t& c : tensor_class_) {
+          if (c == tensor_class_[a] || c == tensor_class_[b]) c = low;
+        }
+        changed = true;
+      }
+    }
+  }
+}
+
+void CopyPlanner::check_duplicates(const TransferJob& job) const {
+  // Reused per thread: planning allocates nothing once warm.
+  thread_local std::vector<std::pair<std::size_t, std::int64_t>> seen;
+  seen.clear();
+  std::size_t at = 0;
+  for (std::size_t g = 0; g < layout_.num_groups(); ++g) {
+    for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++at) {
+      seen.emplace_back(tensor_class_[g], job.gpu.block_ids[at]);
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  const auto gpu = std::adjacent_find(seen.begin(), seen.end());
+  KVOFFLOAD_EXPECTS(gpu == seen.end(),
+                    "job {}: GPU block {} is named twice (in group {} or a group sharing its "
+                    "tensors): two copies into one block leave whichever lands last",
+                    job.id, gpu == seen.end() ? 0 : gpu->second,
+                    gpu == seen.end() ? 0 : gpu->first);
+  seen.clear();
+  for (const HostBlockId h : job.host_block_ids) seen.emplace_back(0, h);
+  std::sort(seen.begin(), seen.end());
+  const auto host = std::adjacent_find(seen.begin(), seen.end());
+  KVOFFLOAD_EXPECTS(host == seen.end(),
+                    "job {}: host block {} is named twice: two offloaded blocks cannot share "
+                    "one host block",
+                    job.id, host == seen.end() ? 0 : host->second);
 }
 
 void CopyPlanner::check(const TransferJob& job) const {
@@ -47,6 +96,7 @@ void CopyPlanner::check(const TransferJob& job) const {
                       "job {} group {}: host block {} is outside the pool (0..{})", job.id,
                       job.keys[k].group, h, host_.num_blocks - 1);
   }
+  check_duplicates(job);
 }
 
 void CopyPlanner::plan(const TransferJob& job, JobKind kind, CopyPlan& out) const {

@@ -18,9 +18,10 @@ TransferEngine::~TransferEngine() {
   if (backend_) backend_->shutdown(/*drain=*/true);
 }
 
-void TransferEngine::start(const TransferJob& job, JobKind kind) {
+void TransferEngine::start(const TransferJob& job, JobKind kind, ComputeMark mark) {
   CopyPlan plan;
   planner_.plan(job, kind, plan);  // throws before anything is submitted
+  plan.compute_mark = mark;
   const JobId id = job.id;
   if (kind == JobKind::load) {
     tickets_[id] = backend_->submit(std::move(plan));
@@ -29,7 +30,10 @@ void TransferEngine::start(const TransferJob& job, JobKind kind) {
   // The bound counts the stores copying in the backend, judged as each starts (a deferred one
   // at start_step): a step's stores waiting for the next step are not a backlog.
   const std::uint64_t bytes = plan.total_bytes;
-  if (shed_over_bound(job, bytes)) return;
+  if (shed_over_bound(job, bytes)) {
+    backend_->drop_mark(mark);
+    return;
+  }
   tickets_[id] = backend_->submit(std::move(plan));
   store_bytes_[id] = bytes;
   store_bytes_held_ += bytes;
@@ -39,14 +43,17 @@ void TransferEngine::submit(const TransferJob& job, JobKind kind) {
   std::lock_guard lock(mutex_);
   KVOFFLOAD_EXPECTS(tickets_.count(job.id) == 0 &&
                         std::none_of(deferred_.begin(), deferred_.end(),
-                                     [&](const TransferJob& d) { return d.id == job.id; }),
+                                     [&](const Deferred& d) { return d.job.id == job.id; }),
                     "transfer engine: job {} was already submitted", job.id);
   KVOFFLOAD_EXPECTS(job.kind == kind, "transfer engine: job {} is a {} job, given to submit_{}",
                     job.id, to_string(job.kind), to_string(kind));
   if (kind == JobKind::store && config_.defer_stores) {
     CopyPlan check;
     planner_.plan(job, kind, check);  // refuse a bad job now, not a step later
-    deferred_.push_back(job);
+    // The engine's work queued so far is the forward pass this store reads; what it queues
+    // before start_step (the next step's work, which may rewrite these blocks) is not.
+    deferred_.push_back({job, 0});
+    deferred_.back().mark = backend_->mark_compute();
     return;
   }
   start(job, kind);
@@ -81,14 +88,16 @@ void TransferEngine::submit_load(const TransferJob& job) {
 
 void TransferEngine::start_step() {
   std::lock_guard lock(mutex_);
-  for (const TransferJob& job : deferred_) start_deferred(job);
+  for (const Deferred& d : deferred_) start_deferred(d);
   deferred_.clear();
 }
 
-void TransferEngine::start_deferred(const TransferJob& job) noexcept {
+void TransferEngine::start_deferred(const Deferred& d) noexcept {
+  const TransferJob& job = d.job;
   try {
-    start(job, JobKind::store);
+    start(job, JobKind::store, d.mark);
   } catch (const std::exception& e) {
+    backend_->drop_mark(d.mark);
     // Reported once, failed, like any job: the caller's step goes on with the others (start
     // holds its bytes only once the backend took it).
     start_failed_.push_back({job.id, JobKind::store, false,
@@ -135,7 +144,7 @@ void TransferEngine::wait(std::span<const JobId> jobs) {
     std::lock_guard lock(mutex_);
     // A flushed job that is still deferred must start now.
     for (auto it = deferred_.begin(); it != deferred_.end();) {
-      if (std::find(jobs.begin(), jobs.end(), it->id) != jobs.end()) {
+      if (std::find(jobs.begin(), jobs.end(), it->job.id) != jobs.end()) {
         start_deferred(*it);
         it = deferred_.erase(it);
       } else {

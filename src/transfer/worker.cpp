@@ -100,6 +100,9 @@ void Worker::init(const WorkerConfig& c, std::unique_ptr<Backend> backend) {
                       "worker: compute_stream is set but the backend is not the CUDA backend");
     cuda->set_compute_stream(c.compute_stream);
   }
+  if (const auto* cuda = dynamic_cast<const CudaBackend*>(backend.get())) {
+    cuda->check_tensors(c.tensors);
+  }
   const HostRegion region{
       reinterpret_cast<std::uintptr_t>(pool_->data()), pool_->num_blocks(),
       static_cast<std::int64_t>(pool_->block_bytes()), 0,

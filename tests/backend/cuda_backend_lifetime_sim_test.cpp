@@ -70,14 +70,14 @@ TEST_CASE("sim: a submission that throws after its job is queued reports the job
   CHECK(sim->violations().empty());
 }
 
-TEST_CASE("sim: a backend destroyed with jobs nobody polled frees their pinned buffers",
+TEST_CASE("sim: a backend destroyed with jobs nobody polled frees what they held",
           "[sim][cuda_backend][leaks]") {
   auto sim = sim_with(32, 1, 10);
   DeviceRig rig(sim, 1, 1024, 16, 16);
   const std::size_t before = sim->live_allocations();
   {
     CudaBackendConfig c = mapped(rig, CopyMode::kernel);
-    c.ring_bytes = 64;  // smaller than one job's piece array: each job gets its own buffer
+    c.ring_bytes = 64;  // smaller than one job's piece array: each runs on the copy engines
     CudaBackend backend(c, sim);
     CopyPlan plan = one_store(rig, 1, 256);
     for (std::uint64_t i = 1; i < 4; ++i) {

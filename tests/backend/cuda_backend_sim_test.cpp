@@ -270,8 +270,8 @@ TEST_CASE("sim: failing CUDA calls leak nothing and fail only their job",
   SECTION("submission: a refused call fails the job with its name; the next job is fine") {
     auto sim = sim_with(18, 1, 10);
     DeviceRig rig(sim, 1, 1024, 16, 16);
-    for (const char* call : {"memcpy_async", "malloc_async", "launch_copy_pieces", "event_record",
-                             "event_create", "memcpy_batch_async"}) {
+    for (const char* call : {"memcpy_async", "launch_copy_pieces", "event_record", "event_create",
+                             "memcpy_batch_async"}) {
       INFO(call);
       CudaBackendConfig c;
       c.mode = std::string(call) == "memcpy_batch_async" ? CopyMode::batch : CopyMode::kernel;
@@ -302,6 +302,74 @@ TEST_CASE("sim: failing CUDA calls leak nothing and fail only their job",
     REQUIRE(sim->device_synchronize() == dev::ok);
     CHECK(sim->violations().empty());
   }
+}
+
+// Issue 49, item 5: a job's buffers come from rings allocated once, never from an allocation
+// of its own (cudaMallocAsync on the default pool can order a load stream after a store
+// stream and can fail; a pinned allocation under the backend's lock stalls every thread).
+// Mutation caught: any per-job allocation (the injected failure then fails a job).
+TEST_CASE("sim: jobs allocate no memory of their own", "[sim][cuda_backend][errors]") {
+  auto sim = sim_with(24, 1, 5);
+  DeviceRig rig(sim, 2, 1024, 80, 64);
+  CudaBackendConfig c;
+  c.mode = GENERATE(CopyMode::kernel, CopyMode::batch, CopyMode::automatic);
+  c.ring_bytes = 1024;  // a few jobs' piece arrays: some jobs fall back to the copy engines
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  INFO("mode " << to_string(c.mode));
+  CudaBackend backend(c, sim);
+  for (const char* call : {"malloc_async", "malloc_host", "malloc_device"}) {
+    sim->inject_failure(call, dev::memory_allocation);
+  }
+  std::mt19937 rng(24);
+  std::vector<GpuBlockId> gpu(79);
+  std::iota(gpu.begin(), gpu.end(), 1);
+  std::vector<HostBlockId> host(64);
+  std::iota(host.begin(), host.end(), 0);
+  const auto before = rig.pool();
+  std::vector<TransferJob> jobs;
+  std::vector<Ticket> tickets;
+  CopyPlanner planner(*rig.layout, rig.region);
+  for (JobId j = 1; j <= 6; ++j) {
+    jobs.push_back(DeviceRig::random_job(j, 2, rng, gpu, host));
+    CopyPlan plan;
+    planner.plan(jobs.back(), JobKind::store, plan);
+    tickets.push_back(backend.submit(std::move(plan)));
+  }
+  std::vector<BackendResult> done;
+  for (const Ticket t : tickets) backend.wait(t);
+  backend.poll(done);                // gives the rings back
+  if (c.mode == CopyMode::kernel) {  // the device-table path too
+    TransferJob job;
+    job.id = 7;
+    job.gpu = {{gpu[0], gpu[1]}, {2, 0}, {0, 0}};
+    job.keys = {Key{BlockHash::from_hex("07"), 0}};
+    job.host_block_ids = {host[0]};
+    void* table = nullptr;
+    sim->inject_failure("malloc_device", dev::ok);  // not a job's: the test's own table
+    REQUIRE(sim->malloc_device(&table, 8) == dev::ok);
+    const std::vector<std::int32_t> ids{static_cast<std::int32_t>(gpu[0]),
+                                        static_cast<std::int32_t>(gpu[1])};
+    REQUIRE(sim->memcpy_async(table, ids.data(), 8, 0) == dev::ok);
+    REQUIRE(sim->stream_synchronize(0) == dev::ok);
+    const std::vector<std::int64_t> offsets{0, 2, 2};
+    tickets.push_back(backend.submit_device_table(job, JobKind::store, *rig.layout, rig.region,
+                                                  static_cast<const std::int32_t*>(table),
+                                                  offsets));
+    backend.wait(tickets.back());
+    backend.poll(done);
+    REQUIRE(sim->free_device(table) == dev::ok);
+  }
+  REQUIRE(done.size() == tickets.size());
+  for (const auto& d : done) {
+    INFO("job " << d.job << ": " << d.error);
+    CHECK(d.ok);
+  }
+  if (c.mode != CopyMode::kernel) {  // (the device-table job writes blocks of its own)
+    CHECK(kvtest::same_bytes(rig.pool(), rig.expected_pool(jobs, before)));
+  }
+  REQUIRE(sim->device_synchronize() == dev::ok);
+  CHECK(sim->violations().empty());
 }
 
 TEST_CASE("sim: a kernel fault poisons the context: that job and every later one fail",

@@ -41,6 +41,8 @@ class KVOFFLOAD_EXPORT FaultyBackend final : public Backend {
   void poll(std::vector<BackendResult>& finished) override;
   void wait(Ticket ticket) override;
   void shutdown(bool drain) override;
+  ComputeMark mark_compute() noexcept override { return inner_->mark_compute(); }
+  void drop_mark(ComputeMark mark) noexcept override { inner_->drop_mark(mark); }
 
   struct Counts {
     std::uint64_t plans = 0, failed = 0, delayed = 0, reordered_batches = 0;

@@ -76,6 +76,8 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   int stream_destroy(StreamHandle stream) noexcept override;
   int stream_synchronize(StreamHandle stream) noexcept override;
   int stream_device(StreamHandle stream, int* device) noexcept override;
+  int stream_capturing(StreamHandle stream, bool* capturing) noexcept override;
+  int pointer_device(const void* ptr, int* device) noexcept override;
   int event_create(EventHandle* event) noexcept override;
   int event_destroy(EventHandle event) noexcept override;
   int event_record(EventHandle event, StreamHandle stream) noexcept override;
@@ -110,7 +112,9 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
 
   // ---- test hooks ----
   /// A simulated kernel (the engine's forward pass, say): `run` executes on the stream's
-  /// thread in stream order; `accesses` are checked for races like any operation's.
+  /// thread in stream order; `accesses` are checked for races like any operation's. With no
+  /// accesses it may block (a test holding the engine's work open): it runs outside the copy
+  /// engine, so other streams go on.
   int launch(StreamHandle stream, std::string name, std::vector<SimAccess> accesses,
              std::function<void()> run);
   /// The `after`+1-th next call named `call` ("memcpy_async", "malloc_host", "event_record",
@@ -127,6 +131,11 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   [[nodiscard]] std::size_t live_allocations() const;
   /// Host ranges registered (host_register) and not unregistered.
   [[nodiscard]] std::size_t live_registrations() const;
+  /// A graph capture on `stream` (cudaStreamBeginCapture .. EndCapture): stream_capturing
+  /// says so, and a wait on another stream for an event recorded on it meanwhile is a
+  /// violation (it would join the capture). The stream's work still runs.
+  int begin_capture(StreamHandle stream);
+  int end_capture(StreamHandle stream);
   /// Whether a fault poisoned the context.
   [[nodiscard]] bool poisoned() const;
 

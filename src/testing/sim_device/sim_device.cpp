@@ -144,6 +144,27 @@ int SimDevice::stream_device(StreamHandle stream, int* device) noexcept {
   return dev::ok;
 }
 
+int SimDevice::stream_capturing(StreamHandle stream, bool* capturing) noexcept {
+  std::lock_guard lock(s_->m);
+  State::Stream* st = s_->find_stream(stream, "stream_capturing");
+  if (st == nullptr) return dev::invalid_resource_handle;
+  *capturing = st->capturing;
+  return dev::ok;
+}
+
+int SimDevice::pointer_device(const void* ptr, int* device) noexcept {
+  std::lock_guard lock(s_->m);
+  s_->need_context();
+  *device = -1;
+  AllocKind kind{};
+  const auto p = reinterpret_cast<std::uintptr_t>(ptr);
+  if (s_->locate(p, 1, &kind) != State::Where::inside || kind != AllocKind::device) {
+    return dev::ok;
+  }
+  *device = std::prev(s_->allocs.upper_bound(p))->second.device;
+  return dev::ok;
+}
+
 int SimDevice::event_create(EventHandle* event) noexcept {
   std::lock_guard lock(s_->m);
   s_->need_context();
@@ -179,6 +200,7 @@ int SimDevice::event_record(EventHandle event, StreamHandle stream) noexcept {
   ev->stream = st;
   ev->seq = st->enqueued;
   ev->vc = st->vc;
+  ev->captured = st->capturing;
   return dev::ok;
 }
 
@@ -189,6 +211,12 @@ int SimDevice::stream_wait_event(StreamHandle stream, EventHandle event) noexcep
   State::Event* ev = s_->find_event(event, "stream_wait_event");
   State::Stream* st = s_->find_stream(stream, "stream_wait_event");
   if (ev == nullptr || st == nullptr) return dev::invalid_resource_handle;
+  if (ev->captured && ev->stream != st) {
+    s_->violate(fmt::format(
+        "stream_wait_event: stream {:#x} waits for an event recorded while stream {:#x} was "
+        "capturing a graph: it joins that capture, and its work runs only when the graph does",
+        stream, ev->stream->handle));
+  }
   if (ev->stream == nullptr || ev->seq == 0) return dev::ok;  // nothing captured
   State::Op op;
   op.name = "wait_event";
@@ -412,7 +440,7 @@ int SimDevice::host_register(void* ptr, std::size_t bytes) noexcept {
   if (const int e = s_->injected("host_register")) return e;
   const auto p = reinterpret_cast<std::uintptr_t>(ptr);
   if (bytes == 0 || s_->locate(p, bytes) != State::Where::outside) return dev::invalid_value;
-  s_->allocs[p] = {bytes, AllocKind::registered, true};
+  s_->allocs[p] = {bytes, AllocKind::registered, 0, true};
   return dev::ok;
 }
 
@@ -488,6 +516,22 @@ int SimDevice::primary_context_active(int device, bool* active) noexcept {
   if (device < 0 || device >= s_->config.devices) return dev::invalid_device;
   std::lock_guard lock(s_->m);
   *active = s_->contexts.count(device) != 0;
+  return dev::ok;
+}
+
+int SimDevice::begin_capture(StreamHandle stream) {
+  std::lock_guard lock(s_->m);
+  State::Stream* st = s_->find_stream(stream, "begin_capture");
+  if (st == nullptr) return dev::invalid_resource_handle;
+  st->capturing = true;
+  return dev::ok;
+}
+
+int SimDevice::end_capture(StreamHandle stream) {
+  std::lock_guard lock(s_->m);
+  State::Stream* st = s_->find_stream(stream, "end_capture");
+  if (st == nullptr) return dev::invalid_resource_handle;
+  st->capturing = false;
   return dev::ok;
 }
 

@@ -16,6 +16,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -129,6 +130,7 @@ struct SimDevice::State {
     int priority = 0;  // stream_create's; the copy engine serves lower numbers first
     bool destroyed = false;
     bool stop = false;
+    bool capturing = false;  // begin_capture .. end_capture (a test hook)
     std::deque<Op> ops;
     std::uint64_t enqueued = 0, completed = 0;
     Clock vc;  // what work enqueued from now on is ordered after
@@ -140,10 +142,12 @@ struct SimDevice::State {
     Stream* stream = nullptr;
     std::uint64_t seq = 0;
     Clock vc;
+    bool captured = false;  // recorded on a capturing stream: a node of its graph
   };
   struct Alloc {
     std::size_t bytes = 0;
     AllocKind kind = AllocKind::device;
+    int device = 0;    // a device allocation's device
     bool live = true;  // false once a free_async is queued (freed when it runs)
   };
   struct LogEntry {
@@ -402,6 +406,7 @@ struct SimDevice::State {
           check_early_reads(st, op);
           acc.insert(acc.end(), op.early_reads.begin(), op.early_reads.end());
           std::uint64_t written = 0;  // for the copy engine's bandwidth (copy_gbps)
+          const bool touches_memory = !acc.empty();
           for (const SimAccess& a : acc) {
             if (a.write) written += a.end - a.begin;
           }
@@ -412,7 +417,10 @@ struct SimDevice::State {
               // One operation's bytes move at a time: a race between streams is found by the
               // vector clocks above, never by a real data race in this process (so the
               // simulator is clean under ThreadSanitizer even when the program is not).
-              sim::ExecGate::Hold exec(exec_gate, config.honor_priority ? st->priority : 0);
+              // An operation that touches no memory (the engine's long kernel that a test
+              // holds open) moves no bytes: it runs beside the copy engine, as on a GPU.
+              std::optional<sim::ExecGate::Hold> exec;
+              if (touches_memory) exec.emplace(exec_gate, config.honor_priority ? st->priority : 0);
               const auto start = std::chrono::steady_clock::now();
               op.run();
               if (config.copy_gbps > 0) {
@@ -477,7 +485,7 @@ struct SimDevice::State {
     void* p = std::aligned_alloc(256, size);
     if (p == nullptr) return dev::memory_allocation;
     std::memset(p, 0xcd, size);  // like uninitialized device memory: not zeros
-    allocs[reinterpret_cast<std::uintptr_t>(p)] = {size, kind, true};
+    allocs[reinterpret_cast<std::uintptr_t>(p)] = {size, kind, current_device(), true};
     *ptr = p;
     return dev::ok;
   }

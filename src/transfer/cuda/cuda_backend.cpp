@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <optional>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -17,7 +18,6 @@
 namespace kvoffload {
 
 using detail::align16;
-using detail::AsyncBuffer;
 using detail::DevicePiece;
 using detail::Scope;
 
@@ -83,9 +83,63 @@ CopyMode CudaBackend::mode_for(const CopyPlan& plan) const noexcept {
   return choose_copy_mode(plan, impl_->config, batch_available(), kernel_available());
 }
 
+ComputeMark CudaBackend::mark_compute() noexcept {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  try {
+    return s.mark();
+  } catch (const std::exception& e) {
+    (void)s.rt->get_last_error();
+    detail::logger().warn(
+        "CUDA backend: a deferred store's compute mark failed ({}); it waits for the compute "
+        "stream when it starts",
+        e.what());
+    return 0;
+  }
+}
+
+void CudaBackend::drop_mark(ComputeMark mark) noexcept {
+  Impl& s = *impl_;
+  std::lock_guard lock(s.mutex);
+  const auto it = s.marks.find(mark);
+  if (it == s.marks.end()) return;
+  const EventHandle ev = it->second;
+  s.marks.erase(it);
+  try {
+    s.spare_events.push_back(ev);
+  } catch (...) {  // out of memory: one event is never reused, nothing else is lost
+  }
+}
+
 void CudaBackend::set_compute_stream(std::optional<StreamHandle> stream) {
   std::lock_guard lock(impl_->mutex);
   impl_->set_compute(stream);
+}
+
+void CudaBackend::check_tensors(std::span<const KvTensor> tensors) const {
+  Impl& s = *impl_;
+  const Scope scope(*s.rt, s.config.device);
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const KvTensor& k = tensors[t];
+    if (k.num_blocks <= 0 || k.page_bytes <= 0) continue;  // the layout refuses these
+    const std::uintptr_t last = k.base +
+                                static_cast<std::uintptr_t>(k.num_blocks - 1) *
+                                    static_cast<std::uintptr_t>(k.block_stride_bytes) +
+                                static_cast<std::uintptr_t>(k.page_bytes) - 1;
+    for (const std::uintptr_t p : {k.base, last}) {
+      int device = -1;
+      s.check(s.rt->pointer_device(reinterpret_cast<const void*>(p), &device), "pointer_device");
+      KVOFFLOAD_EXPECTS(
+          device == s.config.device,
+          "KV tensor {} ({} blocks of {} bytes at {:#x}): byte {:#x} is {}, but the CUDA "
+          "backend is on device {} ({})",
+          t, k.num_blocks, k.page_bytes, k.base, p,
+          device < 0 ? std::string("not device memory") : fmt::format("on device {}", device),
+          s.config.device,
+          device < 0 ? "the KV cache must be on the GPU"
+                     : "set cuda_device to the tensors' device");
+    }
+  }
 }
 
 Ticket CudaBackend::submit(CopyPlan plan) {
@@ -122,6 +176,12 @@ Ticket CudaBackend::submit(CopyPlan plan) {
       j.error = fmt::format("job {}: {}", j.plan.job, e.what());
       return j.ticket;
     }
+    const bool must_wait = store || s.config.loads_wait_for_compute;
+    if (!s.capture_free(j, must_wait)) {
+      s.release(j);
+      return j.ticket;  // failed, with its error; nothing queued
+    }
+    si = s.pick_stream(store);
     if (j.mode == CopyMode::staged) {
       for (const CopyDescriptor& d : j.plan.descriptors) j.staging_bytes += align16(d.bytes);
       j.staging = s.staging_ring.allocate(j.staging_bytes);
@@ -130,12 +190,22 @@ Ticket CudaBackend::submit(CopyPlan plan) {
         if (j.staging_bytes <= s.staging_ring.capacity()) ++s.stats.staged_fell_back;
       }
     }
+    if (j.mode == CopyMode::kernel || j.mode == CopyMode::staged) {
+      const std::size_t bytes = j.plan.descriptors.size() * sizeof(DevicePiece);
+      if (bytes > 0 && !s.reserve_upload(j, *si, bytes, bytes)) {
+        // The stream's upload rings are full now, or smaller than this piece array: the copy
+        // engines take the job instead, and nothing is allocated for it.
+        ++s.stats.ring_fell_back;
+        if (j.staging) s.staging_ring.release(*j.staging);
+        j.staging.reset();
+        j.mode = s.batch_ok ? CopyMode::batch : CopyMode::memcpy;
+      }
+    }
     s.count_mode(j.mode);
-    si = s.pick_stream(store);
     const StreamHandle stream = s.streams[*si];
     int e = s.rt->event_create(&j.done);
     if (e != dev::ok) j.done = 0;
-    if (e == dev::ok) e = s.wait_for_compute(stream, store || s.config.loads_wait_for_compute);
+    if (e == dev::ok) e = s.wait_for_compute(stream, must_wait, j.plan.compute_mark);
     if (e == dev::ok) e = s.enqueue(j, *si);
     if (e == dev::ok) e = s.rt->event_record(j.done, stream);
     if (e == dev::ok) {

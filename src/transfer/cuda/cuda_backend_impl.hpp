@@ -11,6 +11,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -43,15 +44,16 @@ inline constexpr int kMaxKernelCtas = 65535;
 struct CudaBackend::Impl {
   using DevicePiece = detail::DevicePiece;
   using Owned = detail::Owned;
-  using AsyncBuffer = detail::AsyncBuffer;
   using Scope = detail::Scope;
 
-  /// A slice of a stream's pinned ring, or a pinned allocation of the job's own.
-  struct Pinned {
-    std::byte* data = nullptr;
+  /// A job's slices of its stream's upload rings, allocated once at setup: pinned host bytes
+  /// (a piece array, device-table inputs) and device bytes (where the kernel reads them, and
+  /// the device-table path's scratch). No job allocates memory of its own.
+  struct Upload {
     std::size_t stream = 0;
-    std::optional<std::uint64_t> ring_offset;
-    void* own = nullptr;
+    std::optional<std::uint64_t> host_offset, device_offset;
+    std::byte* host = nullptr;
+    std::byte* device = nullptr;
   };
 
   struct Job {
@@ -68,7 +70,7 @@ struct CudaBackend::Impl {
     std::string error;  // empty while failed: the submission did not complete
     bool cancelled = false;
     std::chrono::steady_clock::time_point start;
-    Pinned pinned;                              // the piece array or device-table inputs
+    Upload upload;                              // the piece array or device-table inputs
     std::optional<std::uint64_t> staging;       // staged: offset in the staging buffers
     std::uint64_t staging_bytes = 0;            // staged: the pieces at 16-byte boundaries
     std::vector<std::uint64_t> staged_offsets;  // staged: where each piece lies
@@ -86,24 +88,28 @@ struct CudaBackend::Impl {
         config(c),
         device_staging(*rt, Owned::Kind::device),
         host_staging(*rt, Owned::Kind::host),
-        ring_memory(*rt, Owned::Kind::host) {}
+        ring_memory(*rt, Owned::Kind::host),
+        device_ring_memory(*rt, Owned::Kind::device) {}
 
   ~Impl() {
     try {
       Scope scope(*rt, config.device);
       for (StreamHandle s : streams) (void)rt->stream_synchronize(s);
-      // Jobs nobody polled still hold ring slices or pinned allocations of their own.
+      // Jobs nobody polled still hold ring slices.
       for (auto& queue : in_order) {
         for (JobPtr& j : queue) release(*j);
         queue.clear();
       }
       if (compute_ready != 0) (void)rt->event_destroy(compute_ready);
+      for (const auto& [mark, ev] : marks) (void)rt->event_destroy(ev);
       for (const EventHandle ev : switched_from) (void)rt->event_destroy(ev);
       for (const EventHandle ev : spare_events) (void)rt->event_destroy(ev);
       device_staging.reset();
       host_staging.reset();
       ring_memory.reset();
+      device_ring_memory.reset();
       for (StreamHandle s : streams) (void)rt->stream_destroy(s);
+      if (mark_stream != 0) (void)rt->stream_destroy(mark_stream);
     } catch (const std::exception& e) {
       detail::logger().error("CUDA backend: shutdown failed: {}", e.what());
     }
@@ -150,14 +156,24 @@ struct CudaBackend::Impl {
       }
     }
     batch_ok = rt->batch_available();
-    if (config.ring_bytes > 0) {
-      // Each stream's ring starts on a 64-byte boundary whatever ring_bytes is.
+    if (config.ring_bytes > 0 && kernel_ok) {
+      // Each stream's rings start on a 64-byte boundary whatever ring_bytes is. Only the
+      // kernel and device-table paths upload anything.
       ring_stride = detail::align64(config.ring_bytes);
       const std::size_t n = streams.size();
-      check(ring_memory.allocate(static_cast<std::size_t>(ring_stride) * n), "malloc_host (rings)");
-      for (std::size_t i = 0; i < n; ++i) rings.emplace_back(config.ring_bytes);
+      const auto all = static_cast<std::size_t>(ring_stride) * n;
+      check(ring_memory.allocate(all), "malloc_host (upload rings)");
+      check(device_ring_memory.allocate(all), "malloc_device (upload rings)");
+      for (std::size_t i = 0; i < n; ++i) {
+        rings.emplace_back(config.ring_bytes);
+        device_rings.emplace_back(config.ring_bytes);
+      }
     }
-    if (kernel_ok && config.staging_bytes > 0) {
+    // Staging only when a job can be staged: automatic mode never stages without
+    // staged_min_pieces (64 MiB of device and pinned memory nothing would use).
+    const bool staging_used = config.mode == CopyMode::staged ||
+                              (config.mode == CopyMode::automatic && config.staged_min_pieces > 0);
+    if (kernel_ok && staging_used && config.staging_bytes > 0) {
       check(device_staging.allocate(config.staging_bytes), "malloc_device (staging)");
       check(host_staging.allocate(config.staging_bytes), "malloc_host (staging)");
       staging_ring = detail::RingAllocator(config.staging_bytes);
@@ -191,13 +207,10 @@ struct CudaBackend::Impl {
       // from now on, until it is done: whichever order the engine switches streams and
       // starts its deferred stores in.
       EventHandle ev = 0;
-      if (!spare_events.empty()) {
-        ev = spare_events.back();
-        spare_events.pop_back();
-      } else {
-        check(rt->event_create(&ev), "event_create (previous compute stream)");
-      }
-      const int e = rt->event_record(ev, *compute);
+      check(take_event(&ev), "event_create (previous compute stream)");
+      // An event recorded on a capturing stream is a node of its graph: waiting for it would
+      // join the capture. Its work is not running anyway.
+      const int e = capturing(*compute) ? dev::invalid_value : rt->event_record(ev, *compute);
       if (e == dev::ok) {
         switched_from.push_back(ev);
       } else {  // the engine destroyed it already: nothing more can be ordered after it
@@ -220,34 +233,38 @@ struct CudaBackend::Impl {
            next_load++ % static_cast<std::size_t>(config.load_streams);
   }
 
-  /// Pinned bytes for an upload on stream `si`: ring first, else an allocation of its own.
-  int get_pinned(Job& job, std::size_t si, std::size_t bytes) {
-    job.pinned.stream = si;
-    if (!rings.empty()) {
-      if (auto off = rings[si].allocate(bytes)) {
-        job.pinned.ring_offset = off;
-        job.pinned.data = ring_memory.bytes() + si * ring_stride + *off;
-        return dev::ok;
-      }
+  /// Reserves `host` pinned and `device` device bytes of stream `si`'s upload rings for the
+  /// job: both, or neither (false: the rings are full now, or too small for the job).
+  bool reserve_upload(Job& job, std::size_t si, std::size_t host, std::size_t device) {
+    if (rings.empty()) return false;
+    const auto h = rings[si].allocate(host);
+    if (!h) return false;
+    const auto d = device_rings[si].allocate(device);
+    if (!d) {
+      rings[si].release(*h);
+      return false;
     }
-    ++stats.ring_fell_back;
-    const int e = rt->malloc_host(&job.pinned.own, bytes);
-    job.pinned.data = static_cast<std::byte*>(job.pinned.own);
-    return e;
+    job.upload.stream = si;
+    job.upload.host_offset = h;
+    job.upload.device_offset = d;
+    job.upload.host = ring_memory.bytes() + si * ring_stride + *h;
+    job.upload.device = device_ring_memory.bytes() + si * ring_stride + *d;
+    return true;
   }
 
   /// Gives back what the job held; only once its device work has finished (or never ran).
   void release(Job& job) {
     if (job.released) return;
     job.released = true;
-    if (job.pinned.ring_offset) rings[job.pinned.stream].release(*job.pinned.ring_offset);
-    if (job.pinned.own != nullptr) (void)rt->free_host(job.pinned.own);
-    job.pinned = {};
+    if (job.upload.host_offset) rings[job.upload.stream].release(*job.upload.host_offset);
+    if (job.upload.device_offset) {
+      device_rings[job.upload.stream].release(*job.upload.device_offset);
+    }
+    job.upload = {};
     if (job.staging) staging_ring.release(*job.staging);
     job.staging.reset();
   }
 
-  /// Waits (on the device) for the engine's compute stream, if the job must.
   /// Drops the switched-from events whose work is done (kept for reuse), and any that cannot
   /// be asked (an error: logged; nothing more can be ordered after it).
   void prune_switched_from() {
@@ -264,9 +281,107 @@ struct CudaBackend::Impl {
     });
   }
 
-  /// Also waits for the streams the engine switched away from, until their work up to the
-  /// switch is done.
-  int wait_for_compute(StreamHandle stream, bool must) {
+  /// An event for reuse, or a new one.
+  int take_event(EventHandle* ev) {
+    if (!spare_events.empty()) {
+      *ev = spare_events.back();
+      spare_events.pop_back();
+      return dev::ok;
+    }
+    return rt->event_create(ev);
+  }
+
+  /// Records the engine's work so far (the compute stream's, and the work up to the switch of
+  /// streams it switched away from that is not done yet) in one event: on the compute stream
+  /// itself, or, with switched-from streams, on the backend's mark stream after waits for
+  /// them all. Returns 0 when there is nothing to wait for; throws cuda_error on a failed call
+  /// (the event goes back to the spares).
+  ComputeMark mark() {
+    if (!compute || skip_compute_wait || stopping) return 0;
+    Scope scope(*rt, config.device);
+    if (capturing(*compute)) {  // no event: the store is refused when it starts
+      const ComputeMark id = next_mark++;
+      marks.emplace(id, EventHandle{0});
+      return id;
+    }
+    prune_switched_from();
+    EventHandle ev = 0;
+    check(take_event(&ev), "event_create (compute mark)");
+    int e = dev::ok;
+    if (switched_from.empty()) {
+      e = rt->event_record(ev, *compute);
+    } else {
+      if (mark_stream == 0) e = rt->stream_create(0, &mark_stream);
+      if (e == dev::ok) e = rt->event_record(compute_ready, *compute);
+      if (e == dev::ok) e = rt->stream_wait_event(mark_stream, compute_ready);
+      for (std::size_t i = 0; e == dev::ok && i < switched_from.size(); ++i) {
+        e = rt->stream_wait_event(mark_stream, switched_from[i]);
+      }
+      if (e == dev::ok) e = rt->event_record(ev, mark_stream);
+    }
+    if (e != dev::ok) {
+      spare_events.push_back(ev);
+      check(e, "marking the compute stream");
+    }
+    const ComputeMark id = next_mark++;
+    marks.emplace(id, ev);
+    return id;
+  }
+
+  /// Whether `stream` is capturing a CUDA graph (a failed query counts as not: the calls that
+  /// follow fail on their own).
+  bool capturing(StreamHandle stream) {
+    bool yes = false;
+    if (rt->stream_capturing(stream, &yes) != dev::ok) {
+      (void)rt->get_last_error();
+      return false;
+    }
+    return yes;
+  }
+
+  /// False, with the job's error set, for a job that would have to wait for a compute stream
+  /// capturing a CUDA graph: the wait would join the capture (the copy would run only when the
+  /// graph is launched, if ever), so the job is refused and nothing is queued. A deferred
+  /// store marked while the stream captured is refused when it starts.
+  bool capture_free(Job& job, bool must) {
+    const ComputeMark mark_id = job.plan.compute_mark;
+    if (mark_id != 0) {
+      const auto it = marks.find(mark_id);
+      if (it == marks.end() || it->second != 0) return true;
+      marks.erase(it);
+      ++stats.refused_capturing;
+      job.error = fmt::format(
+          "job {}: refused: the compute stream {:#x} was capturing a CUDA graph when this "
+          "deferred store was submitted, so there is no forward pass to order it after",
+          job.plan.job, compute.value_or(0));
+      return false;
+    }
+    if (!compute || !must || skip_compute_wait || !capturing(*compute)) return true;
+    ++stats.refused_capturing;
+    job.error = fmt::format(
+        "job {}: refused: the compute stream {:#x} is capturing a CUDA graph, and a copy "
+        "ordered after it would join the capture instead of running (submit jobs before or "
+        "after a capture, not during one)",
+        job.plan.job, *compute);
+    return false;
+  }
+
+  /// Waits (on the device) for the engine's compute work, if the job must: the work up to
+  /// `mark` when it has one (a deferred store, marked at its submission), else the compute
+  /// stream's work queued so far and the streams the engine switched away from, until their
+  /// work up to the switch is done.
+  int wait_for_compute(StreamHandle stream, bool must, ComputeMark mark_id) {
+    if (mark_id != 0) {
+      const auto it = marks.find(mark_id);
+      if (it != marks.end()) {
+        const EventHandle ev = it->second;
+        marks.erase(it);
+        // The wait takes the event's work as of now: the event can be reused at once.
+        const int e = skip_compute_wait ? dev::ok : rt->stream_wait_event(stream, ev);
+        spare_events.push_back(ev);
+        return e;
+      }
+    }
     if (!compute || !must || skip_compute_wait) return dev::ok;
     int e = rt->event_record(compute_ready, *compute);
     if (e == dev::ok) e = rt->stream_wait_event(stream, compute_ready);
@@ -321,10 +436,9 @@ struct CudaBackend::Impl {
         const std::size_t n = plan.descriptors.size();
         if (n == 0) return dev::ok;
         const std::size_t bytes = n * sizeof(DevicePiece);
-        int e = get_pinned(job, si, bytes);
-        if (e != dev::ok) return e;
-        rt->host_access(job.pinned.data, bytes, true);
-        auto* pieces = reinterpret_cast<DevicePiece*>(job.pinned.data);
+        if (job.upload.host == nullptr) return dev::invalid_value;  // submit reserved it
+        rt->host_access(job.upload.host, bytes, true);
+        auto* pieces = reinterpret_cast<DevicePiece*>(job.upload.host);
         std::uint64_t offset = 0;
         for (std::size_t i = 0; i < n; ++i) {
           const CopyDescriptor& d = plan.descriptors[i];
@@ -337,16 +451,12 @@ struct CudaBackend::Impl {
             offset += detail::align16(d.bytes);
           }
         }
-        AsyncBuffer d_pieces(*rt, stream);
-        e = d_pieces.allocate(bytes);
-        if (e == dev::ok) e = rt->memcpy_async(d_pieces.get(), pieces, bytes, stream);
+        int e = rt->memcpy_async(job.upload.device, pieces, bytes, stream);
         if (e == dev::ok) {
-          e = rt->launch_copy_pieces(reinterpret_cast<const DevicePiece*>(d_pieces.get()), n,
+          e = rt->launch_copy_pieces(reinterpret_cast<const DevicePiece*>(job.upload.device), n,
                                      config.kernel_ctas, config.kernel_threads, stream);
         }
-        const int freed = d_pieces.free();
         if (e != dev::ok) return e;
-        if (freed != dev::ok) return freed;
         if (job.mode != CopyMode::staged) return dev::ok;
         // One large copy to this job's part of the host staging buffer; poll or wait scatter it.
         return rt->memcpy_async(host_staging.bytes() + *job.staging,
@@ -398,12 +508,18 @@ struct CudaBackend::Impl {
   std::vector<StreamHandle> streams;  // store streams, then load streams
   std::size_t next_store = 0, next_load = 0;
   bool kernel_ok = false, batch_ok = false;
-  Owned device_staging, host_staging, ring_memory;
-  std::uint64_t ring_stride = 0;             // bytes between two streams' rings (64-byte aligned)
-  std::vector<detail::RingAllocator> rings;  // per stream, over ring_memory
+  Owned device_staging, host_staging, ring_memory, device_ring_memory;
+  std::uint64_t ring_stride = 0;  // bytes between two streams' rings (64-byte aligned)
+  // Per stream, over ring_memory (pinned) and device_ring_memory.
+  std::vector<detail::RingAllocator> rings, device_rings;
   detail::RingAllocator staging_ring;
   std::optional<StreamHandle> compute;
   EventHandle compute_ready = 0;
+  // Deferred stores' marks (mark()), by id, until their plan is submitted or dropped; the
+  // stream that joins a mark's waits when the engine switched compute streams.
+  std::unordered_map<ComputeMark, EventHandle> marks;
+  ComputeMark next_mark = 1;
+  StreamHandle mark_stream = 0;
   // Events recorded on compute streams the engine switched away from, not yet seen done;
   // and done ones kept for reuse.
   std::vector<EventHandle> switched_from, spare_events;

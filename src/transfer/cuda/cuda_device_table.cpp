@@ -15,7 +15,6 @@
 namespace kvoffload {
 
 using detail::align16;
-using detail::AsyncBuffer;
 using detail::DevicePiece;
 using detail::Scope;
 
@@ -116,6 +115,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
       j.error = fmt::format("job {} (device table): {}", job.id, e.what());
       return j.ticket;
     }
+    if (!s.capture_free(j, true)) return j.ticket;  // failed, with its error
     ++s.stats.jobs_device_table;
     const std::size_t si = s.pick_stream(L.store);
     picked = si;
@@ -133,8 +133,6 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
     int e = s.rt->compaction_temp_bytes(std::max<std::int64_t>(n, 1), G, &temp_bytes);
     if (e == dev::ok) e = s.rt->event_create(&j.done);
     if (e != dev::ok) j.done = 0;
-    if (e == dev::ok) e = s.get_pinned(j, si, pinned_bytes);
-    AsyncBuffer scratch(*s.rt, stream);
     const auto pieces = static_cast<std::uint64_t>(n) * static_cast<std::uint64_t>(L.max_tensors);
     const std::size_t o_temp = align16(inputs);
     const std::size_t o_count = o_temp + align16(temp_bytes);
@@ -144,8 +142,16 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
         o_out + align16(4 * static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
     const std::size_t o_pieces = o_dflag + 16;
     const std::size_t scratch_bytes = o_pieces + pieces * sizeof(DevicePiece) + 16;
+    if (e == dev::ok && !s.reserve_upload(j, si, pinned_bytes, scratch_bytes)) {
+      j.error = fmt::format(
+          "job {} (device table): its inputs and scratch ({} and {} bytes) do not fit stream "
+          "{}'s upload rings now (ring_bytes {}); nothing was copied",
+          job.id, pinned_bytes, scratch_bytes, si, s.config.ring_bytes);
+      s.release(j);
+      return j.ticket;  // failed; nothing queued
+    }
     if (e == dev::ok) {
-      std::byte* p = j.pinned.data;
+      std::byte* p = j.upload.host;
       s.rt->host_access(p, pinned_bytes, true);
       std::memcpy(p + o_offsets, offsets.data(), 8 * offsets.size());
       std::memcpy(p + o_expected, job.gpu.group_sizes.data(), 8 * static_cast<std::size_t>(G));
@@ -156,12 +162,11 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
       }
       std::memset(p + o_flag, 0, 16);
       j.mismatch = reinterpret_cast<const int*>(p + o_flag);
-      e = scratch.allocate(scratch_bytes);
     }
     // The engine writes the table on its compute stream: wait before the first read of it.
-    if (e == dev::ok) e = s.wait_for_compute(stream, true);
-    if (e == dev::ok) e = s.rt->memcpy_async(scratch.get(), j.pinned.data, inputs, stream);
-    std::byte* d = scratch.get();
+    if (e == dev::ok) e = s.wait_for_compute(stream, true, 0);
+    if (e == dev::ok) e = s.rt->memcpy_async(j.upload.device, j.upload.host, inputs, stream);
+    std::byte* d = j.upload.device;
     auto* d_flag = reinterpret_cast<int*>(d + o_dflag);
     if (e == dev::ok) {
       CompactArgs a;
@@ -193,9 +198,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
                                      s.config.kernel_threads, stream);
       }
     }
-    if (e == dev::ok) e = s.rt->memcpy_async(j.pinned.data + o_flag, d_flag, sizeof(int), stream);
-    const int freed = scratch.free();
-    if (e == dev::ok) e = freed;
+    if (e == dev::ok) e = s.rt->memcpy_async(j.upload.host + o_flag, d_flag, sizeof(int), stream);
     if (e == dev::ok) e = s.rt->event_record(j.done, stream);
     if (e == dev::ok) {
       j.recorded = true;

@@ -1,0 +1,203 @@
+// What the CUDA backend refuses of an engine's setup, on the simulated device (issue 49,
+// items 3 and 9): jobs while the compute stream captures a CUDA graph (a wait would join the
+// capture), and KV tensors that are not memory of the backend's device. Each test fails under
+// the mutation named above it.
+
+#include <cstring>
+#include <vector>
+
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/generators/catch_generators.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+
+#include "backend/device_rig.hpp"
+#include "backend/sim_engine.hpp"
+#include "kvoffload/cuda_backend.hpp"
+#include "kvoffload/error.hpp"
+#include "kvoffload/testing/sim_device.hpp"
+#include "kvoffload/transfer_engine.hpp"
+#include "kvoffload/worker.hpp"
+
+using namespace kvoffload;
+using Catch::Matchers::ContainsSubstring;
+using kvtest::DeviceRig;
+using kvtest::forward_pass;
+using kvtest::host_blocks_hold;
+using kvtest::sim_with;
+using kvtest::store_job;
+
+namespace {
+
+std::vector<std::string> settled_violations(SimDevice& sim) {
+  REQUIRE(sim.device_synchronize() == dev::ok);
+  auto v = sim.violations();
+  for (const auto& line : v) UNSCOPED_INFO(line);
+  return v;
+}
+
+FinishedTransfer only_result(TransferEngine& engine, JobId id) {
+  const std::vector<JobId> ids{id};
+  engine.wait(ids);
+  auto done = engine.get_finished();
+  REQUIRE(done.size() == 1);
+  REQUIRE(done[0].job == id);
+  return done[0];
+}
+
+}  // namespace
+
+// Mutation caught: submit without the capture check (the job's wait records an event on the
+// capturing stream and joins the capture: the simulator reports it).
+TEST_CASE("sim: a job submitted while the compute stream captures a graph is refused",
+          "[sim][cuda_backend][capture]") {
+  const CopyMode mode = GENERATE(CopyMode::batch, CopyMode::memcpy, CopyMode::kernel);
+  const bool deferred = GENERATE(false, true);
+  INFO("mode " << to_string(mode) << ", deferred " << deferred);
+  auto sim = sim_with(71, 1, 5);
+  DeviceRig rig(sim, 1, 4096, 32, 16);
+  StreamHandle compute = 0;
+  REQUIRE(sim->stream_create(0, &compute) == dev::ok);
+  CudaBackendConfig c;
+  c.mode = mode;
+  c.compute_stream = compute;
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  auto owned = std::make_unique<CudaBackend>(c, sim);
+  CudaBackend& backend = *owned;
+  {
+    TransferEngineConfig ec;
+    ec.defer_stores = deferred;
+    TransferEngine engine(*rig.layout, rig.region, std::move(owned), ec);
+    forward_pass(*sim, compute, rig, 1, 8, 0x5e);
+    REQUIRE(sim->stream_synchronize(compute) == dev::ok);
+    const auto before = rig.pool();
+    REQUIRE(sim->begin_capture(compute) == dev::ok);
+    engine.submit_store(store_job(1, 1, 8));
+    if (deferred) REQUIRE(sim->end_capture(compute) == dev::ok);  // refused all the same
+    engine.start_step();
+    const FinishedTransfer refused = only_result(engine, 1);
+    CHECK_FALSE(refused.ok);
+    CHECK_THAT(refused.error, ContainsSubstring("job 1: refused"));
+    CHECK_THAT(refused.error, ContainsSubstring("capturing a CUDA graph"));
+    CHECK(rig.pool() == before);  // nothing copied
+    CHECK(backend.stats().refused_capturing == 1);
+    if (!deferred) REQUIRE(sim->end_capture(compute) == dev::ok);
+    // After the capture the same store runs.
+    engine.submit_store(store_job(2, 1, 8));
+    engine.start_step();
+    CHECK(only_result(engine, 2).ok);
+    CHECK(host_blocks_hold(rig, 8, 0x5e));
+  }
+  CHECK(settled_violations(*sim).empty());
+  REQUIRE(sim->stream_destroy(compute) == dev::ok);
+}
+
+// Mutation caught: set_compute_stream recording an event on the old stream while it captures
+// (later jobs wait for it and join the capture).
+TEST_CASE("sim: switching away from a capturing compute stream joins no capture",
+          "[sim][cuda_backend][capture]") {
+  auto sim = sim_with(72, 1, 5);
+  DeviceRig rig(sim, 1, 4096, 32, 16);
+  StreamHandle a = 0, b = 0;
+  REQUIRE(sim->stream_create(0, &a) == dev::ok);
+  REQUIRE(sim->stream_create(0, &b) == dev::ok);
+  CudaBackendConfig c;
+  c.mode = CopyMode::batch;
+  c.compute_stream = a;
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  auto owned = std::make_unique<CudaBackend>(c, sim);
+  CudaBackend& backend = *owned;
+  {
+    TransferEngine engine(*rig.layout, rig.region, std::move(owned));
+    // Work on the old stream before its capture, still running at the switch (other blocks:
+    // its order cannot be kept without joining the capture, and nothing here reads them).
+    forward_pass(*sim, a, rig, 17, 8, 0x33);
+    REQUIRE(sim->begin_capture(a) == dev::ok);
+    backend.set_compute_stream(b);
+    forward_pass(*sim, b, rig, 1, 8, 0x17);
+    engine.submit_store(store_job(1, 1, 8));
+    CHECK(only_result(engine, 1).ok);
+    CHECK(host_blocks_hold(rig, 8, 0x17));
+    REQUIRE(sim->end_capture(a) == dev::ok);
+  }
+  CHECK(settled_violations(*sim).empty());
+  REQUIRE(sim->stream_destroy(a) == dev::ok);
+  REQUIRE(sim->stream_destroy(b) == dev::ok);
+}
+
+TEST_CASE("sim: loads that need no compute wait run during a capture",
+          "[sim][cuda_backend][capture]") {
+  auto sim = sim_with(73, 1, 5);
+  DeviceRig rig(sim, 1, 4096, 32, 16);
+  StreamHandle compute = 0;
+  REQUIRE(sim->stream_create(0, &compute) == dev::ok);
+  CudaBackendConfig c;
+  c.mode = CopyMode::kernel;
+  c.compute_stream = compute;
+  c.loads_wait_for_compute = false;
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  {
+    TransferEngine engine(*rig.layout, rig.region, std::make_unique<CudaBackend>(c, sim));
+    REQUIRE(sim->begin_capture(compute) == dev::ok);
+    TransferJob load = store_job(1, 1, 8);
+    load.kind = JobKind::load;
+    engine.submit_load(load);
+    CHECK(only_result(engine, 1).ok);
+    REQUIRE(sim->end_capture(compute) == dev::ok);
+  }
+  CHECK(settled_violations(*sim).empty());
+  REQUIRE(sim->stream_destroy(compute) == dev::ok);
+}
+
+// Mutation caught: the Worker not calling check_tensors (the first job's kernel would read
+// another device's memory, or host memory, and fault).
+TEST_CASE("sim: KV tensors that are not the backend device's memory are refused by name",
+          "[sim][cuda_backend][worker][devices]") {
+  auto sim = sim_with(74, 2, 5);
+  enum class Where { device1, host, straddling };
+  const Where where = GENERATE(Where::device1, Where::host, Where::straddling);
+  INFO("tensor " << static_cast<int>(where));
+  void* own = nullptr;
+  std::vector<std::uint8_t> host(std::size_t{16} * 512);
+  std::uintptr_t base = 0;
+  std::int64_t blocks = 16;
+  if (where == Where::device1) {
+    REQUIRE(sim->set_device(1) == dev::ok);
+    REQUIRE(sim->malloc_device(&own, std::size_t{16} * 512) == dev::ok);
+    REQUIRE(sim->set_device(0) == dev::ok);
+    base = reinterpret_cast<std::uintptr_t>(own);
+  } else if (where == Where::host) {
+    base = reinterpret_cast<std::uintptr_t>(host.data());
+  } else {  // device 0 memory, but the tensor claims more blocks than were allocated
+    REQUIRE(sim->malloc_device(&own, std::size_t{16} * 512) == dev::ok);
+    base = reinterpret_cast<std::uintptr_t>(own);
+    blocks = 64;
+  }
+  WorkerConfig wc;
+  wc.tensors = {{base, blocks, 512, 512}};
+  wc.groups = {{{0, 512}}};
+  wc.host_blocks = 4;
+  wc.backend = BackendKind::cuda;
+  wc.runtime = sim;
+  wc.cuda_device = 0;
+  try {
+    Worker w(wc);
+    FAIL("the worker accepted a KV tensor that is not device 0's memory");
+  } catch (const invalid_argument& e) {
+    const std::string what = e.what();
+    CHECK_THAT(what, ContainsSubstring("KV tensor 0"));
+    CHECK_THAT(what, ContainsSubstring(where == Where::device1 ? "is on device 1"
+                                                               : "is not device memory"));
+    CHECK_THAT(what, ContainsSubstring("backend is on device 0"));
+  }
+  if (own != nullptr) REQUIRE(sim->free_device(own) == dev::ok);
+  // The same tensor on the right device is accepted (the check is not refusing everything).
+  void* good = nullptr;
+  REQUIRE(sim->malloc_device(&good, std::size_t{16} * 512) == dev::ok);
+  wc.tensors = {{reinterpret_cast<std::uintptr_t>(good), 16, 512, 512}};
+  { const Worker w(wc); }
+  REQUIRE(sim->free_device(good) == dev::ok);
+  CHECK(sim->violations().empty());
+}
