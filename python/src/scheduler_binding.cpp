@@ -171,6 +171,31 @@ void bind_tier_job(nb::module_& m) {
       });
 }
 
+/// A transfer job from its parts (pickling and the constructor); a tier job's kind is refused.
+TransferJob make_job(JobId id, const std::string& kind, const std::string& request,
+                     const std::vector<std::pair<nb::bytes, std::uint32_t>>& keys,
+                     const std::vector<GpuBlockId>& ids, const std::vector<std::int64_t>& sizes,
+                     const std::vector<std::int64_t>& indices,
+                     const std::vector<HostBlockId>& hosts) {
+  TransferJob j;
+  j.id = id;
+  j.kind = parse_job_kind(kind, "Job: kind");
+  if (is_tier_job(j.kind)) {
+    throw invalid_argument("Job: kind \"" + kind +
+                           "\" is a tier job's (TierJob, submit_tier), not a transfer's (load "
+                           "or store)");
+  }
+  j.request_id = request;
+  for (std::size_t i = 0; i < keys.size(); ++i) {
+    j.keys.push_back(Key{to_hash(keys[i].first, "Job", i), keys[i].second});
+  }
+  j.gpu.block_ids = ids;
+  j.gpu.group_sizes = sizes;
+  j.gpu.block_indices = indices;
+  j.host_block_ids = hosts;
+  return j;
+}
+
 }  // namespace
 
 void bind_scheduler(nb::module_& m) {
@@ -228,24 +253,23 @@ void bind_scheduler(nb::module_& m) {
                                std::vector<std::pair<nb::bytes, std::uint32_t>>,
                                std::vector<GpuBlockId>, std::vector<std::int64_t>,
                                std::vector<std::int64_t>, std::vector<HostBlockId>>& state) {
-             new (&j) TransferJob();
              const auto& [id, kind, request, keys, ids, sizes, indices, hosts] = state;
-             j.id = id;
-             j.kind = parse_job_kind(kind, "Job: kind");
-             if (is_tier_job(j.kind)) {
-               throw invalid_argument("Job: kind \"" + kind +
-                                      "\" is a tier job's (TierJob, submit_tier), not a "
-                                      "transfer's (load or store)");
-             }
-             j.request_id = request;
-             for (std::size_t i = 0; i < keys.size(); ++i) {
-               j.keys.push_back(Key{to_hash(keys[i].first, "Job", i), keys[i].second});
-             }
-             j.gpu.block_ids = ids;
-             j.gpu.group_sizes = sizes;
-             j.gpu.block_indices = indices;
-             j.host_block_ids = hosts;
-           });
+             new (&j) TransferJob(make_job(id, kind, request, keys, ids, sizes, indices, hosts));
+           })
+      // A job built by hand (tests, tools, an engine of one's own): checked on submit like
+      // any other.
+      .def(
+          "__init__",
+          [](TransferJob* j, JobId id, const std::string& kind,
+             const std::vector<std::pair<nb::bytes, std::uint32_t>>& keys,
+             const std::vector<GpuBlockId>& ids, const std::vector<std::int64_t>& sizes,
+             const std::vector<std::int64_t>& indices, const std::vector<HostBlockId>& hosts,
+             const std::string& request) {
+            new (j) TransferJob(make_job(id, kind, request, keys, ids, sizes, indices, hosts));
+          },
+          "id"_a, "kind"_a, "keys"_a, "gpu_block_ids"_a, "group_sizes"_a, "block_indices"_a,
+          "host_block_ids"_a, "request_id"_a = "",
+          "keys: (hash bytes, group) per host block, group-major; kind: \"load\" or \"store\".");
 
   nb::class_<Scheduler>(m, "_Scheduler")
       .def(

@@ -137,3 +137,29 @@ def test_build_facts():
     assert isinstance(n, int) and n >= 0
     if not kv.built_with_cuda():
         assert n == 0
+
+
+def test_a_job_built_by_hand_runs_and_is_checked_on_submit():
+    """kv.Job's constructor (tools and the GPU bundle's checks build jobs without a
+    scheduler): a store and a load of it round-trip; a tier job's kind is refused at once, and
+    a job naming one GPU block twice is refused on submit, naming the job."""
+    f, page = 2, 64
+    gpu = np.zeros((16, page), dtype=np.uint8)
+    w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, page)]], host_blocks=4,
+                                  block_size_factor=f, threads=1))
+    gpu[[1, 2]] = np.arange(2 * page, dtype=np.uint8).reshape(2, page)
+    keys = [(b"\x01" * 16, 0)]
+    store = kv.Job(7, "store", keys, [1, 2], [2], [0], [3], request_id="by-hand")
+    assert (store.id, store.kind, store.request_id, list(store.host_block_ids)) == (
+        7, "store", "by-hand", [3])
+    w.submit(store)
+    w.wait([7])
+    assert [(x.job, x.ok) for x in w.get_finished()] == [(7, True)]
+    w.submit(kv.Job(8, "load", keys, [5, 6], [2], [0], [3]))
+    w.wait([8])
+    assert [(x.job, x.ok) for x in w.get_finished()] == [(8, True)]
+    assert np.array_equal(gpu[[5, 6]], gpu[[1, 2]])
+    with pytest.raises(kv.InvalidArgument, match="tier job"):
+        kv.Job(9, "promote", keys, [1, 2], [2], [0], [3])
+    with pytest.raises(kv.InvalidArgument, match="job 10: GPU block 1 is named twice"):
+        w.submit(kv.Job(10, "load", keys, [1, 1], [2], [0], [3]))
