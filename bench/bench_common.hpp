@@ -45,6 +45,11 @@ struct Options {
   std::string json_path;             ///< write the result document here
   std::uint64_t copy_total = 0;      ///< copy cuda, source-order: run bytes (0: 1GiB, 256MiB)
   std::uint64_t copy_piece_max = 0;  ///< the same: largest piece (0: 16MiB, 1MiB)
+  /// copy cuda: the kernel's CTA counts to sweep for the kernel and staged modes (empty: the
+  /// backend's default), and whether the host side is a PinnedHostPool (registered memory, as
+  /// a Worker's) instead of cudaMallocHost: the diagnostics for a two-way miss (issue 49).
+  std::vector<int> copy_ctas;
+  bool copy_host_pool = false;
   std::int64_t compact_max_ids = 0;  ///< compact: largest id count (0: 16 M, quick 64 Ki)
   std::string disk_io = "auto";      ///< disk: the tier's I/O engine (auto, io_uring, threads)
 };

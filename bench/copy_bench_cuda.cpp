@@ -6,6 +6,7 @@
 #include <thrust/copy.h>
 #include <thrust/execution_policy.h>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <stdexcept>
@@ -16,6 +17,7 @@
 #include "kvoffload/cuda_backend.hpp"
 #include "kvoffload/detail/copy_body.hpp"
 #include "kvoffload/device_runtime.hpp"
+#include "kvoffload/pinned_host_pool.hpp"
 #include "scenarios.hpp"
 
 namespace kvbench {
@@ -66,89 +68,116 @@ nlohmann::json run_copy_cuda_sweep(const Options& opt) {
   void* gpu = nullptr;
   void* host = nullptr;
   check(cudaMalloc(&gpu, total), "cudaMalloc");
-  check(cudaMallocHost(&host, total), "cudaMallocHost");
+  // The host side: cudaMallocHost, or a Worker's kind of pool (mapped, registered in 1 GiB
+  // pieces), to tell the two apart when a mode misses its target.
+  std::unique_ptr<PinnedHostPool> pool;
+  if (opt.copy_host_pool) {
+    PoolConfig pc;
+    pc.block_bytes = 2 << 20;
+    pc.host_bytes = total;
+    pc.pinning = Pinning::require;
+    pool = std::make_unique<PinnedHostPool>(pc);
+    host = pool->data();
+  } else {
+    check(cudaMallocHost(&host, total), "cudaMallocHost");
+  }
   cudaStream_t stream = nullptr;
   check(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "stream");
   nlohmann::json rows = nlohmann::json::array();
+  const std::vector<int> ctas =
+      opt.copy_ctas.empty() ? std::vector<int>{CudaBackendConfig{}.kernel_ctas} : opt.copy_ctas;
   const CopyMode modes[] = {CopyMode::batch, CopyMode::memcpy, CopyMode::kernel, CopyMode::staged,
                             CopyMode::automatic};
   std::vector<std::uint64_t> sizes;
   for (std::uint64_t s = 4096; s <= max_piece && s <= total; s *= opt.quick ? 16 : 2)
     sizes.push_back(s);
-  Progress progress("copy cuda", sizes.size() * std::size(modes));
+  Progress progress("copy cuda", sizes.size() * (std::size(modes) + 2 * (ctas.size() - 1)));
   for (const std::uint64_t piece : sizes) {
     for (const CopyMode mode : modes) {
-      CudaBackendConfig c;
-      c.mode = mode;
-      c.staging_bytes = std::min<std::uint64_t>(total, std::uint64_t{256} << 20);
-      const std::uint64_t job_bytes = std::min<std::uint64_t>(total, std::uint64_t{64} << 20);
-      CudaBackend backend(c);
-      nlohmann::json row{{"piece_bytes", piece}, {"mode", std::string(to_string(mode))}};
-      const CudaBackendStats before = backend.stats();
-      for (const std::string dir : {"d2h", "h2d", "both"}) {
-        std::vector<double> bw, ratio, cpu_ns;
-        for (std::size_t r = 0; r < runs; ++r) {
-          const double ceil = dir == "h2d"
-                                  ? ceiling_gbps(gpu, host, total, cudaMemcpyHostToDevice, stream)
-                                  : ceiling_gbps(host, gpu, total, cudaMemcpyDeviceToHost, stream);
-          const std::uint64_t half = total / 2;
-          // Jobs of at most job_bytes each (a request's worth), so staged jobs fit the
-          // staging buffer instead of silently running as kernel jobs.
-          std::vector<CopyPlan> plans;
-          auto add = [&](std::uint64_t offset, std::uint64_t bytes, JobKind d) {
-            for (std::uint64_t at = 0; at < bytes; at += job_bytes) {
-              const std::uint64_t n = std::min(job_bytes, bytes - at);
-              if (n < piece) break;
-              plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu) + offset + at,
-                                        reinterpret_cast<std::uintptr_t>(host) + offset + at, n,
-                                        piece, d));
-            }
-          };
-          if (dir == "both") {
-            add(0, half, JobKind::store);
-            add(half, half, JobKind::load);
-          } else {
-            add(0, total, dir == "d2h" ? JobKind::store : JobKind::load);
-          }
-          std::uint64_t bytes = 0, pieces = 0;
-          for (const auto& p : plans) {
-            bytes += p.total_bytes;
-            pieces += p.descriptors.size();
-          }
-          const auto t0 = Clock::now();
-          std::vector<Ticket> tickets;
-          for (auto& p : plans) tickets.push_back(backend.submit(p));
-          const double submit_s = seconds_since(t0);
-          for (const Ticket t : tickets) backend.wait(t);
-          const double s = seconds_since(t0);
-          std::vector<BackendResult> done;
-          backend.poll(done);
-          for (const auto& d : done) {
-            if (!d.ok) throw std::runtime_error("copy cuda bench: " + d.error);
-          }
-          bw.push_back(static_cast<double>(bytes) / s / 1e9);
-          ratio.push_back(bw.back() / ceil);
-          cpu_ns.push_back(submit_s * 1e9 / static_cast<double>(pieces));
+      const bool kernel = mode == CopyMode::kernel || mode == CopyMode::staged;
+      for (const int cta : kernel ? ctas : std::vector<int>{ctas.front()}) {
+        CudaBackendConfig c;
+        c.mode = mode;
+        c.kernel_ctas = cta;
+        c.staging_bytes = std::min<std::uint64_t>(total, std::uint64_t{256} << 20);
+        if (pool) {
+          c.host_base = reinterpret_cast<std::uintptr_t>(pool->data());
+          c.host_bytes = pool->size_bytes();
+          c.host_registration_bytes =
+              static_cast<std::uint64_t>(pool->blocks_per_registration()) * pool->block_bytes();
         }
-        row[dir] = {{"gbps", to_json(summarize(bw), "gbps")},
-                    {"ratio_to_one_copy_median", summarize(ratio).median},
-                    {"cpu_ns_per_descriptor_median", summarize(cpu_ns).median}};
+        const std::uint64_t job_bytes = std::min<std::uint64_t>(total, std::uint64_t{64} << 20);
+        CudaBackend backend(c);
+        nlohmann::json row{{"piece_bytes", piece},
+                           {"mode", std::string(to_string(mode))},
+                           {"kernel_ctas", cta},
+                           {"host", pool ? "pool" : "cudaMallocHost"}};
+        const CudaBackendStats before = backend.stats();
+        for (const std::string dir : {"d2h", "h2d", "both"}) {
+          std::vector<double> bw, ratio, cpu_ns;
+          for (std::size_t r = 0; r < runs; ++r) {
+            const double ceil =
+                dir == "h2d" ? ceiling_gbps(gpu, host, total, cudaMemcpyHostToDevice, stream)
+                             : ceiling_gbps(host, gpu, total, cudaMemcpyDeviceToHost, stream);
+            const std::uint64_t half = total / 2;
+            // Jobs of at most job_bytes each (a request's worth), so staged jobs fit the
+            // staging buffer instead of silently running as kernel jobs.
+            std::vector<CopyPlan> plans;
+            auto add = [&](std::uint64_t offset, std::uint64_t bytes, JobKind d) {
+              for (std::uint64_t at = 0; at < bytes; at += job_bytes) {
+                const std::uint64_t n = std::min(job_bytes, bytes - at);
+                if (n < piece) break;
+                plans.push_back(scattered(reinterpret_cast<std::uintptr_t>(gpu) + offset + at,
+                                          reinterpret_cast<std::uintptr_t>(host) + offset + at, n,
+                                          piece, d));
+              }
+            };
+            if (dir == "both") {
+              add(0, half, JobKind::store);
+              add(half, half, JobKind::load);
+            } else {
+              add(0, total, dir == "d2h" ? JobKind::store : JobKind::load);
+            }
+            std::uint64_t bytes = 0, pieces = 0;
+            for (const auto& p : plans) {
+              bytes += p.total_bytes;
+              pieces += p.descriptors.size();
+            }
+            const auto t0 = Clock::now();
+            std::vector<Ticket> tickets;
+            for (auto& p : plans) tickets.push_back(backend.submit(p));
+            const double submit_s = seconds_since(t0);
+            for (const Ticket t : tickets) backend.wait(t);
+            const double s = seconds_since(t0);
+            std::vector<BackendResult> done;
+            backend.poll(done);
+            for (const auto& d : done) {
+              if (!d.ok) throw std::runtime_error("copy cuda bench: " + d.error);
+            }
+            bw.push_back(static_cast<double>(bytes) / s / 1e9);
+            ratio.push_back(bw.back() / ceil);
+            cpu_ns.push_back(submit_s * 1e9 / static_cast<double>(pieces));
+          }
+          row[dir] = {{"gbps", to_json(summarize(bw), "gbps")},
+                      {"ratio_to_one_copy_median", summarize(ratio).median},
+                      {"cpu_ns_per_descriptor_median", summarize(cpu_ns).median}};
+        }
+        // The modes the jobs really ran in (staged falls back to kernel when staging is full;
+        // automatic picks per job).
+        const CudaBackendStats after = backend.stats();
+        row["modes_used"] = {{"batch", after.jobs_batch - before.jobs_batch},
+                             {"memcpy", after.jobs_memcpy - before.jobs_memcpy},
+                             {"kernel", after.jobs_kernel - before.jobs_kernel},
+                             {"staged", after.jobs_staged - before.jobs_staged}};
+        rows.push_back(row);
+        progress.step(format_bytes(piece) + " " + std::string(to_string(mode)));
       }
-      // The modes the jobs really ran in (staged falls back to kernel when staging is full;
-      // automatic picks per job).
-      const CudaBackendStats after = backend.stats();
-      row["modes_used"] = {{"batch", after.jobs_batch - before.jobs_batch},
-                           {"memcpy", after.jobs_memcpy - before.jobs_memcpy},
-                           {"kernel", after.jobs_kernel - before.jobs_kernel},
-                           {"staged", after.jobs_staged - before.jobs_staged}};
-      rows.push_back(row);
-      progress.step(format_bytes(piece) + " " + std::string(to_string(mode)));
     }
   }
   progress.done();
   check(cudaStreamDestroy(stream), "stream");
   check(cudaFree(gpu), "cudaFree");
-  check(cudaFreeHost(host), "cudaFreeHost");
+  if (!pool) check(cudaFreeHost(host), "cudaFreeHost");
   int device = 0;
   cudaDeviceProp prop{};
   (void)cudaGetDevice(&device);

@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
   std::string copy_total, copy_piece_max;
   copy->add_option("--total", copy_total, "cuda: bytes moved per run (default 1GiB)");
   copy->add_option("--max-piece", copy_piece_max, "cuda: the largest piece size (default 16MiB)");
+  copy->add_option("--ctas", opt.copy_ctas, "cuda: kernel CTA counts to sweep (kernel, staged)")
+      ->delimiter(',');
+  std::string copy_host = "malloc";
+  copy->add_option("--host", copy_host, "cuda: host memory: malloc (cudaMallocHost) or pool")
+      ->check(CLI::IsMember({"malloc", "pool"}));
   auto* calibrate =
       app.add_subcommand("calibrate", "measure the automatic copy mode's threshold (GPU)");
   auto* compact =
@@ -155,6 +160,7 @@ int main(int argc, char** argv) {
   if (opt.quick && restart_slots == "1M") restart_slots = "8K";  // two scan threads
   if (opt.quick && disk_size == "1GiB") disk_size = "32MiB";
   if (opt.quick && shared_size == "512MiB") shared_size = "32MiB";
+  opt.copy_host_pool = copy_host == "pool";
   try {
     if (!copy_total.empty()) opt.copy_total = kvoffload::parse_bytes(copy_total, "--total");
     if (!copy_piece_max.empty()) {

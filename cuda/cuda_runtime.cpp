@@ -4,6 +4,7 @@
 
 #include <cuda.h>  // driver types for cuMemcpyBatchAsync, resolved at run time
 #include <cuda_runtime_api.h>
+#include <nvtx3/nvToolsExt.h>  // header-only: no library to link, a no-op without a profiler
 
 #include <array>
 #include <mutex>
@@ -231,6 +232,8 @@ class CudaRuntime final : public DeviceRuntime {
   int stream_device(StreamHandle stream, int* device) noexcept override {
     return I(cudaStreamGetDevice(S(stream), device));
   }
+  void range_push(const char* name) noexcept override { (void)nvtxRangePushA(name); }
+  void range_pop() noexcept override { (void)nvtxRangePop(); }
   int stream_capturing(StreamHandle stream, bool* capturing) noexcept override {
     cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
     const cudaError_t e = cudaStreamIsCapturing(S(stream), &status);

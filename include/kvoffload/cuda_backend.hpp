@@ -23,8 +23,8 @@ struct CudaBackendConfig {
   int load_streams = 2;   ///< host-to-device streams (highest priority)
   int kernel_ctas = 8;    ///< CTAs of the copy kernels: few, so the forward pass keeps its SMs
   int kernel_threads = 256;
-  /// Per backend, device and pinned host; allocated only when a job can be staged (mode
-  /// staged, or automatic with staged_min_pieces).
+  /// Device memory per backend for the staged path; allocated only when a job can be staged
+  /// (mode staged, or automatic with staged_min_pieces).
   std::uint64_t staging_bytes = std::uint64_t{64} << 20;
   /// Pinned and device memory per stream for uploading piece arrays and the device-table
   /// path's inputs and scratch (rings allocated once; no job allocates memory of its own). A
@@ -32,14 +32,17 @@ struct CudaBackendConfig {
   /// does not fit fails, naming this field.
   std::uint64_t ring_bytes = std::uint64_t{4} << 20;
   // automatic mode: pieces averaging under the direction's threshold go to the kernel (or, for
-  // stores of at least staged_min_pieces pieces when that is not 0, staged); larger ones to
+  // jobs of at least staged_min_pieces pieces when that is not 0, staged); larger ones to
   // batch. Kernel loads read over PCIe and are slower than kernel stores, so the thresholds
   // differ; `calibrate` measures both on the current device.
   std::uint64_t store_small_piece_bytes = std::uint64_t{64} << 10;
   std::uint64_t load_small_piece_bytes = std::uint64_t{32} << 10;
-  /// 0 (default): automatic never picks staged. On an H200 (docs/bench/gpu/h200-2026-12-04.md)
-  /// staged stores ran at 5-6 GB/s against 48 GB/s for the kernel at every piece size: the host
-  /// side of a staged store is one CPU thread copying out of the staging buffer.
+  /// 0 (default): automatic never picks staged. Staged (issue 49, item 7) gathers a job's small
+  /// pages on the device into staging laid out as the host blocks' bytes and moves each run of
+  /// adjacent host bytes with one DMA (loads: the reverse), so small pages reach the link's
+  /// large-copy rate both ways at once; not yet measured on a GPU, hence off by default. (The
+  /// earlier staged store, with a CPU scatter out of pinned staging, ran at 5-6 GB/s on an
+  /// H200.)
   std::uint64_t staged_min_pieces = 0;
   /// The engine's compute stream (a cudaStream_t's value; 0 is the legacy default stream,
   /// which is PyTorch's default stream). Unset: nothing is waited for. Set: every store, and
@@ -55,6 +58,10 @@ struct CudaBackendConfig {
   /// logged reason instead of faulting. Unset (0 bytes): only the device's capability counts.
   std::uintptr_t host_base = 0;
   std::uint64_t host_bytes = 0;
+  /// The region's registrations, from host_base, each this many bytes (the pool's
+  /// blocks_per_registration times its block bytes); 0: one. The staged path merges adjacent
+  /// host bytes into one copy only within a registration (CUDA refuses a copy across two).
+  std::uint64_t host_registration_bytes = 0;
 };
 
 /// What the backend did (for benchmarks: which mode each job really used).

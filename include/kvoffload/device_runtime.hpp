@@ -159,6 +159,10 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
   /// simulated device checks that no queued or unordered device work still uses it. The CUDA
   /// runtime does nothing.
   virtual void host_access(const void* /*ptr*/, std::size_t /*bytes*/, bool /*write*/) noexcept {}
+  /// Names the host work from now until the matching range_pop for profilers (an NVTX range
+  /// in Nsight Systems); ranges nest like a stack. Default: nothing.
+  virtual void range_push(const char* /*name*/) noexcept {}
+  virtual void range_pop() noexcept {}
 };
 
 /// The CUDA runtime as a DeviceRuntime (one shared instance). Throws cuda_error in a build

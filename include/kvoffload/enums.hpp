@@ -67,7 +67,8 @@ enum class CopyMode : std::uint8_t {
   batch,      ///< one cuMemcpyBatchAsync per job (driver 12.8+), else memcpy
   memcpy,     ///< one cudaMemcpyAsync per descriptor
   kernel,     ///< gather/scatter kernel over mapped pinned memory, a few CTAs
-  staged,     ///< stores: a kernel packs the pieces on the device, one large copy moves them
+  staged,     ///< a kernel gathers (stores) or scatters (loads) the pages through device
+              ///< staging laid out as the host blocks, one DMA per run of adjacent host bytes
 };
 
 /// "full_attention", "sliding_window", "mamba".

@@ -48,6 +48,8 @@ std::unique_ptr<Backend> make_backend(const WorkerConfig& c, const PinnedHostPoo
     cc.mode = c.copy_mode;
     cc.host_base = reinterpret_cast<std::uintptr_t>(pool.data());
     cc.host_bytes = pool.size_bytes();
+    cc.host_registration_bytes =
+        static_cast<std::uint64_t>(pool.blocks_per_registration()) * pool.block_bytes();
     if (c.runtime != nullptr) return std::make_unique<CudaBackend>(cc, c.runtime);
     return std::make_unique<CudaBackend>(cc);
   }

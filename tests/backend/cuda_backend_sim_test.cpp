@@ -372,34 +372,6 @@ TEST_CASE("sim: jobs allocate no memory of their own", "[sim][cuda_backend][erro
   CHECK(sim->violations().empty());
 }
 
-TEST_CASE("sim: a kernel fault poisons the context: that job and every later one fail",
-          "[sim][cuda_backend][errors]") {
-  auto sim = sim_with(19, 1, 5);
-  DeviceRig rig(sim, 1, 1024, 16, 16);
-  CudaBackendConfig c;
-  c.mode = CopyMode::kernel;
-  CudaBackend backend(c, sim);
-  std::vector<std::uint8_t> pageable(4096);  // not registered: a kernel cannot reach it
-  CopyPlan bad;
-  bad.job = 1;
-  bad.kind = JobKind::store;
-  bad.descriptors = {{reinterpret_cast<std::uintptr_t>(rig.device[0]),
-                      reinterpret_cast<std::uintptr_t>(pageable.data()), 1024}};
-  bad.total_bytes = 1024;
-  backend.wait(backend.submit(bad));
-  CopyPlan good = bad;
-  good.job = 2;
-  good.descriptors[0].dst = rig.region.base;
-  backend.wait(backend.submit(good));
-  std::vector<BackendResult> done;
-  backend.poll(done);
-  REQUIRE(done.size() == 2);
-  CHECK_FALSE(done[0].ok);
-  CHECK_THAT(done[0].error, ContainsSubstring("IllegalAddress"));
-  CHECK_FALSE(done[1].ok);  // the context is gone, as on a GPU
-  CHECK(sim->poisoned());
-}
-
 TEST_CASE("sim: an unmapped host region turns the kernel modes off instead of faulting",
           "[sim][cuda_backend]") {
   auto sim = sim_with(20, 1, 5);

@@ -155,7 +155,8 @@ TEST_CASE("sim: marks of deferred stores that never start are given back",
   {
     TransferEngineConfig ec;
     ec.defer_stores = true;
-    ec.max_store_bytes_in_flight = std::uint64_t{8} * 4096 * 2;  // one store of 8 blocks in two tensors
+    ec.max_store_bytes_in_flight =
+        std::uint64_t{8} * 4096 * 2;  // one store of 8 blocks in two tensors
     TransferEngine engine(*rig.layout, rig.region, std::move(owned), ec);
     const std::size_t events_before = sim->live_events();
     for (int round = 0; round < 20; ++round) {

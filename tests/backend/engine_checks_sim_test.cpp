@@ -3,6 +3,7 @@
 // capture), and KV tensors that are not memory of the backend's device. Each test fails under
 // the mutation named above it.
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -200,4 +201,29 @@ TEST_CASE("sim: KV tensors that are not the backend device's memory are refused 
   { const Worker w(wc); }
   REQUIRE(sim->free_device(good) == dev::ok);
   CHECK(sim->violations().empty());
+}
+
+// Mutation caught: submit without its profiler range (docs/gpu.md promises NVTX ranges naming
+// every submission).
+TEST_CASE("sim: every submission is a profiler range named by its job", "[sim][cuda_backend]") {
+  auto sim = sim_with(75, 1, 5);
+  DeviceRig rig(sim, 1, 4096, 32, 16);
+  CudaBackendConfig c;
+  c.mode = GENERATE(CopyMode::batch, CopyMode::kernel);
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  {
+    TransferEngine engine(*rig.layout, rig.region, std::make_unique<CudaBackend>(c, sim));
+    engine.submit_store(store_job(4, 1, 8));
+    CHECK(only_result(engine, 4).ok);
+    TransferJob load = store_job(5, 9, 8);
+    load.kind = JobKind::load;
+    engine.submit_load(load);
+    CHECK(only_result(engine, 5).ok);
+  }
+  const auto names = sim->ranges();
+  CHECK(std::count(names.begin(), names.end(), "kvoffload store job 4") == 1);
+  CHECK(std::count(names.begin(), names.end(), "kvoffload load job 5") == 1);
+  CHECK(sim->open_ranges() == 0);
+  CHECK(settled_violations(*sim).empty());
 }

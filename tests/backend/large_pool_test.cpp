@@ -107,6 +107,8 @@ void ends_and_seams(const std::shared_ptr<DeviceRuntime>& rt, const PinnedHostPo
     c.staging_bytes = 1 << 20;
     c.host_base = region.base;
     c.host_bytes = static_cast<std::uint64_t>(pool.num_blocks()) * pool.block_bytes();
+    c.host_registration_bytes =
+        static_cast<std::uint64_t>(pool.blocks_per_registration()) * pool.block_bytes();
     TransferEngine engine(layout, region, std::make_unique<CudaBackend>(c, rt));
     for (const HostBlockId first : places(pool)) {
       INFO("host blocks " << first << ".." << first + kSpan - 1);

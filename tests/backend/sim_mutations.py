@@ -97,6 +97,25 @@ MUTATIONS = [
     ("planner-allows-duplicates", "src/transfer/copy_planner.cpp",
      "  check_duplicates(job);\n", "",
      "Planner refuses a block named twice in one job"),
+    # Issue 49, item 7: the staged path's DMAs per host run.
+    ("staged-runs-cross-seams", "src/transfer/cuda/cuda_backend_impl.hpp",
+     "if (last.host + last.bytes == h && registration(last.host) == registration(h)) {",
+     "(void)registration;\n        if (last.host + last.bytes == h) {",
+     "sim: jobs across the pool's registration seams run in every copy mode"),
+    ("staged-load-scatters-before-dma", "src/transfer/cuda/cuda_backend_impl.hpp",
+     "if (staged && !store) e = copy_runs(job, stream);  // the host runs in first",
+     "if (false) e = copy_runs(job, stream);",
+     "sim: every copy mode round-trips random jobs byte-exactly"),
+    ("submit-without-profiler-range", "src/transfer/cuda/cuda_backend.cpp",
+     "  const detail::Range range(*s.rt,\n", "  const std::string range(\n",
+     "sim: every submission is a profiler range named by its job"),
+    # Issue 49, item 10: the kernel body's invariants (CPU tests of the code the kernels run).
+    ("vector-path-misaligned", "include/kvoffload/detail/copy_body.hpp",
+     "  if (((p.src ^ p.dst) & 15U) == 0) {", "  if ((p.src & 15U) == 0) {",
+     "Kernel body: every 16-byte word is aligned on both sides"),
+    ("builder-no-group-clamp", "include/kvoffload/detail/copy_body.hpp",
+     "  if (within >= L.expected[g]) return DevicePiece{0, 0, 0};\n", "",
+     "build_piece emits no bytes for a failed check, past the count or past the tensors"),
 ]
 
 

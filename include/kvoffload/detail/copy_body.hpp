@@ -33,6 +33,23 @@ struct alignas(16) Vec16 {
 #define KVOFFLOAD_RESTRICT
 #endif
 
+/// How copy_piece splits a piece: `head` single bytes, `words` 16-byte words, single bytes for
+/// the rest. Words only when source and destination are equally aligned modulo 16, so that
+/// every word is 16-byte aligned on both sides (a misaligned vector access faults on a GPU).
+struct PieceSplit {
+  std::uint64_t head;
+  std::uint64_t words;
+};
+KVOFFLOAD_HOST_DEVICE inline PieceSplit split_piece(const DevicePiece& p) {
+  const std::uint64_t n = p.bytes;
+  if (((p.src ^ p.dst) & 15U) == 0) {
+    std::uint64_t head = (16 - (p.src & 15U)) & 15U;
+    if (head > n) head = n;
+    return {head, (n - head) / 16};
+  }
+  return {n, 0};  // unaligned pieces are all head
+}
+
 /// Lane `lane` of `lanes` copies its share of one piece. When source and destination are
 /// equally aligned modulo 16: a byte head up to the 16-byte boundary, a body of 16-byte words
 /// (four in flight per lane), a byte tail; otherwise single bytes. Together the lanes copy
@@ -41,13 +58,9 @@ KVOFFLOAD_HOST_DEVICE inline void copy_piece(const DevicePiece p, unsigned lane,
   const auto* KVOFFLOAD_RESTRICT s = reinterpret_cast<const unsigned char*>(p.src);
   auto* KVOFFLOAD_RESTRICT d = reinterpret_cast<unsigned char*>(p.dst);
   const std::uint64_t n = p.bytes;
-  std::uint64_t head = n;  // unaligned pieces are all head
-  std::uint64_t words = 0;
-  if (((p.src ^ p.dst) & 15U) == 0) {
-    head = (16 - (p.src & 15U)) & 15U;
-    if (head > n) head = n;
-    words = (n - head) / 16;
-  }
+  const PieceSplit split = split_piece(p);
+  const std::uint64_t head = split.head;
+  const std::uint64_t words = split.words;
   for (std::uint64_t i = lane; i < head; i += lanes) d[i] = s[i];
   const auto* KVOFFLOAD_RESTRICT vs = reinterpret_cast<const Vec16*>(s + head);
   auto* KVOFFLOAD_RESTRICT vd = reinterpret_cast<Vec16*>(d + head);
@@ -77,13 +90,6 @@ KVOFFLOAD_HOST_DEVICE inline void copy_pieces(const DevicePiece* pieces, std::ui
     const DevicePiece p = pieces[i];
     if (p.bytes != 0) copy_piece(p, lane, lanes);
   }
-}
-
-/// The staged store: piece i's bytes go to staging + offsets[i] (the host packs them back to
-/// back, each at a 16-byte boundary so every piece keeps the vector path), for one large copy.
-KVOFFLOAD_HOST_DEVICE inline DevicePiece staged_piece(const DevicePiece& p, std::uint64_t staging,
-                                                      std::uint64_t offset) {
-  return DevicePiece{p.src, staging + offset, p.bytes};
 }
 
 /// The GPU compaction's predicate: a block id that is not the null block.

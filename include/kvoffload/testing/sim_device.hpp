@@ -77,6 +77,8 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   int stream_synchronize(StreamHandle stream) noexcept override;
   int stream_device(StreamHandle stream, int* device) noexcept override;
   int stream_capturing(StreamHandle stream, bool* capturing) noexcept override;
+  void range_push(const char* name) noexcept override;
+  void range_pop() noexcept override;
   int pointer_device(const void* ptr, int* device) noexcept override;
   int event_create(EventHandle* event) noexcept override;
   int event_destroy(EventHandle event) noexcept override;
@@ -136,6 +138,9 @@ class KVOFFLOAD_EXPORT SimDevice final : public DeviceRuntime {
   /// violation (it would join the capture). The stream's work still runs.
   int begin_capture(StreamHandle stream);
   int end_capture(StreamHandle stream);
+  /// The names of the profiler ranges pushed so far, in order, and how many are still open.
+  [[nodiscard]] std::vector<std::string> ranges() const;
+  [[nodiscard]] std::size_t open_ranges() const;
   /// Whether a fault poisoned the context.
   [[nodiscard]] bool poisoned() const;
 

@@ -519,6 +519,37 @@ int SimDevice::primary_context_active(int device, bool* active) noexcept {
   return dev::ok;
 }
 
+void SimDevice::range_push(const char* name) noexcept {
+  std::lock_guard lock(s_->m);
+  try {
+    s_->ranges.emplace_back(name);
+  } catch (...) {  // out of memory: the name is lost, the count is kept
+  }
+  ++s_->open_ranges;
+}
+
+void SimDevice::range_pop() noexcept {
+  std::lock_guard lock(s_->m);
+  if (s_->open_ranges == 0) {
+    try {
+      s_->violate("range_pop without a range open");
+    } catch (...) {
+    }
+    return;
+  }
+  --s_->open_ranges;
+}
+
+std::vector<std::string> SimDevice::ranges() const {
+  std::lock_guard lock(s_->m);
+  return s_->ranges;
+}
+
+std::size_t SimDevice::open_ranges() const {
+  std::lock_guard lock(s_->m);
+  return s_->open_ranges;
+}
+
 int SimDevice::begin_capture(StreamHandle stream) {
   std::lock_guard lock(s_->m);
   State::Stream* st = s_->find_stream(stream, "begin_capture");

@@ -171,6 +171,8 @@ struct SimDevice::State {
   std::deque<LogEntry> log;
   Clock host_vc;
   std::vector<std::string> violations;
+  std::vector<std::string> ranges;  // profiler ranges pushed, in order
+  std::size_t open_ranges = 0;
   bool poisoned = false;
   int sticky = dev::ok;
   std::map<std::string, std::pair<int, int>> failures;  // call -> (status, calls to let pass)

@@ -16,8 +16,8 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
                                                             : config.load_small_piece_bytes;
     if (n == 0 || average >= small) {
       want = large;
-    } else if (plan.kind == JobKind::store && config.staged_min_pieces > 0 &&
-               n >= config.staged_min_pieces && plan.total_bytes <= config.staging_bytes) {
+    } else if (config.staged_min_pieces > 0 && n >= config.staged_min_pieces &&
+               plan.total_bytes <= config.staging_bytes) {
       want = CopyMode::staged;
     } else {
       want = CopyMode::kernel;
@@ -25,8 +25,9 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
   }
   // What this device and job allow.
   if (want == CopyMode::batch && !batch_available) want = CopyMode::memcpy;
+  // Staging holds the job's host runs at 16-byte boundaries: at most 15 bytes more a piece.
   if (want == CopyMode::staged &&
-      (plan.kind != JobKind::store || plan.total_bytes > config.staging_bytes)) {
+      plan.total_bytes + 15 * plan.descriptors.size() > config.staging_bytes) {
     want = CopyMode::kernel;
   }
   if ((want == CopyMode::kernel || want == CopyMode::staged) && !kernel_available) want = large;

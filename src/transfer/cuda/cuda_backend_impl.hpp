@@ -4,6 +4,7 @@
 // cuda_backend.cpp (construction, submit, poll, wait, shutdown) and cuda_device_table.cpp (the
 // device-table path). Every CUDA call goes through the DeviceRuntime.
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <deque>
@@ -56,6 +57,14 @@ struct CudaBackend::Impl {
     std::byte* device = nullptr;
   };
 
+  /// The staged path's unit of DMA: a run of adjacent host bytes the job touches (within one
+  /// host registration), laid out as they are in the pool at `offset` in the job's staging.
+  struct HostRun {
+    std::uintptr_t host = 0;
+    std::uint64_t bytes = 0;
+    std::uint64_t offset = 0;
+  };
+
   struct Job {
     std::shared_ptr<DeviceRuntime> rt;
     Ticket ticket = 0;
@@ -70,12 +79,11 @@ struct CudaBackend::Impl {
     std::string error;  // empty while failed: the submission did not complete
     bool cancelled = false;
     std::chrono::steady_clock::time_point start;
-    Upload upload;                              // the piece array or device-table inputs
-    std::optional<std::uint64_t> staging;       // staged: offset in the staging buffers
-    std::uint64_t staging_bytes = 0;            // staged: the pieces at 16-byte boundaries
-    std::vector<std::uint64_t> staged_offsets;  // staged: where each piece lies
-    bool scattered = false;
-    const int* mismatch = nullptr;  // device-table: the pinned flag the device writes
+    Upload upload;                         // the piece array or device-table inputs
+    std::optional<std::uint64_t> staging;  // staged: offset in the staging buffer
+    std::uint64_t staging_bytes = 0;       // staged: its host runs at 16-byte boundaries
+    std::vector<HostRun> runs;             // staged: by host address
+    const int* mismatch = nullptr;         // device-table: the pinned flag the device writes
     bool released = false;
     ~Job() {
       if (done != 0) (void)rt->event_destroy(done);
@@ -87,7 +95,6 @@ struct CudaBackend::Impl {
       : rt(std::move(runtime)),
         config(c),
         device_staging(*rt, Owned::Kind::device),
-        host_staging(*rt, Owned::Kind::host),
         ring_memory(*rt, Owned::Kind::host),
         device_ring_memory(*rt, Owned::Kind::device) {}
 
@@ -105,7 +112,6 @@ struct CudaBackend::Impl {
       for (const EventHandle ev : switched_from) (void)rt->event_destroy(ev);
       for (const EventHandle ev : spare_events) (void)rt->event_destroy(ev);
       device_staging.reset();
-      host_staging.reset();
       ring_memory.reset();
       device_ring_memory.reset();
       for (StreamHandle s : streams) (void)rt->stream_destroy(s);
@@ -170,12 +176,11 @@ struct CudaBackend::Impl {
       }
     }
     // Staging only when a job can be staged: automatic mode never stages without
-    // staged_min_pieces (64 MiB of device and pinned memory nothing would use).
+    // staged_min_pieces (64 MiB of device memory nothing would use).
     const bool staging_used = config.mode == CopyMode::staged ||
                               (config.mode == CopyMode::automatic && config.staged_min_pieces > 0);
     if (kernel_ok && staging_used && config.staging_bytes > 0) {
       check(device_staging.allocate(config.staging_bytes), "malloc_device (staging)");
-      check(host_staging.allocate(config.staging_bytes), "malloc_host (staging)");
       staging_ring = detail::RingAllocator(config.staging_bytes);
     }
     if (config.compute_stream) set_compute(config.compute_stream);
@@ -392,18 +397,73 @@ struct CudaBackend::Impl {
     return e;
   }
 
-  /// The staged store's second half: the host copies the staging buffer into the pool, after
-  /// the job's event (from poll or wait, never a CUDA callback).
-  void scatter(Job& job) {
-    if (job.scattered || !job.staging) return;
-    job.scattered = true;
-    const std::byte* from = host_staging.bytes() + *job.staging;
-    rt->host_access(from, job.staging_bytes, false);
-    for (std::size_t i = 0; i < job.plan.descriptors.size(); ++i) {
-      const CopyDescriptor& d = job.plan.descriptors[i];
-      rt->host_access(reinterpret_cast<const void*>(d.dst), d.bytes, true);
-      std::memcpy(reinterpret_cast<void*>(d.dst), from + job.staged_offsets[i], d.bytes);
+  /// The staged path's layout: the job's host ranges by address, adjacent ones merged into
+  /// runs unless a registration seam lies between (CUDA refuses a copy across one), each run
+  /// at a 16-byte boundary of the job's staging. Returns the staging bytes it needs.
+  std::uint64_t plan_runs(Job& job) const {
+    const bool store = job.plan.kind == JobKind::store;
+    const auto& ds = job.plan.descriptors;
+    auto host_of = [store](const CopyDescriptor& d) { return store ? d.dst : d.src; };
+    std::vector<std::size_t> order(ds.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](std::size_t a, std::size_t b) { return host_of(ds[a]) < host_of(ds[b]); });
+    const std::uint64_t seam = config.host_registration_bytes;
+    auto registration = [&](std::uintptr_t h) {
+      return seam == 0 ? 0 : (h - config.host_base) / seam;
+    };
+    job.runs.clear();
+    for (const std::size_t i : order) {
+      const std::uintptr_t h = host_of(ds[i]);
+      if (!job.runs.empty()) {
+        HostRun& last = job.runs.back();
+        if (last.host + last.bytes == h && registration(last.host) == registration(h)) {
+          last.bytes += ds[i].bytes;
+          continue;
+        }
+      }
+      job.runs.push_back({h, ds[i].bytes, 0});
     }
+    std::uint64_t offset = 0;
+    for (HostRun& r : job.runs) {
+      r.offset = offset;
+      offset += detail::align16(r.bytes);
+    }
+    return offset;
+  }
+
+  /// The staged path's DMAs: one per host run, between the pool and the job's staging (stores
+  /// after the gather kernel, loads before the scatter kernel), batched where the driver can.
+  int copy_runs(Job& job, StreamHandle stream) {
+    const bool store = job.plan.kind == JobKind::store;
+    const std::uint64_t staging =
+        reinterpret_cast<std::uint64_t>(device_staging.get()) + *job.staging;
+    std::vector<CopyDescriptor> dmas;
+    dmas.reserve(job.runs.size());
+    for (const HostRun& r : job.runs) {
+      dmas.push_back(store ? CopyDescriptor{staging + r.offset, r.host, r.bytes}
+                           : CopyDescriptor{r.host, staging + r.offset, r.bytes});
+    }
+    if (batch_ok) {
+      std::size_t fail = 0;
+      // A store's DMAs read what the gather kernel wrote just before: in stream order.
+      return rt->memcpy_batch_async(dmas.data(), dmas.size(), store, stream, &fail);
+    }
+    for (const CopyDescriptor& d : dmas) {
+      const int e = rt->memcpy_async(reinterpret_cast<void*>(d.dst),
+                                     reinterpret_cast<const void*>(d.src), d.bytes, stream);
+      if (e != dev::ok) return e;
+    }
+    return dev::ok;
+  }
+
+  /// Where a staged piece's host bytes lie in the job's staging (runs are sorted by host).
+  std::uint64_t staged_address(const Job& job, std::uintptr_t host) const {
+    auto it = std::upper_bound(job.runs.begin(), job.runs.end(), host,
+                               [](std::uintptr_t h, const HostRun& r) { return h < r.host; });
+    const HostRun& r = *std::prev(it);
+    return reinterpret_cast<std::uint64_t>(device_staging.get()) + *job.staging + r.offset +
+           (host - r.host);
   }
 
   /// Enqueues the job's copies on `stream`; returns the first failing status.
@@ -439,28 +499,24 @@ struct CudaBackend::Impl {
         if (job.upload.host == nullptr) return dev::invalid_value;  // submit reserved it
         rt->host_access(job.upload.host, bytes, true);
         auto* pieces = reinterpret_cast<DevicePiece*>(job.upload.host);
-        std::uint64_t offset = 0;
+        const bool staged = job.mode == CopyMode::staged;
         for (std::size_t i = 0; i < n; ++i) {
           const CopyDescriptor& d = plan.descriptors[i];
           pieces[i] = {d.src, d.dst, d.bytes};
-          if (job.mode == CopyMode::staged) {
-            job.staged_offsets.push_back(offset);
-            pieces[i] = detail::staged_piece(
-                pieces[i], reinterpret_cast<std::uint64_t>(device_staging.get()) + *job.staging,
-                offset);
-            offset += detail::align16(d.bytes);
-          }
+          // Staged: the kernel gathers a store's pages into staging laid out as the host
+          // runs, or scatters a load's pages out of it.
+          if (staged && store) pieces[i].dst = staged_address(job, d.dst);
+          if (staged && !store) pieces[i].src = staged_address(job, d.src);
         }
-        int e = rt->memcpy_async(job.upload.device, pieces, bytes, stream);
+        int e = dev::ok;
+        if (staged && !store) e = copy_runs(job, stream);  // the host runs in first
+        if (e == dev::ok) e = rt->memcpy_async(job.upload.device, pieces, bytes, stream);
         if (e == dev::ok) {
           e = rt->launch_copy_pieces(reinterpret_cast<const DevicePiece*>(job.upload.device), n,
                                      config.kernel_ctas, config.kernel_threads, stream);
         }
-        if (e != dev::ok) return e;
-        if (job.mode != CopyMode::staged) return dev::ok;
-        // One large copy to this job's part of the host staging buffer; poll or wait scatter it.
-        return rt->memcpy_async(host_staging.bytes() + *job.staging,
-                                device_staging.bytes() + *job.staging, job.staging_bytes, stream);
+        if (e == dev::ok && staged && store) e = copy_runs(job, stream);  // then out to the pool
+        return e;
       }
       case CopyMode::automatic: break;
     }
@@ -508,7 +564,7 @@ struct CudaBackend::Impl {
   std::vector<StreamHandle> streams;  // store streams, then load streams
   std::size_t next_store = 0, next_load = 0;
   bool kernel_ok = false, batch_ok = false;
-  Owned device_staging, host_staging, ring_memory, device_ring_memory;
+  Owned device_staging, ring_memory, device_ring_memory;
   std::uint64_t ring_stride = 0;  // bytes between two streams' rings (64-byte aligned)
   // Per stream, over ring_memory (pinned) and device_ring_memory.
   std::vector<detail::RingAllocator> rings, device_rings;

@@ -24,6 +24,8 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
                                         std::span<const std::int64_t> offsets) {
   using detail::DeviceJobLayout;
   Impl& s = *impl_;
+  const detail::Range range(
+      *s.rt, fmt::format("kvoffload {} job {} (device table)", to_string(kind), job.id));
   const auto G = static_cast<int>(layout.num_groups());
   KVOFFLOAD_EXPECTS(kernel_available(),
                     "job {}: the device-table path needs mapped pinned host memory", job.id);

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -71,28 +72,16 @@ class Owned {
   void* p_ = nullptr;
 };
 
-/// A stream-ordered device allocation, freed (in stream order) on scope exit.
-class AsyncBuffer {
+/// A profiler range (NVTX on the CUDA runtime) for a scope.
+class Range {
  public:
-  AsyncBuffer(DeviceRuntime& rt, StreamHandle stream) : rt_(rt), stream_(stream) {}
-  ~AsyncBuffer() {
-    if (p_ != nullptr) (void)rt_.free_async(p_, stream_);
-  }
-  AsyncBuffer(const AsyncBuffer&) = delete;
-  AsyncBuffer& operator=(const AsyncBuffer&) = delete;
-  int allocate(std::size_t bytes) { return rt_.malloc_async(&p_, bytes, stream_); }
-  /// Queues the free now; returns its status.
-  int free() {
-    const int e = p_ == nullptr ? dev::ok : rt_.free_async(p_, stream_);
-    p_ = nullptr;
-    return e;
-  }
-  [[nodiscard]] std::byte* get() const noexcept { return static_cast<std::byte*>(p_); }
+  Range(DeviceRuntime& rt, const std::string& name) : rt_(rt) { rt_.range_push(name.c_str()); }
+  ~Range() { rt_.range_pop(); }
+  Range(const Range&) = delete;
+  Range& operator=(const Range&) = delete;
 
  private:
   DeviceRuntime& rt_;
-  StreamHandle stream_;
-  void* p_ = nullptr;
 };
 
 }  // namespace kvoffload::detail
