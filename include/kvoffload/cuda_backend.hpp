@@ -174,11 +174,39 @@ class KVOFFLOAD_EXPORT CudaBackend final : public Backend {
   std::unique_ptr<Impl> impl_;
 };
 
-/// Measures, on config.device, the piece sizes below which the kernel mode beats batch copies,
-/// for stores and for loads apart, and returns `config` with store_small_piece_bytes and
-/// load_small_piece_bytes set. Takes a few seconds. `runtime` null: the CUDA runtime.
+/// One size of calibrate's measurements: seconds for the same jobs in each mode, under load
+/// (staged_s < 0: not measured, the device cannot stage).
+struct CalibrationSample {
+  JobKind dir = JobKind::store;
+  std::uint64_t piece = 0;
+  double kernel_s = 0, staged_s = -1, batch_s = 0;
+};
+
+/// calibrate's decision from its measurements, as a pure function (tested on the CPU): per
+/// direction, the small-piece threshold is twice the largest piece at which the kernel or
+/// staged mode was no slower than batch (the smallest size measured if none was); staged is
+/// turned on (staged_min_pieces 1) when it beat the kernel at most of those sizes.
+KVOFFLOAD_EXPORT CudaBackendConfig choose_calibration(const CudaBackendConfig& config,
+                                                      std::span<const CalibrationSample> samples);
+
+/// How much calibrate measures: jobs of `bytes` in pieces from min_piece to max_piece
+/// (doubling), `reps` timed jobs per mode and size.
+struct CalibrateOptions {
+  std::uint64_t bytes = std::uint64_t{64} << 20;
+  std::uint64_t min_piece = 4096;
+  std::uint64_t max_piece = std::uint64_t{4} << 20;
+  int reps = 3;
+};
+
+/// Measures, on config.device and under a serving engine's load (each direction timed while
+/// the other direction copies as many bytes at once), where the small-piece modes (kernel,
+/// staged) beat batch copies, for stores and loads apart, and whether staged beats the kernel
+/// there. Returns `config` with store_small_piece_bytes, load_small_piece_bytes and
+/// staged_min_pieces (1: automatic stages small-piece jobs; 0: it uses the kernel) set. Takes a
+/// few seconds on a GPU. `runtime` null: the CUDA runtime.
 KVOFFLOAD_EXPORT CudaBackendConfig calibrate(const CudaBackendConfig& config,
-                                             std::shared_ptr<DeviceRuntime> runtime = nullptr);
+                                             std::shared_ptr<DeviceRuntime> runtime = nullptr,
+                                             const CalibrateOptions& options = {});
 
 /// GPU compaction of a device-resident block table (the per-offloaded-block GPU ids of a job,
 /// null blocks included): CUB DeviceSelect drops the nulls and a segmented reduction counts

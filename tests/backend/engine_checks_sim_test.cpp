@@ -4,6 +4,7 @@
 // the mutation named above it.
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <vector>
 
@@ -226,4 +227,69 @@ TEST_CASE("sim: every submission is a profiler range named by its job", "[sim][c
   CHECK(std::count(names.begin(), names.end(), "kvoffload load job 5") == 1);
   CHECK(sim->open_ranges() == 0);
   CHECK(settled_violations(*sim).empty());
+}
+
+// Issue 49, item 10: the simulator's two-way model. With a link per direction a store and a
+// load at once take about as long as one of them; with one copy engine, as long as both.
+// Mutation caught: link_time putting every operation on one link.
+TEST_CASE("sim: with a link per direction, a store and a load overlap", "[sim][calibrate]") {
+  auto both_at_once = [](int links) {
+    SimConfig sc;
+    sc.max_delay_us = 0;
+    sc.copy_gbps = 0.05;  // 1 MiB in 21 ms
+    sc.links = links;
+    auto sim = std::make_shared<SimDevice>(sc);
+    constexpr std::size_t kBytes = 1 << 20;
+    void *d = nullptr, *h = nullptr;
+    REQUIRE(sim->malloc_device(&d, 2 * kBytes) == dev::ok);
+    REQUIRE(sim->malloc_host(&h, 2 * kBytes) == dev::ok);
+    StreamHandle up = 0, down = 0;
+    REQUIRE(sim->stream_create(0, &up) == dev::ok);
+    REQUIRE(sim->stream_create(0, &down) == dev::ok);
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE(sim->memcpy_async(d, h, kBytes, up) == dev::ok);
+    REQUIRE(sim->memcpy_async(static_cast<char*>(h) + kBytes, static_cast<char*>(d) + kBytes,
+                              kBytes, down) == dev::ok);
+    REQUIRE(sim->device_synchronize() == dev::ok);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    REQUIRE(sim->stream_destroy(up) == dev::ok);
+    REQUIRE(sim->stream_destroy(down) == dev::ok);
+    REQUIRE(sim->free_device(d) == dev::ok);
+    REQUIRE(sim->free_host(h) == dev::ok);
+    return seconds;
+  };
+  const double one = both_at_once(1), two = both_at_once(2);
+  INFO("one copy engine " << one << " s, a link per direction " << two << " s");
+  CHECK(one >= 0.040);      // 2 x 21 ms, one after the other
+  CHECK(two >= 0.020);      // each still takes its own time
+  CHECK(two < 0.75 * one);  // but at once
+}
+
+// calibrate end to end on the simulator's two-way model (its choice itself is
+// choose_calibration's, tested with exact numbers in copy_body_test.cpp): it measures every
+// mode both ways, leaves no violation, and its thresholds are sizes it measured.
+TEST_CASE("sim: calibrate runs under load both ways", "[sim][cuda_backend][calibrate]") {
+  SimConfig sc;
+  sc.seed = 76;
+  sc.max_delay_us = 0;
+  sc.copy_gbps = 1;
+  sc.links = 2;
+  sc.kernel_gbps = 0.5;
+  sc.dma_op_us = 40;
+  auto sim = std::make_shared<SimDevice>(sc);
+  CalibrateOptions o;
+  o.bytes = 256 << 10;
+  o.max_piece = 64 << 10;
+  o.reps = 1;
+  const CudaBackendConfig c = calibrate(CudaBackendConfig{}, sim, o);
+  for (const std::uint64_t t : {c.store_small_piece_bytes, c.load_small_piece_bytes}) {
+    CHECK(t >= 4096);
+    CHECK(t <= 128 << 10);
+    CHECK((t & (t - 1)) == 0);
+  }
+  CHECK(c.staged_min_pieces <= 1);
+  REQUIRE(sim->device_synchronize() == dev::ok);
+  CHECK(sim->violations().empty());
+  CHECK(sim->live_allocations() == 0);
 }

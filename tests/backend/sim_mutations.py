@@ -116,6 +116,12 @@ MUTATIONS = [
     ("builder-no-group-clamp", "include/kvoffload/detail/copy_body.hpp",
      "  if (within >= L.expected[g]) return DevicePiece{0, 0, 0};\n", "",
      "build_piece emits no bytes for a failed check, past the count or past the tensors"),
+    ("one-link-for-both-directions", "src/testing/sim_device/sim_device_state.hpp",
+     "    return {seconds, to_host > to_device ? 1 : 0};", "    return {seconds, 0};",
+     "sim: with a link per direction, a store and a load overlap"),
+    ("calibrate-ignores-staged", "src/transfer/cuda/copy_mode.cpp",
+     "        staged_wins += staged && m.staged_s < m.kernel_s ? 1 : 0;", "",
+     "calibrate's choice follows the measurements"),
 ]
 
 

@@ -138,6 +138,42 @@ TEST_CASE("The automatic copy mode follows piece size, count and direction", "[c
   CHECK_THROWS(parse_copy_mode("dma", "mode"));
 }
 
+// calibrate's decision on the two-way cost model of the simulator (SimConfig::links 2), computed
+// here exactly: 512 KiB moved per job, the kernel at 0.5 GB/s (1.049 ms), DMAs at 1 GB/s plus
+// 40 us each (0.524 ms + n * 40 us for n pieces), staged a free gather plus one DMA (0.564 ms).
+// The kernel beats batch while n * 40 us > 0.524 ms, n > 13.1: at 32 KiB (n = 16, batch 1.164
+// ms) it still wins, at 64 KiB (n = 8, 0.844 ms) batch does: threshold 2 x 32 KiB = 64 KiB.
+// Staged beats both everywhere.
+TEST_CASE("calibrate's choice follows the measurements", "[copy_mode][calibrate]") {
+  const double bytes = 512.0 * 1024;
+  std::vector<CalibrationSample> samples;
+  for (const JobKind dir : {JobKind::store, JobKind::load}) {
+    for (std::uint64_t piece = 4096; piece <= (256 << 10); piece *= 2) {
+      const double n = bytes / static_cast<double>(piece);
+      samples.push_back({dir, piece, bytes / 0.5e9, bytes / 1e9 + 40e-6, bytes / 1e9 + n * 40e-6});
+    }
+  }
+  CudaBackendConfig c = choose_calibration(CudaBackendConfig{}, samples);
+  CHECK(c.store_small_piece_bytes == 256 << 10 << 1);  // staged wins at every size measured
+  CHECK(c.staged_min_pieces == 1);
+  for (auto& m : samples) m.staged_s = -1;  // a device that cannot stage: kernel vs batch
+  c = choose_calibration(CudaBackendConfig{}, samples);
+  CHECK(c.store_small_piece_bytes == 64 << 10);
+  CHECK(c.load_small_piece_bytes == 64 << 10);
+  CHECK(c.staged_min_pieces == 0);
+  // Batch wins everywhere: the threshold is the smallest size measured (nothing goes small).
+  for (auto& m : samples) m.batch_s = 0;
+  c = choose_calibration(CudaBackendConfig{}, samples);
+  CHECK(c.store_small_piece_bytes == 4096);
+  // Loads not measured: their threshold is left as it was.
+  samples.erase(std::remove_if(samples.begin(), samples.end(),
+                               [](const CalibrationSample& m) { return m.dir == JobKind::load; }),
+                samples.end());
+  CudaBackendConfig given;
+  given.load_small_piece_bytes = 12345;
+  CHECK(choose_calibration(given, samples).load_small_piece_bytes == 12345);
+}
+
 TEST_CASE("Device-table pieces (piece_for) copy exactly what the planner copies", "[kernel_body]") {
   std::mt19937 rng(21);
   for (int round = 0; round < 40; ++round) {

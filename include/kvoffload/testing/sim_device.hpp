@@ -40,6 +40,15 @@ struct SimConfig {
   /// copy_gbps, so timing follows bytes rather than the simulator's own bookkeeping (0: as
   /// fast as memcpy, the tests' setting).
   double copy_gbps = 0;
+  /// The timing model's shape (with copy_gbps): 1, one copy engine for everything (the
+  /// operation holds it while its bytes move); 2, a link per direction, as a GPU's copy engines
+  /// over full-duplex PCIe: host-to-device and device-to-host bytes move at once, each at
+  /// copy_gbps (device-to-device bytes are free), so two-way cost models can be tested.
+  int links = 1;
+  /// With links 2: what a copy kernel reaches over the link (0: copy_gbps), and the fixed cost
+  /// of each DMA (a memcpy, or each copy of a batch), which makes small DMAs slow.
+  double kernel_gbps = 0;
+  double dma_op_us = 0;
 };
 
 /// A byte range an operation touches.

@@ -333,6 +333,7 @@ int SimDevice::memcpy_async(void* dst, const void* src, std::size_t bytes,
   if (bytes == 0) return dev::ok;
   State::Op op;
   op.name = "memcpy_async";
+  op.dmas = 1;
   op.accesses = {range(src, bytes, false), range(dst, bytes, true)};
   op.run = [dst, src, bytes] { std::memcpy(dst, src, bytes); };
   s_->enqueue(st, std::move(op));
@@ -354,6 +355,7 @@ int SimDevice::memcpy_batch_async(const CopyDescriptor* copies, std::size_t coun
   if (st == nullptr) return dev::invalid_resource_handle;
   State::Op op;
   op.name = "memcpy_batch_async";
+  op.dmas = count;
   std::vector<CopyDescriptor> list(copies, copies + count);
   for (std::size_t i = 0; i < count; ++i) {
     if (s_->copy_straddles(list[i].dst, list[i].bytes) ||

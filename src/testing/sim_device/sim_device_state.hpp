@@ -122,6 +122,9 @@ struct SimDevice::State {
     // Computes the data-dependent accesses (kernels) under the lock; non-ok poisons.
     std::function<int(std::vector<SimAccess>&)> plan;
     std::function<void()> run;
+    // The timing model (SimConfig::links 2): DMAs the operation makes, or a copy kernel.
+    std::uint64_t dmas = 0;
+    bool kernel_copy = false;
   };
   struct Stream {
     StreamHandle handle = 0;
@@ -161,6 +164,7 @@ struct SimDevice::State {
   std::uint64_t instance = sim::next_instance.fetch_add(1);
   mutable std::mutex m;
   sim::ExecGate exec_gate;
+  std::mutex links[2];  // SimConfig::links 2: host-to-device, device-to-host
   std::condition_variable cv;
   std::vector<std::unique_ptr<Stream>> streams;  // all ever created (index = clock slot)
   std::unordered_map<StreamHandle, Stream*> live_streams;
@@ -412,6 +416,7 @@ struct SimDevice::State {
           for (const SimAccess& a : acc) {
             if (a.write) written += a.end - a.begin;
           }
+          const LinkTime link = link_time(op, acc);
           record(st, op, std::move(acc));
           if (op.run) {
             lock.unlock();
@@ -425,11 +430,16 @@ struct SimDevice::State {
               if (touches_memory) exec.emplace(exec_gate, config.honor_priority ? st->priority : 0);
               const auto start = std::chrono::steady_clock::now();
               op.run();
-              if (config.copy_gbps > 0) {
+              if (config.copy_gbps > 0 && config.links == 1) {
                 std::this_thread::sleep_until(
                     start + std::chrono::nanoseconds(static_cast<std::int64_t>(
                                 static_cast<double>(written) / config.copy_gbps)));
               }
+            }
+            if (link.seconds > 0) {  // links 2: its bytes cross their direction's link
+              const std::lock_guard held(links[link.direction]);
+              std::this_thread::sleep_for(
+                  std::chrono::nanoseconds(static_cast<std::int64_t>(link.seconds * 1e9)));
             }
             lock.lock();
           }
@@ -439,6 +449,38 @@ struct SimDevice::State {
       st->ops.pop_front();
       cv.notify_all();
     }
+  }
+
+  /// SimConfig::links 2: how long an operation holds its direction's link (0 for one that moves
+  /// no bytes between host and device). Caller holds m.
+  struct LinkTime {
+    double seconds = 0;
+    int direction = 0;  // 0 host-to-device, 1 device-to-host
+  };
+  LinkTime link_time(const Op& op, const std::vector<SimAccess>& acc) const {
+    if (config.links != 2 || config.copy_gbps <= 0) return {};
+    auto on_host = [&](const SimAccess& a) {
+      AllocKind kind{};
+      return locate(a.begin, a.end - a.begin, &kind) != Where::inside || kind != AllocKind::device;
+    };
+    bool reads_host = false;
+    for (const SimAccess& a : acc) reads_host = reads_host || (!a.write && on_host(a));
+    std::uint64_t to_device = 0, to_host = 0;
+    for (const SimAccess& a : acc) {
+      if (!a.write) continue;
+      if (on_host(a)) {
+        to_host += a.end - a.begin;
+      } else if (reads_host) {
+        to_device += a.end - a.begin;
+      }
+    }
+    const std::uint64_t bytes = std::max(to_device, to_host);
+    if (bytes == 0) return {};
+    const double gbps =
+        op.kernel_copy && config.kernel_gbps > 0 ? config.kernel_gbps : config.copy_gbps;
+    const double seconds = static_cast<double>(bytes) / (gbps * 1e9) +
+                           static_cast<double>(op.dmas) * config.dma_op_us * 1e-6;
+    return {seconds, to_host > to_device ? 1 : 0};
   }
 
   /// Host waits for `seq` on `st`, then knows what `vc` says.

@@ -22,6 +22,7 @@ int SimDevice::launch_copy_pieces(const detail::DevicePiece* pieces, std::uint64
   const auto warps = static_cast<std::uint64_t>(ctas) * static_cast<std::uint64_t>(threads / 32);
   State::Op op;
   op.name = "copy_pieces kernel";
+  op.kernel_copy = true;
   op.plan = [this, pieces, count](std::vector<SimAccess>& acc) {
     const auto base = reinterpret_cast<std::uintptr_t>(pieces);
     if (!s_->device_accessible(base, count * sizeof(detail::DevicePiece))) {

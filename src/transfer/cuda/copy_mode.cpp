@@ -1,3 +1,5 @@
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "common/expects.hpp"
@@ -32,6 +34,32 @@ CopyMode choose_copy_mode(const CopyPlan& plan, const CudaBackendConfig& config,
   }
   if ((want == CopyMode::kernel || want == CopyMode::staged) && !kernel_available) want = large;
   return want;
+}
+
+CudaBackendConfig choose_calibration(const CudaBackendConfig& config,
+                                     std::span<const CalibrationSample> samples) {
+  CudaBackendConfig out = config;
+  int small_sizes = 0, staged_wins = 0;
+  for (const JobKind dir : {JobKind::store, JobKind::load}) {
+    std::uint64_t threshold = 0;
+    for (const CalibrationSample& m : samples) {
+      if (m.dir != dir) continue;
+      if (threshold == 0) threshold = m.piece;  // the smallest size measured
+      const bool staged = m.staged_s >= 0;
+      const double small = staged ? std::min(m.kernel_s, m.staged_s) : m.kernel_s;
+      if (small <= m.batch_s) {  // a small-piece mode wins here: the threshold is above it
+        threshold = std::max(threshold, 2 * m.piece);
+        ++small_sizes;
+        staged_wins += staged && m.staged_s < m.kernel_s ? 1 : 0;
+      }
+    }
+    if (threshold == 0) continue;  // nothing measured in this direction: left as it was
+    (dir == JobKind::store ? out.store_small_piece_bytes : out.load_small_piece_bytes) = threshold;
+  }
+  // Staged for small-piece jobs when it beat the kernel at most of the sizes where a
+  // small-piece mode won, both directions together.
+  out.staged_min_pieces = small_sizes > 0 && 2 * staged_wins > small_sizes ? 1 : 0;
+  return out;
 }
 
 }  // namespace kvoffload

@@ -1,6 +1,9 @@
-// calibrate(): the piece sizes below which the kernel mode beats batch copies, measured with one
-// backend per mode on the device.
+// calibrate(): what the automatic copy mode should pick, measured on the device the way a
+// serving engine loads it: each direction's jobs timed while the other direction copies at
+// the same time (both copy engines and both directions of the link busy), in the kernel,
+// staged and batch modes, one backend per mode.
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 #include <vector>
@@ -16,68 +19,102 @@ namespace kvoffload {
 using detail::Owned;
 using detail::Scope;
 
-CudaBackendConfig calibrate(const CudaBackendConfig& config,
-                            std::shared_ptr<DeviceRuntime> runtime) {
-  CudaBackendConfig out = config;
+namespace {
+
+/// `bytes` in pieces of `piece`, every other piece (so no two merge), from `device` to `host`
+/// (a store) or back.
+CopyPlan strided_plan(JobKind dir, std::uintptr_t device, std::uintptr_t host, std::uint64_t bytes,
+                      std::uint64_t piece) {
+  CopyPlan plan;
+  plan.kind = dir;
+  for (std::uint64_t off = 0; off + piece <= bytes; off += 2 * piece) {
+    plan.descriptors.push_back(dir == JobKind::store
+                                   ? CopyDescriptor{device + off, host + off, piece}
+                                   : CopyDescriptor{host + off, device + off, piece});
+    plan.total_bytes += piece;
+  }
+  return plan;
+}
+
+void require_ok(CudaBackend& backend) {
+  std::vector<BackendResult> done;
+  backend.poll(done);
+  for (const BackendResult& r : done) {
+    if (!r.ok) {
+      throw cuda_error(fmt::format("calibrate: a {} copy failed: {}",
+                                   to_string(backend.config().mode), r.error));
+    }
+  }
+}
+
+}  // namespace
+
+CudaBackendConfig calibrate(const CudaBackendConfig& config, std::shared_ptr<DeviceRuntime> runtime,
+                            const CalibrateOptions& options) {
   if (runtime == nullptr) {
-    if (!CudaBackend::available()) return out;
+    if (!CudaBackend::available()) return config;
     runtime = cuda_runtime();
   }
   DeviceRuntime& rt = *runtime;
   Scope scope(rt, config.device);
-  const std::size_t total = std::size_t{64} << 20;
+  const std::uint64_t bytes = options.bytes;
+  // Two halves on each side: the measured direction's, and the other direction's traffic.
   Owned d(rt, Owned::Kind::device), h(rt, Owned::Kind::host);
   auto fail = [&](int e, const char* what) {
     if (e != dev::ok)
       throw cuda_error(fmt::format("calibrate: {} failed: {}", what, rt.describe(e)));
   };
-  fail(d.allocate(total), "malloc_device");
-  fail(h.allocate(total), "malloc_host");
-  // One backend per mode for the whole sweep, without staging buffers (no staged job runs).
+  fail(d.allocate(2 * bytes), "malloc_device");
+  fail(h.allocate(2 * bytes), "malloc_host");
+  const auto dv = reinterpret_cast<std::uintptr_t>(d.get());
+  const auto hv = reinterpret_cast<std::uintptr_t>(h.get());
   auto make = [&](CopyMode mode) {
     CudaBackendConfig c = config;
     c.mode = mode;
     c.compute_stream.reset();
-    c.staging_bytes = 0;
+    c.staging_bytes = mode == CopyMode::staged ? bytes + (bytes >> 2) : 0;
+    c.host_base = hv;
+    c.host_bytes = 2 * bytes;
+    c.host_registration_bytes = 0;  // one allocation
     return std::make_unique<CudaBackend>(c, runtime);
   };
-  const auto kernel = make(CopyMode::kernel);
-  const auto batch = make(CopyMode::batch);
-  auto time_mode = [&](CudaBackend& backend, std::uint64_t piece, JobKind dir) {
-    CopyPlan plan;
-    plan.kind = dir;
-    const auto dv = reinterpret_cast<std::uintptr_t>(d.get());
-    const auto hv = reinterpret_cast<std::uintptr_t>(h.get());
-    for (std::uint64_t off = 0; off + piece <= total; off += 2 * piece) {
-      plan.descriptors.push_back(dir == JobKind::store ? CopyDescriptor{dv + off, hv + off, piece}
-                                                       : CopyDescriptor{hv + off, dv + off, piece});
-      plan.total_bytes += piece;
-    }
+  auto kernel = make(CopyMode::kernel);
+  auto staged = make(CopyMode::staged);
+  auto batch = make(CopyMode::batch);
+  auto other = make(CopyMode::batch);  // the other direction's traffic, 1 MiB pieces
+  // Seconds for `reps` jobs of `dir` in `backend`'s mode while the other direction copies as
+  // many bytes at once (submitted first, waited for after).
+  auto time_under_load = [&](CudaBackend& backend, std::uint64_t piece, JobKind dir) {
+    const JobKind back = dir == JobKind::store ? JobKind::load : JobKind::store;
+    const CopyPlan plan = strided_plan(dir, dv, hv, bytes, piece);
+    const CopyPlan traffic = strided_plan(back, dv + bytes, hv + bytes, bytes,
+                                          std::min<std::uint64_t>(bytes / 2, 1 << 20));
     backend.wait(backend.submit(plan));  // warm up
-    const auto start = std::chrono::steady_clock::now();
-    for (int i = 0; i < 3; ++i) backend.wait(backend.submit(plan));
-    const double seconds =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    std::vector<BackendResult> done;
-    backend.poll(done);
-    for (const BackendResult& r : done) {
-      if (!r.ok) {
-        throw cuda_error(fmt::format("calibrate: a {} copy failed: {}",
-                                     to_string(backend.config().mode), r.error));
-      }
+    double seconds = 0;
+    for (int i = 0; i < options.reps; ++i) {
+      const Ticket t = other->submit(traffic);
+      const auto start = std::chrono::steady_clock::now();
+      backend.wait(backend.submit(plan));
+      seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      other->wait(t);
     }
+    require_ok(backend);
+    require_ok(*other);
     return seconds;
   };
+  const bool can_stage = staged->kernel_available();
+  std::vector<CalibrationSample> samples;
   for (const JobKind dir : {JobKind::store, JobKind::load}) {
-    std::uint64_t crossover = 4096;
-    for (std::uint64_t piece = 4096; piece <= (std::uint64_t{4} << 20); piece *= 2) {
-      if (time_mode(*kernel, piece, dir) <= time_mode(*batch, piece, dir)) {
-        crossover = piece * 2;
-      }
+    for (std::uint64_t piece = options.min_piece; piece <= options.max_piece && piece <= bytes / 2;
+         piece *= 2) {
+      CalibrationSample m{dir, piece, 0, 0, 0};
+      m.kernel_s = time_under_load(*kernel, piece, dir);
+      m.staged_s = can_stage ? time_under_load(*staged, piece, dir) : -1;
+      m.batch_s = time_under_load(*batch, piece, dir);
+      samples.push_back(m);
     }
-    (dir == JobKind::store ? out.store_small_piece_bytes : out.load_small_piece_bytes) = crossover;
   }
-  return out;
+  return choose_calibration(config, samples);
 }
 
 }  // namespace kvoffload
