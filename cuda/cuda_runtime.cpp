@@ -249,7 +249,8 @@ class CudaRuntime final : public DeviceRuntime {
     *device = -1;
     cudaPointerAttributes attr{};
     if (cudaPointerGetAttributes(&attr, ptr) != cudaSuccess) {
-      (void)cudaGetLastError();  // memory CUDA does not know
+      (void)cudaGetLastError();  // memory CUDA cannot place
+      *device = -2;
       return I(cudaSuccess);
     }
     if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) {

@@ -53,9 +53,10 @@ struct HostRegion {
 /// SEMANTICS 6 invariants (the pre-fix sliding-window counting among them) or points outside
 /// the layout or the host region is refused with invalid_argument naming the job and group:
 /// never a wrong copy. Contiguous pieces (on both sides) are merged, except across the seam of
-/// two host registrations (HostRegion::blocks_per_registration). A GPU block named twice in
-/// one job (within a group, or in two groups that share a tensor) or a host block named twice
-/// is refused too: two copies into one block leave whichever lands last. Thread-safe (const).
+/// two host registrations (HostRegion::blocks_per_registration). A block the job would write
+/// twice is refused too (a load naming one GPU block twice, within a group or in two groups
+/// that share a tensor; a store naming one host block twice): two copies into one block leave
+/// whichever lands last. Reading a block twice is allowed. Thread-safe (const).
 class KVOFFLOAD_EXPORT CopyPlanner {
  public:
   /// Throws invalid_argument if a group's host block does not fit in host.row_bytes.
@@ -70,8 +71,9 @@ class KVOFFLOAD_EXPORT CopyPlanner {
  private:
   void check(const TransferJob& job) const;
 
-  /// Throws for a GPU or host block named twice in the job.
-  void check_duplicates(const TransferJob& job) const;
+  /// Throws for a block the job writes twice: a GPU block a load names twice, a host block a
+  /// store names twice (a block read twice is harmless).
+  void check_duplicates(const TransferJob& job, JobKind kind) const;
 
   const KvLayout& layout_;
   HostRegion host_;

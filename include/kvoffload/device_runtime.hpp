@@ -33,6 +33,12 @@ inline constexpr int not_ready = 600;
 inline constexpr int illegal_address = 700;
 inline constexpr int not_supported = 801;
 inline constexpr int unknown = 999;
+/// cudaErrorStreamCapture* (900-908): a call refused because a graph capture is under way (a
+/// query or a synchronize while another thread captures in global mode, say). Not a fault:
+/// work already queued still runs; ask again after the capture.
+[[nodiscard]] inline constexpr bool capture_status(int status) {
+  return status >= 900 && status <= 908;
+}
 /// A driver-API status (CUresult) r that has no runtime twin is reported as driver_base + r,
 /// so describe() names it with the driver's own names.
 inline constexpr int driver_base = 1 << 20;
@@ -103,7 +109,8 @@ class KVOFFLOAD_EXPORT DeviceRuntime {
   /// running.
   virtual int stream_capturing(StreamHandle stream, bool* capturing) noexcept = 0;
   /// The device whose memory holds `ptr` (cudaPointerGetAttributes: device or managed
-  /// memory), or -1 for host memory and memory CUDA does not know.
+  /// memory), -1 for host memory (pinned or not), -2 when the query fails (memory CUDA cannot
+  /// place).
   virtual int pointer_device(const void* ptr, int* device) noexcept = 0;
   virtual int event_create(EventHandle* event) noexcept = 0;
   virtual int event_destroy(EventHandle event) noexcept = 0;

@@ -142,7 +142,7 @@ def test_build_facts():
 def test_a_job_built_by_hand_runs_and_is_checked_on_submit():
     """kv.Job's constructor (tools and the GPU bundle's checks build jobs without a
     scheduler): a store and a load of it round-trip; a tier job's kind is refused at once, and
-    a job naming one GPU block twice is refused on submit, naming the job."""
+    a load writing one GPU block twice is refused on submit, naming the job."""
     f, page = 2, 64
     gpu = np.zeros((16, page), dtype=np.uint8)
     w = kv.Worker(kv.WorkerConfig([kv.tensor_of(gpu)], [[(0, page)]], host_blocks=4,
@@ -161,5 +161,5 @@ def test_a_job_built_by_hand_runs_and_is_checked_on_submit():
     assert np.array_equal(gpu[[5, 6]], gpu[[1, 2]])
     with pytest.raises(kv.InvalidArgument, match="tier job"):
         kv.Job(9, "promote", keys, [1, 2], [2], [0], [3])
-    with pytest.raises(kv.InvalidArgument, match="job 10: GPU block 1 is named twice"):
+    with pytest.raises(kv.InvalidArgument, match="job 10: GPU block 1 is loaded twice"):
         w.submit(kv.Job(10, "load", keys, [1, 1], [2], [0], [3]))

@@ -2,8 +2,11 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
+#include "kvoffload/error.hpp"
 
 namespace kvoffload {
 
@@ -51,31 +54,32 @@ CopyPlanner::CopyPlanner(const KvLayout& layout, const HostRegion& host)
   }
 }
 
-void CopyPlanner::check_duplicates(const TransferJob& job) const {
+void CopyPlanner::check_duplicates(const TransferJob& job, JobKind kind) const {
   // Reused per thread: planning allocates nothing once warm.
   thread_local std::vector<std::pair<std::size_t, std::int64_t>> seen;
   seen.clear();
-  std::size_t at = 0;
-  for (std::size_t g = 0; g < layout_.num_groups(); ++g) {
-    for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++at) {
-      seen.emplace_back(tensor_class_[g], job.gpu.block_ids[at]);
+  if (kind == JobKind::load) {  // loads write GPU blocks
+    std::size_t at = 0;
+    for (std::size_t g = 0; g < layout_.num_groups(); ++g) {
+      for (std::int64_t p = 0; p < job.gpu.group_sizes[g]; ++p, ++at) {
+        seen.emplace_back(tensor_class_[g], job.gpu.block_ids[at]);
+      }
     }
+  } else {  // stores write host blocks
+    for (const HostBlockId h : job.host_block_ids) seen.emplace_back(layout_.num_groups(), h);
   }
   std::sort(seen.begin(), seen.end());
-  const auto gpu = std::adjacent_find(seen.begin(), seen.end());
-  KVOFFLOAD_EXPECTS(gpu == seen.end(),
-                    "job {}: GPU block {} is named twice (in group {} or a group sharing its "
-                    "tensors): two copies into one block leave whichever lands last",
-                    job.id, gpu == seen.end() ? 0 : gpu->second,
-                    gpu == seen.end() ? 0 : gpu->first);
-  seen.clear();
-  for (const HostBlockId h : job.host_block_ids) seen.emplace_back(0, h);
-  std::sort(seen.begin(), seen.end());
-  const auto host = std::adjacent_find(seen.begin(), seen.end());
-  KVOFFLOAD_EXPECTS(host == seen.end(),
-                    "job {}: host block {} is named twice: two offloaded blocks cannot share "
-                    "one host block",
-                    job.id, host == seen.end() ? 0 : host->second);
+  const auto twice = std::adjacent_find(seen.begin(), seen.end());
+  if (twice == seen.end()) return;
+  if (kind == JobKind::load) {
+    throw invalid_argument(fmt::format(
+        "job {}: GPU block {} is loaded twice (in group {} or a group sharing its tensors): "
+        "two copies into one block leave whichever lands last",
+        job.id, twice->second, twice->first));
+  }
+  throw invalid_argument(fmt::format(
+      "job {}: host block {} is stored twice: two offloaded blocks cannot share one host block",
+      job.id, twice->second));
 }
 
 void CopyPlanner::check(const TransferJob& job) const {
@@ -96,11 +100,11 @@ void CopyPlanner::check(const TransferJob& job) const {
                       "job {} group {}: host block {} is outside the pool (0..{})", job.id,
                       job.keys[k].group, h, host_.num_blocks - 1);
   }
-  check_duplicates(job);
 }
 
 void CopyPlanner::plan(const TransferJob& job, JobKind kind, CopyPlan& out) const {
   check(job);
+  check_duplicates(job, kind);
   out.job = job.id;
   out.kind = kind;
   out.descriptors.clear();

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -29,20 +30,21 @@ using namespace std::chrono_literals;
 namespace {
 
 /// The engine's next step, held open on a stream until the test lets it go (or 10 s pass).
+/// The flag is shared with the stream's thread, which may read it after this object is gone.
 class HeldWork {
  public:
   HeldWork(SimDevice& sim, StreamHandle stream) {
-    REQUIRE(sim.launch(stream, "next step (held)", {}, [this] {
-      for (int i = 0; i < 2000 && !open_.load(); ++i) std::this_thread::sleep_for(5ms);
+    REQUIRE(sim.launch(stream, "next step (held)", {}, [open = open_] {
+      for (int i = 0; i < 2000 && !open->load(); ++i) std::this_thread::sleep_for(5ms);
     }) == dev::ok);
   }
   ~HeldWork() { release(); }
   HeldWork(const HeldWork&) = delete;
   HeldWork& operator=(const HeldWork&) = delete;
-  void release() { open_.store(true); }
+  void release() { open_->store(true); }
 
  private:
-  std::atomic<bool> open_{false};
+  std::shared_ptr<std::atomic<bool>> open_ = std::make_shared<std::atomic<bool>>(false);
 };
 
 /// Polls `engine` for up to 5 s until job `id` is reported; its report, if it came.

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -100,14 +101,7 @@ ComputeMark CudaBackend::mark_compute() noexcept {
 void CudaBackend::drop_mark(ComputeMark mark) noexcept {
   Impl& s = *impl_;
   std::lock_guard lock(s.mutex);
-  const auto it = s.marks.find(mark);
-  if (it == s.marks.end()) return;
-  const EventHandle ev = it->second;
-  s.marks.erase(it);
-  try {
-    s.spare_events.push_back(ev);
-  } catch (...) {  // out of memory: one event is never reused, nothing else is lost
-  }
+  s.give_back(s.take_mark(mark));
 }
 
 void CudaBackend::set_compute_stream(std::optional<StreamHandle> stream) {
@@ -128,6 +122,13 @@ void CudaBackend::check_tensors(std::span<const KvTensor> tensors) const {
     for (const std::uintptr_t p : {k.base, last}) {
       int device = -1;
       s.check(s.rt->pointer_device(reinterpret_cast<const void*>(p), &device), "pointer_device");
+      if (device == -2) {  // e.g. memory mapped with cuMemMap where CUDA cannot tell: let it be
+        detail::logger().warn(
+            "CUDA backend: cannot tell which device holds KV tensor {} (byte {:#x}: CUDA cannot "
+            "place it); not checked",
+            t, p);
+        break;
+      }
       KVOFFLOAD_EXPECTS(
           device == s.config.device,
           "KV tensor {} ({} blocks of {} bytes at {:#x}): byte {:#x} is {}, but the CUDA "
@@ -165,6 +166,13 @@ Ticket CudaBackend::submit(CopyPlan plan) {
   Impl::Job& j = *job;
   s.in_order[store ? 0 : 1].push_back(std::move(job));
   // From here on nothing throws out of submit: the job is queued, and any failure fails it.
+  // A deferred store's mark leaves the table now and goes back to the spares however the
+  // submission ends (its wait, if any, is queued by then).
+  struct MarkGuard {
+    Impl& s;
+    std::optional<EventHandle> ev;
+    ~MarkGuard() { s.give_back(ev); }
+  } mark{s, s.take_mark(j.plan.compute_mark)};
   std::optional<Scope> scope;
   std::optional<std::size_t> si;
   try {
@@ -179,12 +187,12 @@ Ticket CudaBackend::submit(CopyPlan plan) {
       return j.ticket;
     }
     const bool must_wait = store || s.config.loads_wait_for_compute;
-    if (!s.capture_free(j, must_wait)) {
+    if (!s.capture_free(j, must_wait, mark.ev)) {
       s.release(j);
       return j.ticket;  // failed, with its error; nothing queued
     }
     si = s.pick_stream(store);
-    if (j.mode == CopyMode::staged) {
+    if (j.mode == CopyMode::staged && !j.plan.descriptors.empty()) {
       j.staging_bytes = s.plan_runs(j);
       j.staging = s.staging_ring.allocate(j.staging_bytes);
       if (!j.staging) {  // staging is busy with earlier jobs: the kernel copies directly
@@ -207,7 +215,7 @@ Ticket CudaBackend::submit(CopyPlan plan) {
     const StreamHandle stream = s.streams[*si];
     int e = s.rt->event_create(&j.done);
     if (e != dev::ok) j.done = 0;
-    if (e == dev::ok) e = s.wait_for_compute(stream, must_wait, j.plan.compute_mark);
+    if (e == dev::ok) e = s.wait_for_compute(stream, must_wait, mark.ev);
     if (e == dev::ok) e = s.enqueue(j, *si);
     if (e == dev::ok) e = s.rt->event_record(j.done, stream);
     if (e == dev::ok) {
@@ -241,6 +249,10 @@ void CudaBackend::poll(std::vector<BackendResult>& finished) {
       if (j.recorded && !j.released) {
         const int e = s.rt->event_query(j.done);
         if (e == dev::not_ready) break;  // later jobs of this direction wait their turn
+        if (dev::capture_status(e)) {    // a capture elsewhere forbids the query: ask later
+          (void)s.rt->get_last_error();
+          break;
+        }
         if (e != dev::ok) {
           (void)s.rt->get_last_error();
           if (!j.failed) {
@@ -296,13 +308,29 @@ void CudaBackend::wait(Ticket ticket) {
   }
   // Outside the lock, so submissions go on; the shared pointer keeps the job (and its event)
   // alive even if another thread polls it meanwhile.
-  const int e = s.rt->event_synchronize(job->done);
+  // A graph capture elsewhere (global mode) refuses the synchronize while it lasts: ask again,
+  // for at most kCaptureWait. The job is never released here (poll releases it once its event
+  // says done), so a job given up on is failed, never reported ok, and holds its buffers.
+  constexpr auto kCaptureWait = std::chrono::seconds(10);
+  const auto until = std::chrono::steady_clock::now() + kCaptureWait;
+  int e = s.rt->event_synchronize(job->done);
+  while (dev::capture_status(e) && std::chrono::steady_clock::now() < until) {
+    (void)s.rt->get_last_error();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    e = s.rt->event_synchronize(job->done);
+  }
   std::lock_guard lock(s.mutex);
   if (e != dev::ok) {
     (void)s.rt->get_last_error();
     if (!job->released && !job->failed) {
       job->failed = true;
-      job->error = fmt::format("job {}: {}", job->plan.job, s.rt->describe(e));
+      job->error = dev::capture_status(e)
+                       ? fmt::format(
+                             "job {}: could not be waited for: a CUDA graph capture "
+                             "refused every synchronize for {} s ({}); its result is "
+                             "not trusted",
+                             job->plan.job, kCaptureWait.count(), s.rt->describe(e))
+                       : fmt::format("job {}: {}", job->plan.job, s.rt->describe(e));
     }
   }
 }

@@ -108,7 +108,9 @@ struct CudaBackend::Impl {
         queue.clear();
       }
       if (compute_ready != 0) (void)rt->event_destroy(compute_ready);
-      for (const auto& [mark, ev] : marks) (void)rt->event_destroy(ev);
+      for (const auto& [mark, ev] : marks) {
+        if (ev != 0) (void)rt->event_destroy(ev);
+      }
       for (const EventHandle ev : switched_from) (void)rt->event_destroy(ev);
       for (const EventHandle ev : spare_events) (void)rt->event_destroy(ev);
       device_staging.reset();
@@ -276,6 +278,10 @@ struct CudaBackend::Impl {
     std::erase_if(switched_from, [&](EventHandle ev) {
       const int q = rt->event_query(ev);
       if (q == dev::not_ready) return false;
+      if (dev::capture_status(q)) {  // a capture elsewhere forbids the query now: ask later
+        (void)rt->get_last_error();
+        return false;
+      }
       if (q != dev::ok) {
         (void)rt->get_last_error();
         detail::logger().warn("CUDA backend: an event of a previous compute stream failed: {}",
@@ -344,16 +350,31 @@ struct CudaBackend::Impl {
     return yes;
   }
 
+  /// A plan's mark, taken out of the table for its submission: nullopt for none (or an id
+  /// the table does not hold), else its event (0: marked while the compute stream captured a
+  /// graph). give_back returns the event to the spares once the submission is done with it.
+  std::optional<EventHandle> take_mark(ComputeMark mark_id) {
+    if (mark_id == 0) return std::nullopt;
+    const auto it = marks.find(mark_id);
+    if (it == marks.end()) return std::nullopt;
+    const EventHandle ev = it->second;
+    marks.erase(it);
+    return ev;
+  }
+  void give_back(std::optional<EventHandle> ev) noexcept {
+    if (!ev || *ev == 0) return;  // 0 is no event: never a spare
+    try {
+      spare_events.push_back(*ev);
+    } catch (...) {  // out of memory: one event is never reused, nothing else is lost
+    }
+  }
+
   /// False, with the job's error set, for a job that would have to wait for a compute stream
   /// capturing a CUDA graph: the wait would join the capture (the copy would run only when the
   /// graph is launched, if ever), so the job is refused and nothing is queued. A deferred
-  /// store marked while the stream captured is refused when it starts.
-  bool capture_free(Job& job, bool must) {
-    const ComputeMark mark_id = job.plan.compute_mark;
-    if (mark_id != 0) {
-      const auto it = marks.find(mark_id);
-      if (it == marks.end() || it->second != 0) return true;
-      marks.erase(it);
+  /// store marked while the stream captured (`mark` 0) is refused when it starts.
+  bool capture_free(Job& job, bool must, std::optional<EventHandle> mark) {
+    if (mark && *mark == 0) {
       ++stats.refused_capturing;
       job.error = fmt::format(
           "job {}: refused: the compute stream {:#x} was capturing a CUDA graph when this "
@@ -361,7 +382,7 @@ struct CudaBackend::Impl {
           job.plan.job, compute.value_or(0));
       return false;
     }
-    if (!compute || !must || skip_compute_wait || !capturing(*compute)) return true;
+    if (mark || !compute || !must || skip_compute_wait || !capturing(*compute)) return true;
     ++stats.refused_capturing;
     job.error = fmt::format(
         "job {}: refused: the compute stream {:#x} is capturing a CUDA graph, and a copy "
@@ -375,17 +396,10 @@ struct CudaBackend::Impl {
   /// `mark` when it has one (a deferred store, marked at its submission), else the compute
   /// stream's work queued so far and the streams the engine switched away from, until their
   /// work up to the switch is done.
-  int wait_for_compute(StreamHandle stream, bool must, ComputeMark mark_id) {
-    if (mark_id != 0) {
-      const auto it = marks.find(mark_id);
-      if (it != marks.end()) {
-        const EventHandle ev = it->second;
-        marks.erase(it);
-        // The wait takes the event's work as of now: the event can be reused at once.
-        const int e = skip_compute_wait ? dev::ok : rt->stream_wait_event(stream, ev);
-        spare_events.push_back(ev);
-        return e;
-      }
+  int wait_for_compute(StreamHandle stream, bool must, std::optional<EventHandle> mark) {
+    if (mark) {
+      // The wait takes the event's work as of now: the event can be given back at once.
+      return skip_compute_wait || *mark == 0 ? dev::ok : rt->stream_wait_event(stream, *mark);
     }
     if (!compute || !must || skip_compute_wait) return dev::ok;
     int e = rt->event_record(compute_ready, *compute);
@@ -527,10 +541,12 @@ struct CudaBackend::Impl {
   /// job's memory goes back. The job never recorded its event, so it is still failed, as every
   /// job is until then; poll reports it once, as "submission did not complete".
   void abandon(Job& job, std::optional<std::size_t> si, const char* why) noexcept {
-    (void)rt->get_last_error();
-    if (si) (void)rt->stream_synchronize(streams[*si]);
-    (void)rt->get_last_error();
-    release(job);
+    if (si) {
+      settle(job, *si);
+    } else {
+      (void)rt->get_last_error();
+      release(job);
+    }
     try {
       job.error = fmt::format("job {}: submission did not complete: {}", job.plan.job, why);
     } catch (...) {
@@ -540,13 +556,31 @@ struct CudaBackend::Impl {
 
   /// After a failed call: clear the error, let queued work finish, fail the job.
   void fail_submission(Job& job, std::size_t si, int e, std::string_view what) {
-    (void)rt->get_last_error();
-    (void)rt->stream_synchronize(streams[si]);  // copies already queued may still run
-    (void)rt->get_last_error();
     job.failed = true;
     if (job.error.empty())
       job.error = fmt::format("job {} ({}): {}", job.plan.job, what, rt->describe(e));
-    release(job);
+    settle(job, si);  // copies already queued may still run
+  }
+
+  /// A failed submission's buffers go back only once what it queued has finished: the stream
+  /// is synchronized; if a graph capture elsewhere refuses that, the job's event is recorded
+  /// and poll gives them back once it is done (the job stays failed); if even that is refused,
+  /// they are never given back (they may still be read; a ring that stays full sends later
+  /// jobs to the copy engines).
+  void settle(Job& job, std::size_t si) noexcept {
+    (void)rt->get_last_error();
+    const int e = rt->stream_synchronize(streams[si]);
+    (void)rt->get_last_error();
+    if (!dev::capture_status(e)) {
+      release(job);
+      return;
+    }
+    if (job.done != 0 && rt->event_record(job.done, streams[si]) == dev::ok) {
+      job.recorded = true;
+      return;
+    }
+    (void)rt->get_last_error();
+    job.released = true;  // release() is now a no-op: the slices stay taken
   }
 
   void count_mode(CopyMode mode) {

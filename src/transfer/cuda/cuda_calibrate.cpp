@@ -21,16 +21,17 @@ using detail::Scope;
 
 namespace {
 
-/// `bytes` in pieces of `piece`, every other piece (so no two merge), from `device` to `host`
-/// (a store) or back.
+/// Half of `bytes` in pieces of `piece` as an engine's jobs lie: every other page on the device
+/// (so no two merge), back to back on the host (a host block holds a block's pages of every
+/// layer), from `device` to `host` (a store) or back.
 CopyPlan strided_plan(JobKind dir, std::uintptr_t device, std::uintptr_t host, std::uint64_t bytes,
                       std::uint64_t piece) {
   CopyPlan plan;
   plan.kind = dir;
-  for (std::uint64_t off = 0; off + piece <= bytes; off += 2 * piece) {
-    plan.descriptors.push_back(dir == JobKind::store
-                                   ? CopyDescriptor{device + off, host + off, piece}
-                                   : CopyDescriptor{host + off, device + off, piece});
+  for (std::uint64_t i = 0; (2 * i + 1) * piece <= bytes; ++i) {
+    const std::uintptr_t d = device + 2 * i * piece, h = host + i * piece;
+    plan.descriptors.push_back(dir == JobKind::store ? CopyDescriptor{d, h, piece}
+                                                     : CopyDescriptor{h, d, piece});
     plan.total_bytes += piece;
   }
   return plan;

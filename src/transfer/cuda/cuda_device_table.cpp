@@ -117,11 +117,11 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
       j.error = fmt::format("job {} (device table): {}", job.id, e.what());
       return j.ticket;
     }
-    if (!s.capture_free(j, true)) return j.ticket;  // failed, with its error
+    if (!s.capture_free(j, true, std::nullopt)) return j.ticket;  // failed, with its error
     ++s.stats.jobs_device_table;
-    const std::size_t si = s.pick_stream(L.store);
+    std::size_t si = s.pick_stream(L.store);
     picked = si;
-    const StreamHandle stream = s.streams[si];
+    StreamHandle stream = s.streams[si];
     // Inputs, laid out alike in pinned memory and on the device: offsets, expected, max ids,
     // host ids; then the flag the device writes back.
     const std::size_t o_offsets = 0;
@@ -144,11 +144,23 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
         o_out + align16(4 * static_cast<std::size_t>(std::max<std::int64_t>(n, 1)));
     const std::size_t o_pieces = o_dflag + 16;
     const std::size_t scratch_bytes = o_pieces + pieces * sizeof(DevicePiece) + 16;
-    if (e == dev::ok && !s.reserve_upload(j, si, pinned_bytes, scratch_bytes)) {
+    // The picked stream's rings, else those of the direction's other streams.
+    const std::size_t first = L.store ? 0 : static_cast<std::size_t>(s.config.store_streams);
+    const std::size_t count =
+        static_cast<std::size_t>(L.store ? s.config.store_streams : s.config.load_streams);
+    bool reserved = e != dev::ok || s.reserve_upload(j, si, pinned_bytes, scratch_bytes);
+    for (std::size_t k = 0; !reserved && k < count; ++k) {
+      if (first + k == si || !s.reserve_upload(j, first + k, pinned_bytes, scratch_bytes)) continue;
+      reserved = true;
+      si = first + k;
+      picked = si;
+      stream = s.streams[si];
+    }
+    if (!reserved) {
       j.error = fmt::format(
-          "job {} (device table): its inputs and scratch ({} and {} bytes) do not fit stream "
-          "{}'s upload rings now (ring_bytes {}); nothing was copied",
-          job.id, pinned_bytes, scratch_bytes, si, s.config.ring_bytes);
+          "job {} (device table): its inputs and scratch ({} and {} bytes) fit no stream's "
+          "upload rings now (ring_bytes {} each); nothing was copied",
+          job.id, pinned_bytes, scratch_bytes, s.config.ring_bytes);
       s.release(j);
       return j.ticket;  // failed; nothing queued
     }
@@ -166,7 +178,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
       j.mismatch = reinterpret_cast<const int*>(p + o_flag);
     }
     // The engine writes the table on its compute stream: wait before the first read of it.
-    if (e == dev::ok) e = s.wait_for_compute(stream, true, 0);
+    if (e == dev::ok) e = s.wait_for_compute(stream, true, std::nullopt);
     if (e == dev::ok) e = s.rt->memcpy_async(j.upload.device, j.upload.host, inputs, stream);
     std::byte* d = j.upload.device;
     auto* d_flag = reinterpret_cast<int*>(d + o_dflag);

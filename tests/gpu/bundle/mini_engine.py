@@ -80,7 +80,7 @@ from mini_engine_model import (BLOCK, CPU, GPU, GPU_QUICK, Model, chain_hashes, 
 
 LAYER_SLEEP_US = 600  # GPU: emulated layer time, so that steps are GPU-bound
 TIMING_TARGET = 1.02
-RUN_TIMEOUT_S = 60  # one engine run; faulthandler ends the process past it
+RUN_TIMEOUT_S = 45  # one engine run; faulthandler ends the process past it (the part: 55 s)
 MAX_STEPS = 2000
 
 

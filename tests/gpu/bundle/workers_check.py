@@ -559,14 +559,15 @@ def settings(cpu, quick):
     return {
         "many": Params(jobs=2000 // half, page=64 * KiB, s_blocks=1024, d_blocks=1024,
                        host_blocks=1024, bmin=16, bmax=96, max_inflight=8, p_sleep=0.1,
-                       seconds=35 // half),
+                       seconds=25 // half),
         "soak": Params(jobs=20000 // half, page=16 * KiB, s_blocks=512, d_blocks=512,
                        host_blocks=512, bmin=1, bmax=8, max_inflight=16, p_sleep=0.0,
-                       seconds=25 // half),
-        # Each part's bound (s), the whole run's after them (the import and CUDA start before).
-        "caps": ({"many-workers": 35, "soak": 25, "sticky-fault": 25} if not quick else
-                 {"many-workers": 16, "soak": 12, "sticky-fault": 15}),
-        "budget": 85 if not quick else 43,
+                       seconds=20 // half),
+        # Each part's bound (s), the whole run's after them (the import and CUDA start before):
+        # inside the bundle's part timeout (70 s, quick 45 s) with room for the start.
+        "caps": ({"many-workers": 25, "soak": 20, "sticky-fault": 10} if not quick else
+                 {"many-workers": 14, "soak": 10, "sticky-fault": 8}),
+        "budget": 55 if not quick else 32,
     }
 
 
