@@ -124,6 +124,38 @@ TEST_CASE("sim: a store marked during a capture and dropped leaves marking intac
   REQUIRE(sim->stream_destroy(compute) == dev::ok);
 }
 
+// A capture in global mode on another thread makes CUDA refuse event queries and synchronizes
+// (cudaErrorStreamCaptureUnsupported, 900) while it lasts. Mutation caught: poll taking that
+// for a failure (the job reported failed and its buffers released while its copies may run).
+TEST_CASE("sim: a capture elsewhere refusing queries delays results, never fails them",
+          "[sim][cuda_backend][capture]") {
+  auto sim = sim_with(78, 1, 5);
+  DeviceRig rig(sim, 1, 4096, 32, 16);
+  CudaBackendConfig c;
+  c.mode = CopyMode::kernel;
+  c.host_base = rig.region.base;
+  c.host_bytes = rig.pool_bytes;
+  CudaBackend backend(c, sim);
+  forward_pass(*sim, 0, rig, 1, 8, 0x4e);
+  REQUIRE(sim->device_synchronize() == dev::ok);
+  const CopyPlanner planner(*rig.layout, rig.region);
+  CopyPlan plan;
+  planner.plan(store_job(1, 1, 8), JobKind::store, plan);
+  const Ticket t = backend.submit(plan);
+  REQUIRE(sim->device_synchronize() == dev::ok);  // done, but CUDA will not say so yet
+  std::vector<BackendResult> done;
+  sim->inject_failure("event_query", 900);
+  backend.poll(done);
+  CHECK(done.empty());  // asked again later, not failed
+  sim->inject_failure("event_synchronize", 900, 0);
+  backend.wait(t);  // retried until the capture lets it through
+  backend.poll(done);
+  REQUIRE(done.size() == 1);
+  CHECK(done[0].ok);
+  CHECK(host_blocks_hold(rig, 8, 0x4e));
+  CHECK(settled_violations(*sim).empty());
+}
+
 // Mutation caught: set_compute_stream recording an event on the old stream while it captures
 // (later jobs wait for it and join the capture).
 TEST_CASE("sim: switching away from a capturing compute stream joins no capture",

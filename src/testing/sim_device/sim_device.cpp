@@ -232,6 +232,7 @@ int SimDevice::event_query(EventHandle event) noexcept {
   s_->need_context();
   State::Event* ev = s_->find_event(event, "event_query");
   if (ev == nullptr) return dev::invalid_resource_handle;
+  if (const int e = s_->injected("event_query")) return e;
   if (s_->poisoned) return s_->sticky;
   if (ev->stream == nullptr) return dev::ok;
   if (ev->stream->completed < ev->seq) return dev::not_ready;
@@ -244,6 +245,7 @@ int SimDevice::event_synchronize(EventHandle event) noexcept {
   s_->need_context();
   State::Event* ev = s_->find_event(event, "event_synchronize");
   if (ev == nullptr) return dev::invalid_resource_handle;
+  if (const int e = s_->injected("event_synchronize")) return e;
   if (ev->stream == nullptr) return s_->poisoned ? s_->sticky : dev::ok;
   State::Stream* st = ev->stream;
   const std::uint64_t seq = ev->seq;
