@@ -146,7 +146,7 @@ Ticket CudaBackend::submit_device_table(const TransferJob& job, JobKind kind,
     const std::size_t scratch_bytes = o_pieces + pieces * sizeof(DevicePiece) + 16;
     // The picked stream's rings, else those of the direction's other streams.
     const std::size_t first = L.store ? 0 : static_cast<std::size_t>(s.config.store_streams);
-    const std::size_t count =
+    const auto count =
         static_cast<std::size_t>(L.store ? s.config.store_streams : s.config.load_streams);
     bool reserved = e != dev::ok || s.reserve_upload(j, si, pinned_bytes, scratch_bytes);
     for (std::size_t k = 0; !reserved && k < count; ++k) {
