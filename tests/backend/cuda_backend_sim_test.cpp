@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <random>
 #include <set>
@@ -32,6 +33,7 @@ using kvtest::forward_pass;
 using kvtest::host_blocks_hold;
 using kvtest::sim_with;
 using kvtest::store_job;
+using namespace std::chrono_literals;
 
 TEST_CASE("sim: stores wait for the compute stream, and the test catches it when they do not",
           "[sim][cuda_backend][ordering]") {
@@ -116,10 +118,20 @@ TEST_CASE("sim: cudaStreamPerThread is refused as the compute stream", "[sim][cu
 TEST_CASE("sim: shutdown with drain finishes everything, without drain cancels the rest",
           "[sim][cuda_backend]") {
   const bool drain = GENERATE(true, false);
-  auto sim = sim_with(14, 1, 300);  // slow: jobs are still queued at shutdown
+  auto sim = sim_with(14, 1, 300);
   DeviceRig rig(sim, 1, 1024, 64, 32);
+  // Every job waits for an engine pass held open until well after shutdown begins, so jobs are
+  // still queued then whatever the machine's speed (a sanitizer build on a busy machine once
+  // drained them all before shutdown).
+  StreamHandle compute = 0;
+  REQUIRE(sim->stream_create(0, &compute) == dev::ok);
+  auto open = std::make_shared<std::atomic<bool>>(false);
+  REQUIRE(sim->launch(compute, "engine pass (held)", {}, [open] {
+    for (int i = 0; i < 2000 && !open->load(); ++i) std::this_thread::sleep_for(5ms);
+  }) == dev::ok);
   CudaBackendConfig c;
   c.mode = CopyMode::memcpy;
+  c.compute_stream = compute;
   CudaBackend backend(c, sim);
   std::set<Ticket> tickets;
   for (int i = 0; i < 40; ++i) {
@@ -137,7 +149,12 @@ TEST_CASE("sim: shutdown with drain finishes everything, without drain cancels t
     plan.total_bytes = 4096;
     tickets.insert(backend.submit(plan));
   }
-  backend.shutdown(drain);
+  std::thread release([open] {
+    std::this_thread::sleep_for(200ms);
+    open->store(true);
+  });
+  backend.shutdown(drain);  // waits for the GPU work, held until release lets the pass end
+  release.join();
   std::vector<BackendResult> done;
   backend.poll(done);
   REQUIRE(done.size() == 40);  // everything reported once, right after shutdown
@@ -150,7 +167,7 @@ TEST_CASE("sim: shutdown with drain finishes everything, without drain cancels t
       ++cancelled;
     }
   }
-  if (!drain) CHECK(cancelled > 0);
+  if (!drain) CHECK(cancelled == 40);  // none could finish before the pass it waits for
   // Later submits fail at once.
   CopyPlan late;
   late.job = 99;
@@ -162,6 +179,7 @@ TEST_CASE("sim: shutdown with drain finishes everything, without drain cancels t
   CHECK_THAT(done[0].error, ContainsSubstring("shut down"));
   REQUIRE(sim->device_synchronize() == dev::ok);
   CHECK(sim->violations().empty());
+  REQUIRE(sim->stream_destroy(compute) == dev::ok);
 }
 
 TEST_CASE("sim: wait racing poll: every job reported once, none freed under a waiter",
