@@ -4,7 +4,8 @@
         "kv_connector_module_path": "kvoffload.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"block_size": 64, "host_bytes": "64GiB"}}'
 
-``kv_connector_extra_config`` keys (all optional but the host memory):
+``kv_connector_extra_config`` keys (all optional but the host memory; the schema every engine
+shares, documented once in docs/configuration.md):
 
     block_size        tokens per host block, a multiple of the GPU block size (default: the
                       GPU block size, block_size_factor 1)
