@@ -221,3 +221,31 @@ def test_shared_tier_between_two_stores(cluster, tmp_path):
     assert all(b_pages.holds(k, 8 + i) for i, k in enumerate(keys))
     c = PageStore(config([shared(secrets[1])]), Pages().tensors())
     assert c.exists(keys) == 0
+
+
+def test_a_set_the_host_cannot_hold_is_false_and_counted():
+    """Eight pages into four host blocks: the scheduler stores none of them (no room for the
+    request's blocks); set must say so rather than claim them stored."""
+    pages = Pages()
+    keys = keys_of("big", 8)
+    for i, k in enumerate(keys):
+        pages.write(k, i)
+    store = PageStore(config(host_blocks=4), pages.tensors())
+    assert not store.set(keys, list(range(8)))
+    assert store.stats()["failed_sets"] == 1
+    assert store.exists(keys) < 8
+    assert store.set(keys[:3], [0, 1, 2])  # what fits is stored, and True
+
+
+def test_back_to_back_sets_wait_for_tier_writes_holding_the_host(tmp_path):
+    """Host blocks a tier write still reads cannot be evicted: a set that needs them drains
+    the writes and stores, rather than returning True with nothing stored."""
+    pages = Pages()
+    store = PageStore(config([disk(tmp_path, capacity=1 << 22)], host_blocks=8), pages.tensors())
+    for r in range(6):
+        keys = keys_of(f"burst{r}", 8)
+        for i, k in enumerate(keys):
+            pages.write(k, i)
+        assert store.set(keys, list(range(8))), (r, store.stats())
+    assert store.flush(10.0)
+    assert store.stats()["tier.disk0.blocks_written"] == 48

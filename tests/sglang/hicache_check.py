@@ -62,8 +62,8 @@ class Alloc:  # what the controller asks of SGLang's token allocator: the device
         return self.dev
 
 
-def controller(layout, extra, model="tiny/llama"):
-    dev = MHATokenToKVPool(TOKENS, PAGE, torch.float16, HEADS, DIM, LAYERS, "cpu", False,
+def controller(layout, extra, model="tiny/llama", dtype=torch.float16):
+    dev = MHATokenToKVPool(TOKENS, PAGE, dtype, HEADS, DIM, LAYERS, "cpu", False,
                            start_layer=0, end_layer=LAYERS)
     host = MHATokenToKVPoolHost(dev.get_device_pool_infos()[0].buffer_info, 4.0, 0, PAGE, layout,
                                 pin_memory=False, device="cpu", device_capacity_tokens=dev.size,
@@ -260,11 +260,19 @@ def refused():
         ({"host_bytes": "1MiB", "tiers": [{"medium": "disk", "path": "/tmp/x"}]},
          "tiers[0].capacity_bytes"),
         ({"host_bytes": "1MiB", "block_size": 8}, "block_size 8 is not SGLang's page size 4"),
+        ({"host_bytes": "1MiB", "timeout_ms": 0}, "timeout_ms 0"),
+        # fp8 KV: the pool stores uint8, which cannot tell e4m3 from e5m2 pages apart; with
+        # SGLang's kv_cache_dtype unpublished (no server), tiers are refused.
+        ({"host_bytes": "1MiB", "tiers": [{"medium": "disk", "path": "/tmp/kvoffload-fp8",
+                                           "capacity_bytes": "1MiB"}], "dtype": "fp8"},
+         "1-byte KV"),
     ]
     bad = []
     for extra, want in cases:
+        extra = dict(extra)
+        dtype = torch.float8_e4m3fn if extra.pop("dtype", None) == "fp8" else torch.float16
         try:
-            ctrl, _ = controller("page_first", extra)
+            ctrl, _ = controller("page_first", extra, dtype=dtype)
             close(ctrl)
             bad.append(f"{extra}: started")
         except Exception as e:  # noqa: BLE001 - the controller re-raises what the backend did

@@ -96,9 +96,13 @@ class PageStore:
     def exists(self, keys: Sequence[Any]) -> int:
         """How many leading keys are held (host memory or a tier)."""
         with self._lock:
-            rid, hit = self._lookup(keys)
-            self._sched.on_finished(rid)
-            return hit
+            rid = None
+            try:
+                rid, hit = self._lookup(keys)
+                return hit
+            finally:
+                if rid is not None:
+                    self._sched.on_finished(rid)
 
     def get(self, keys: Sequence[Any], pages: Sequence[int]) -> int:
         """Fills pages[i] with keys[i]'s bytes for the leading keys held; returns how many.
@@ -125,34 +129,26 @@ class PageStore:
                 self._sched.on_finished(rid)
 
     def set(self, keys: Sequence[Any], pages: Sequence[int]) -> bool:
-        """Stores each page under its key (keys held already are kept as they are); True once
-        kvoffload's host memory holds them all (the tiers' writes follow on their threads)."""
+        """Stores each page under its key (keys held already are kept as they are); True only
+        once kvoffload's host memory holds every key (checked by a lookup after the store: a
+        store the scheduler skipped, for want of room or below a store threshold, is False and
+        counted in ``failed_sets``). The tiers' writes follow on their threads."""
         if len(keys) != len(pages):
             raise kv.InvalidArgument(f"set: {len(keys)} keys for {len(pages)} pages")
         self._check_pages(pages)
         if not keys:
             return True
-        n = len(keys)
         with self._lock:
-            rid = self._request(keys, n * self._page_tokens)
-            try:
-                # The lookup first, as an engine's: a shared tier's existence check (keys the
-                # fleet holds already are not written again), a store or promotion of these
-                # keys by another call (then they are held once it ends).
-                if self._wait_lookup(rid) is None:
-                    self.counters["failed_sets"] += 1
-                    return False
-                blocks = [p + 1 for p in pages]
-                self._sched.on_allocated(rid, [kv.AllocatedGroup(blocks)], 0)
-                step = self._sched.build_step(
-                    [kv.ScheduledRequest(rid, 0, n * self._page_tokens, [blocks])])
-                ok = self._run(step)
-                if not ok:
-                    self.counters["failed_sets"] += 1
-                return ok
-            finally:
-                self._sched.on_finished(rid)
-                self._pump()  # the writes through to the tiers start now
+            deadline = time.monotonic() + self._timeout
+            for attempt in range(2):
+                if self._store_once(keys, pages) and self._held(keys) == len(keys):
+                    return True
+                # Host blocks still read by tier writes cannot be evicted: let those finish
+                # (within the deadline), then try once more.
+                if attempt == 0:
+                    self._drain(deadline)
+            self.counters["failed_sets"] += 1
+            return False
 
     def reset(self, weights: Optional[str] = None) -> None:
         """Nothing stored before is found again: a new epoch in every tier (``weights``: the
@@ -171,14 +167,7 @@ class PageStore:
         """Waits (at most ``timeout_s``) until no tier job is out; True if none is."""
         deadline = time.monotonic() + (self._timeout if timeout_s is None else timeout_s)
         with self._lock:
-            while True:
-                self._pump()
-                if self._sched.num_jobs_in_flight == 0:
-                    return True
-                if time.monotonic() > deadline:
-                    self.counters["timeouts"] += 1
-                    return False
-                time.sleep(0.002)
+            return self._drain(deadline)
 
     def stats(self) -> Dict[str, Any]:
         with self._lock:
@@ -197,6 +186,41 @@ class PageStore:
             raise kv.InvalidArgument(f"page {bad[0]} is outside the {self.num_pages} pages")
         if len(set(pages)) != len(pages):
             raise kv.InvalidArgument("a page is named twice in one call")
+
+    def _drain(self, deadline: float) -> bool:
+        """Pumps until no job is out, or the deadline (counted in ``timeouts``)."""
+        while True:
+            self._pump()
+            if self._sched.num_jobs_in_flight == 0:
+                return True
+            if time.monotonic() > deadline:
+                self.counters["timeouts"] += 1
+                return False
+            time.sleep(0.002)
+
+    def _store_once(self, keys: Sequence[Any], pages: Sequence[int]) -> bool:
+        """One store request: the lookup first, as an engine's (a shared tier's existence
+        check, so keys the fleet holds are not written again; a store or promotion of these
+        keys by another call), then the pages as the request's computed blocks."""
+        n = len(keys)
+        rid = self._request(keys, n * self._page_tokens)
+        try:
+            if self._wait_lookup(rid) is None:
+                return False
+            blocks = [p + 1 for p in pages]
+            self._sched.on_allocated(rid, [kv.AllocatedGroup(blocks)], 0)
+            step = self._sched.build_step(
+                [kv.ScheduledRequest(rid, 0, n * self._page_tokens, [blocks])])
+            return self._run(step)
+        finally:
+            self._sched.on_finished(rid)
+            self._pump()  # the writes through to the tiers start now
+
+    def _held(self, keys: Sequence[Any]) -> int:
+        """The leading keys host memory or a tier holds now."""
+        rid, hit = self._lookup(keys)
+        self._sched.on_finished(rid)
+        return hit
 
     def _request(self, keys: Sequence[Any], tokens: int) -> str:
         rid = f"page-store-{next(self._ids)}"
@@ -236,21 +260,25 @@ class PageStore:
 
     def _run(self, step: Any) -> bool:
         """Runs a step's copies to their end (memory copies: no deadline needed) and its tier
-        jobs in the background; True if every copy succeeded."""
+        jobs in the background; True if every copy was reported, and ok. Whatever raises, the
+        copies submitted are waited for first: no page is written after the call returns."""
         if step.flush:
             self._worker.wait(step.flush)
-        copies = list(step.load_jobs) + list(step.store_jobs)
-        for job in copies:
-            self._worker.submit(job)
-        for job in step.tier_jobs:
-            self._worker.submit_tier(job)
-            self._tier_jobs.add(job.id)
-        ids = {job.id for job in copies}
-        if ids:
-            self._worker.wait(sorted(ids))
+        ids: List[int] = []
+        try:
+            for job in list(step.load_jobs) + list(step.store_jobs):
+                self._worker.submit(job)
+                ids.append(job.id)
+            for job in step.tier_jobs:
+                self._worker.submit_tier(job)
+                self._tier_jobs.add(job.id)
+        finally:
+            if ids:
+                self._worker.wait(sorted(ids))
         finished = self._worker.get_finished()
         self._report(finished)
-        return all(f.ok for f in finished if f.job in ids)
+        done = {f.job: f.ok for f in finished}
+        return all(done.get(i, False) for i in ids)
 
     def _report(self, finished: List[Any]) -> None:
         if finished:

@@ -17,7 +17,13 @@ from kvoffload.engine.config import host_blocks, typed, weights_name
 from kvoffload.engine.identity import model_identity
 from kvoffload.engine.page_store import PageStore
 from kvoffload.engine.scheduler import scheduler_config
-from kvoffload.sglang.config import WHERE, offload_extra, page_buffers, storage_problems
+from kvoffload.sglang.config import (
+    WHERE,
+    engine_facts,
+    offload_extra,
+    page_buffers,
+    storage_problems,
+)
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 
 logger = logging.getLogger("sglang.kvoffload")
@@ -37,11 +43,17 @@ class KvoffloadStorage(HiCacheStorage):
         scheduler_config([("full_attention", 1, 0)], 1, 1,
                          dict(self._extra, block_size=1, host_blocks=1), where=WHERE,
                          identity="check", tp_size=int(storage_config.tp_size))
-        self._timeout = typed(self._extra.get("timeout_ms", 5000), int, "timeout_ms") / 1000.0
+        timeout_ms = typed(self._extra.get("timeout_ms", 5000), int, "timeout_ms")
+        if timeout_ms <= 0:
+            raise kv.InvalidArgument(f"{WHERE}: timeout_ms {timeout_ms} (a positive number of "
+                                     "milliseconds a call may wait for a tier)")
+        self._timeout = timeout_ms / 1000.0
         self._store: Optional[PageStore] = None
         self.mem_pool_host = None
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        if self._store is not None and mem_pool_host is self.mem_pool_host:
+            return  # registered again (register_mem_host_pool_v2 of the same pool)
         super().register_mem_pool_host(mem_pool_host)
         pool, cfg = mem_pool_host, self._cfg
         ps = int(pool.page_size)
@@ -50,13 +62,29 @@ class KvoffloadStorage(HiCacheStorage):
                                      f"SGLang's page size {ps} (a key names one page)")
         buffers = page_buffers(pool)
         dtype = str(getattr(pool, "dtype", "?")).replace("torch.", "")
-        identity = model_identity(str(cfg.model_name), None, dtype, int(cfg.tp_size),
-                                  weights=weights_name(self._extra), engine="sglang")
+        facts = engine_facts()
+        # The pool holds fp8 KV as uint8: its dtype cannot tell e4m3 from e5m2 pages. Without
+        # SGLang's kv_cache_dtype, tiers (shared with other engines and restarts) are refused.
+        itemsize = getattr(getattr(pool, "dtype", None), "itemsize", 2)
+        if self._extra.get("tiers") and itemsize == 1 and "kv_cache_dtype" not in facts:
+            raise kv.InvalidArgument(
+                f"kvoffload: SGLang's host pool stores 1-byte KV ({dtype}) and SGLang's "
+                "kv_cache_dtype is not published here, so pages of different fp8 formats "
+                "would share keys in the tiers; run without tiers")
+        identity = model_identity(
+            str(cfg.model_name), facts.get("revision"), dtype, int(cfg.tp_size),
+            kv_cache_dtype=facts.get("kv_cache_dtype", "auto"),
+            quantization=facts.get("quantization"),
+            overrides=facts.get("json_model_override_args") or None,
+            weights=weights_name(self._extra), engine="sglang")
         extra = {k: v for k, v in self._extra.items() if k != "timeout_ms"}
+        # Attention data parallelism: ranks of different groups share a tp_rank, so each
+        # group's disk tier lives under path/dp<rank> (a directory belongs to one engine).
+        dp_rank = int(getattr(cfg, "dp_rank", 0) or 0)
         config = scheduler_config([("full_attention", ps, 0)], ps,
                                   sum(b[2] for b in buffers), extra, where=WHERE,
                                   identity=identity, tp_size=int(cfg.tp_size),
-                                  enable_events=False)
+                                  enable_events=False, dp_rank=dp_rank or None)
         # Pages of another layout, dtype or shape are other bytes: never read across them.
         note = (f"sglang:{getattr(pool, 'layout', '?')}:{dtype}:" +
                 ",".join(f"{b[2]}/{b[3]}" for b in buffers))
@@ -87,39 +115,44 @@ class KvoffloadStorage(HiCacheStorage):
         return [i // ps for i in idx]
 
     def batch_exists(self, keys: List[str], extra_info: Any = None) -> int:
-        if self._store is None or not keys:
+        store = self._store  # one reference: close() may run on another thread
+        if store is None or not keys:
             return 0
-        return self._store.exists(keys)
+        return store.exists(keys)
 
     def batch_get_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
-        pages = self._pages(keys, host_indices) if self._store is not None else None
+        store = self._store
+        pages = self._pages(keys, host_indices) if store is not None else None
         if pages is None:
             return [False] * len(keys)
-        n = self._store.get(keys, pages)
+        n = store.get(keys, pages)
         return [i < n for i in range(len(keys))]
 
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
-        pages = self._pages(keys, host_indices) if self._store is not None else None
+        store = self._store
+        pages = self._pages(keys, host_indices) if store is not None else None
         if pages is None:
             return [False] * len(keys)
-        return [self._store.set(keys, pages)] * len(keys)
+        return [store.set(keys, pages)] * len(keys)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
     def clear(self) -> None:
-        if self._store is not None:
-            self._store.reset()
+        store = self._store
+        if store is not None:
+            store.reset()
 
     def kvoffload_stats(self) -> Dict[str, Any]:
-        return self._store.stats() if self._store is not None else {}
+        store = self._store
+        return store.stats() if store is not None else {}
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.flush()
-            self._store = None
+        store, self._store = self._store, None
+        if store is not None:
+            store.flush()
 
     # ---- the tensor interface: not used with interface_v1 ---------------------------------
 

@@ -84,3 +84,30 @@ def page_buffers(pool: Any, index: Any = None) -> List[Tuple[int, int, int, int]
                 "pages are not evenly spaced; this layout is not supported")
         out.append((a, pages, sizes[i], stride))
     return out
+
+
+# SGLang's resolved config leaves that change what a KV page's bytes mean.
+ENGINE_FACTS = ("revision", "quantization", "kv_cache_dtype", "json_model_override_args")
+
+
+def engine_facts() -> Dict[str, Any]:
+    """What SGLang's published runtime context says of the model (ENGINE_FACTS found in its
+    "model" or "memory" namespaces); empty where it is not published (SGLang's code driven
+    without a server)."""
+    out: Dict[str, Any] = {}
+    try:
+        from sglang.srt import runtime_context as rc
+    except ImportError:
+        return out
+    for getter in ("get_model", "get_memory"):
+        try:
+            bag = getattr(rc, getter)()
+        except Exception:  # noqa: BLE001 - "not published", or an SGLang without it
+            continue
+        for leaf in ENGINE_FACTS:
+            if leaf not in out:
+                try:
+                    out[leaf] = getattr(bag, leaf)
+                except AttributeError:
+                    pass
+    return out
