@@ -75,7 +75,8 @@ class KvoffloadStorage(HiCacheStorage):
             str(cfg.model_name), facts.get("revision"), dtype, int(cfg.tp_size),
             kv_cache_dtype=facts.get("kv_cache_dtype", "auto"),
             quantization=facts.get("quantization"),
-            overrides=facts.get("json_model_override_args") or None,
+            overrides=None if facts.get("json_model_override_args") in (None, "", "{}")
+            else facts["json_model_override_args"],
             weights=weights_name(self._extra), engine="sglang")
         extra = {k: v for k, v in self._extra.items() if k != "timeout_ms"}
         # Attention data parallelism: ranks of different groups share a tp_rank, so each
