@@ -46,6 +46,11 @@ class Pages:
     def tensors(self):
         return [(self.k.ctypes.data, PAGES, PAGE, PAGE), (self.v.ctypes.data, PAGES, PAGE, PAGE)]
 
+    def write_all(self, keys, first=0):
+        """keys[i]'s bytes into page first + i."""
+        for i, k in enumerate(keys):
+            self.write(k, first + i)
+
     def write(self, key, p):
         self.k[p] = content(key)
         self.v[p] = content(key)[::-1]
@@ -70,8 +75,7 @@ def test_set_get_exists_in_host_memory():
     pages = Pages()
     store = PageStore(config(), pages.tensors())
     keys = keys_of("a", 6)
-    for i, k in enumerate(keys):
-        pages.write(k, i)
+    pages.write_all(keys)
     assert store.exists(keys) == 0
     assert store.set(keys[:4], [0, 1, 2, 3])
     assert store.exists(keys) == 4  # the leading keys held
@@ -96,12 +100,11 @@ def test_misuse_is_refused_by_name():
 def test_disk_tier_survives_a_restart_and_a_reset_forgets(tmp_path):
     pages = Pages()
     keys = keys_of("disk", 5)
-    for i, k in enumerate(keys):
-        pages.write(k, i)
+    pages.write_all(keys)
     store = PageStore(config([disk(tmp_path)]), pages.tensors())
     assert store.set(keys, list(range(5)))
     assert store.flush(10.0)
-    assert store.stats()["tier.disk0.blocks_written"] == 5
+    assert store.stats()["tier.disk.blocks_written"] == 5
     del store
     fresh = Pages()
     store = PageStore(config([disk(tmp_path)]), fresh.tensors())
@@ -119,8 +122,7 @@ def test_disk_tier_survives_a_restart_and_a_reset_forgets(tmp_path):
 def test_other_weights_never_read_the_blocks(tmp_path):
     pages = Pages()
     keys = keys_of("w", 3)
-    for i, k in enumerate(keys):
-        pages.write(k, i)
+    pages.write_all(keys)
     store = PageStore(config([disk(tmp_path)]), pages.tensors())
     assert store.set(keys, [0, 1, 2]) and store.flush(10.0)
     del store
@@ -209,12 +211,11 @@ def test_shared_tier_between_two_stores(cluster, tmp_path):
 
     a_pages, b_pages = Pages(), Pages()
     keys = keys_of("fleet", 4)
-    for i, k in enumerate(keys):
-        a_pages.write(k, i)
+    a_pages.write_all(keys)
     a = PageStore(config([shared(secrets[0])]), a_pages.tensors())
     assert a.set(keys, [0, 1, 2, 3])
     assert a.flush(10.0)
-    assert a.stats()["tier.shared0.blocks_written"] == 4
+    assert a.stats()["tier.shared.blocks_written"] == 4
     b = PageStore(config([shared(secrets[0])]), b_pages.tensors())
     assert b.exists(keys) == 4
     assert b.get(keys, [8, 9, 10, 11]) == 4
@@ -228,8 +229,7 @@ def test_a_set_the_host_cannot_hold_is_false_and_counted():
     request's blocks); set must say so rather than claim them stored."""
     pages = Pages()
     keys = keys_of("big", 8)
-    for i, k in enumerate(keys):
-        pages.write(k, i)
+    pages.write_all(keys)
     store = PageStore(config(host_blocks=4), pages.tensors())
     assert not store.set(keys, list(range(8)))
     assert store.stats()["failed_sets"] == 1
@@ -248,4 +248,4 @@ def test_back_to_back_sets_wait_for_tier_writes_holding_the_host(tmp_path):
             pages.write(k, i)
         assert store.set(keys, list(range(8))), (r, store.stats())
     assert store.flush(10.0)
-    assert store.stats()["tier.disk0.blocks_written"] == 48
+    assert store.stats()["tier.disk.blocks_written"] == 48

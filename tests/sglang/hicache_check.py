@@ -179,9 +179,9 @@ def restart(layout, rng):
     close(ctrl2)
     if ok:
         say(f"sglang restart {layout}: 3 requests ({sum(map(len, reqs))} tokens) written through "
-            f"the disk tier ({stats.get('tier.disk0.blocks_written', 0)} pages written before "
+            f"the disk tier ({stats.get('tier.disk.blocks_written', 0)} pages written before "
             f"the exit's flush), restored {restored}, every page loaded after the restart "
-            f"byte-identical; tier promotions {st.get('tier.disk0.promotions')}")
+            f"byte-identical; tier promotions {st.get('tier.disk.promotions')}")
     return disk, extra
 
 

@@ -35,6 +35,7 @@ import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import kvoffload as kv
+from kvoffload.engine.metrics import tier_labels
 
 
 def key_bytes(key: Any) -> bytes:
@@ -172,8 +173,9 @@ class PageStore:
     def stats(self) -> Dict[str, Any]:
         with self._lock:
             out = dict(self._sched.stats())
-            for t, c in enumerate(self._sched.config.tiers):
-                out.update({f"tier.{c.medium}{t}.{k}": v
+            media = [c.medium for c in self._sched.config.tiers]
+            for t, label in enumerate(tier_labels(media)):  # named as the vLLM connector's
+                out.update({f"tier.{label}.{k}": v
                             for k, v in self._sched.tier_stats(t).items()})
             out.update(self.counters)
             return out

@@ -123,8 +123,7 @@ class KvoffloadStorage(HiCacheStorage):
 
     def batch_get_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
-        store = self._store
-        pages = self._pages(keys, host_indices) if store is not None else None
+        store, pages = self._call(keys, host_indices)
         if pages is None:
             return [False] * len(keys)
         n = store.get(keys, pages)
@@ -132,11 +131,16 @@ class KvoffloadStorage(HiCacheStorage):
 
     def batch_set_v1(self, keys: List[str], host_indices: Any,
                      extra_info: Any = None) -> List[bool]:
-        store = self._store
-        pages = self._pages(keys, host_indices) if store is not None else None
+        store, pages = self._call(keys, host_indices)
         if pages is None:
             return [False] * len(keys)
         return [store.set(keys, pages)] * len(keys)
+
+    def _call(self, keys: List[str], host_indices: Any) -> Any:
+        """The store (one reference: close() may run on another thread) and the pages, or
+        pages None: no store yet, or indices that are not whole pages (refused, logged)."""
+        store = self._store
+        return store, (self._pages(keys, host_indices) if store is not None else None)
 
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
