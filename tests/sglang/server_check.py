@@ -18,11 +18,18 @@ a seed (2 layers, weights N(0, 1/fan-in), so every prompt token matters).
   fleet      server 2 (its own disk tier D2, the same cluster and secret), running beside
              server 1: A and C from the cluster, identical
   restart    server 3 (disk tier D1 only) after both stopped: A and C from disk, identical
-  control    the check itself, in server 3: after a flag file appears, every page kvoffload
-             loads is negated in SGLang's host pool (the shim's fault, as if the store served
-             other bytes); A, loaded again after /flush_cache, must differ, or the check is blind
+  control    the check itself, in server 3: after a flag file appears, one token of the first
+             page each kvoffload load fills has its layer-0 keys and values negated in SGLang's
+             host pool (the shim's fault, as if the store served one wrong token); A, loaded
+             again after /flush_cache, must differ (tokens, or logprobs beyond LOGPROB_TOL), or
+             the check is blind
   refused    a server whose extra config has a misspelt key must exit at start, its log
              naming the key
+
+Every server poisons its KV pools whenever SGLang clears them (the shim's test hook):
+/flush_cache frees slots but keeps their bytes, so a hit that copied nothing could otherwise
+read the right KV left behind. kvoffload's servers wait for SGLang's prefetches to complete
+(--hicache-storage-prefetch-policy wait_complete), so a slow machine costs time, not hits.
 
     python tests/sglang/server_check.py
 """
@@ -48,7 +55,10 @@ CLUSTER = 7391  # the Valkey cluster's first port (7391-7393)
 START_TIMEOUT = 240  # seconds a server may take to start (about 35 on this machine)
 CALL_TIMEOUT = 120
 LOGPROB_TOL = 1e-4
+OUTPUT = 8  # tokens generated per prompt
 PAGE_BYTES = 2 * 2 * PAGE * 2 * 16 * 4  # K and V, 2 layers, 2 KV heads of 16 float32s
+# A disk-tier slot: a 4 KiB header, then the page rounded up to 4 KiB (src/tiers/disk).
+SLOT_BYTES = 4096 + -(-PAGE_BYTES // 4096) * 4096
 
 failures = []
 
@@ -59,14 +69,16 @@ def say(text):
         failures.append(text)
 
 
-def write_model(d, seed):
-    """A tiny Llama (float32 safetensors) whose weights are drawn per parameter name from
-    `seed`: N(0, 1) embeddings, N(0, 1/fan-in) matrices, unit norms."""
+TINY = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, num_hidden_layers=2, vocab_size=512, max_position_embeddings=2048)
+
+
+def write_model(d, seed, shape=None):
+    """A Llama (float32 safetensors; TINY unless `shape` is given) whose weights are drawn per
+    parameter name from `seed`: N(0, 1) embeddings, N(0, 1/fan-in) matrices, unit norms."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    cfg = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                      num_key_value_heads=2, head_dim=16, num_hidden_layers=2, vocab_size=512,
-                      max_position_embeddings=2048, bos_token_id=1, eos_token_id=2,
+    cfg = LlamaConfig(**(shape or TINY), bos_token_id=1, eos_token_id=2,
                       tie_word_embeddings=False, torch_dtype="float32")
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -80,6 +92,16 @@ def write_model(d, seed):
                 p.copy_(torch.randn(p.shape, generator=g) / p.shape[-1] ** 0.5)
     model.save_pretrained(d)
     return d
+
+
+def hicache(storage, extra=None, prefetch=None):
+    """The server flags of HiCache over SGLang's `storage` backend (the ones the CPU shim
+    serves: the direct io backend, layer_first host pages); prefetch: SGLang's prefetch policy
+    (its default, "timeout", gives up on a slow prefetch after about a second)."""
+    args = ["--enable-hierarchical-cache", "--hicache-ratio", "2", "--hicache-io-backend",
+            "direct", "--hicache-mem-layout", "layer_first", "--hicache-storage-backend", storage]
+    args += ["--hicache-storage-prefetch-policy", prefetch] if prefetch else []
+    return args + (["--hicache-storage-backend-extra-config", extra] if extra else [])
 
 
 def extra_config(**kw):
@@ -98,18 +120,19 @@ def shared(secret):
 
 
 class Server:
-    def __init__(self, name, model, port, work, extra=None, env=None):
+    def __init__(self, name, model, port, work, extra=None, env=None, args=None):
+        """extra: kvoffload's extra config (HiCache on, the dynamic backend, prefetches waited
+        for), else none; args: the server's flags after the model's, the port's and the
+        device's (default: tokenizer off, a KV cache of 4096 tokens)."""
         self.name, self.port = name, port
         self.log_path = os.path.join(work, f"server-{name}.log")
         args = [sys.executable, "-m", "sglang.launch_server", "--model-path", model,
                 "--device", "cpu", "--dtype", "float32", "--page-size", str(PAGE),
-                "--max-total-tokens", "4096", "--skip-tokenizer-init", "--host", "127.0.0.1",
-                "--port", str(port), "--random-seed", "0"]
+                "--host", "127.0.0.1", "--port", str(port), "--nccl-port", str(port + 1000),
+                "--random-seed", "0"] + \
+            (["--max-total-tokens", "4096", "--skip-tokenizer-init"] if args is None else args)
         if extra is not None:
-            args += ["--enable-hierarchical-cache", "--hicache-ratio", "2",
-                     "--hicache-io-backend", "direct", "--hicache-mem-layout", "layer_first",
-                     "--hicache-storage-backend", "dynamic",
-                     "--hicache-storage-backend-extra-config", extra]
+            args += hicache("dynamic", extra, prefetch="wait_complete")
         shim = os.path.join(HERE, "cpu_shim")
         penv = dict(os.environ, KVOFFLOAD_SGLANG_CPU_SHIM="1",
                     PYTHONPATH=shim + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -123,7 +146,7 @@ class Server:
         return f"http://127.0.0.1:{self.port}{path}"
 
     def wait_ready(self):
-        while time.time() - self.t0 < START_TIMEOUT:
+        while True:  # probed at least once, however long ago the server was started
             if self.proc.poll() is not None:
                 raise RuntimeError(f"server {self.name} exited ({self.proc.returncode}) at "
                                    f"start:\n{self.tail()}")
@@ -133,6 +156,8 @@ class Server:
                         return round(time.time() - self.t0, 1)
             except (urllib.error.URLError, OSError):
                 pass
+            if time.time() - self.t0 > START_TIMEOUT:
+                break
             time.sleep(1)
         raise RuntimeError(f"server {self.name} not up in {START_TIMEOUT} s:\n{self.tail()}")
 
@@ -143,7 +168,8 @@ class Server:
             return None
 
     def tail(self, n=30):
-        self.log.flush()
+        if not self.log.closed:
+            self.log.flush()
         with open(self.log_path, errors="replace") as f:
             return "".join(f.readlines()[-n:])
 
@@ -159,28 +185,41 @@ class Server:
         """[output tokens, their logprobs, cached tokens, of which from storage]"""
         o = self.post("/generate", {"input_ids": tokens, "return_logprob": True,
                                     "sampling_params": {"temperature": 0,
-                                                        "max_new_tokens": 8}})
+                                                        "max_new_tokens": OUTPUT}})
         m = o["meta_info"]
         storage = (m.get("cached_tokens_details") or {}).get("storage", 0)
         return [o["output_ids"], [lp[0] for lp in m["output_token_logprobs"]],
                 m["cached_tokens"], storage]
 
     def flush(self):
-        self.post("/flush_cache")
+        # SGLang refuses a flush while its own write-through is in flight; with a timeout it
+        # waits for that (up to 60 s), then flushes.
+        self.post("/flush_cache?timeout=60")
 
     def stop(self):
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+        """The server's whole process group, even when its leader has exited already."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=30)
-        self.log.close()
+                continue
+            time.sleep(0.5)  # its children, after the leader
+        if not self.log.closed:
+            self.log.close()
 
 
 def same(got, want):
     return got[0] == want[0] and all(abs(a - b) <= LOGPROB_TOL for a, b in zip(got[1], want[1]))
+
+
+def stored_pages(prompts):
+    """The distinct pages SGLang stores for these prompts: every whole page of the prompt and
+    the output but the last token (B's first 256 tokens are A's)."""
+    return sum((len(t) + OUTPUT - 1) // PAGE for t in prompts.values()) - 256 // PAGE
 
 
 def pages_of(tokens):
@@ -198,7 +237,7 @@ def wait_for(what, cond, deadline=60):
 
 
 def disk_pages(path):
-    """Pages the disk tier's slab files hold (allocated bytes / a page's bytes)."""
+    """Pages the disk tier's slab files hold (allocated bytes / a slot's bytes)."""
     total = 0
     for d, _, files in os.walk(path):
         for f in files:
@@ -206,7 +245,7 @@ def disk_pages(path):
                 total += os.stat(os.path.join(d, f)).st_blocks * 512
             except FileNotFoundError:
                 pass
-    return total // PAGE_BYTES
+    return total // SLOT_BYTES
 
 
 def cluster_keys():
@@ -262,17 +301,22 @@ def main(argv):
                "C": [rng.randrange(3, 512) for _ in range(400)]}
     d1, d2 = os.path.join(work, "disk1"), os.path.join(work, "disk2")
     secret = os.path.join(work, "fleet-secret")
-    with open(secret, "w") as f:
+    with os.fdopen(os.open(secret, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "w") as f:
         f.write(os.urandom(32).hex())
-    os.chmod(secret, 0o600)
     cenv = dict(os.environ, KVOFFLOAD_VALKEY_PORT=str(CLUSTER),
                 KVOFFLOAD_VALKEY_DIR=os.path.join(work, "valkey"))
     servers = []
 
-    def start(*args, **kw):
-        s = Server(*args, **kw)
+    def start(*args, env=None, **kw):
+        # Every server poisons its KV pools when it clears them (the shim's test hook): a hit
+        # that copied nothing cannot read the right KV left behind by /flush_cache.
+        s = Server(*args, env=dict(env or {}, KVOFFLOAD_SGLANG_TEST_POISON="1"), **kw)
         servers.append(s)
         return s
+
+    def stop_on_sigterm(signum, frame):  # scripts/sglang-test's timeout: stop the servers too
+        raise SystemExit(f"signal {signum}")
+    signal.signal(signal.SIGTERM, stop_on_sigterm)
 
     try:
         # Servers start together where the scenario allows (a start is ~30 s of imports).
@@ -287,7 +331,7 @@ def main(argv):
         say(f"sglang server plain: up in {up} s, reference outputs of {len(prompts)} prompts")
         s1.wait_ready()
         check("tiers (cold)", s1, prompts, want, [])
-        need = sum(pages_of(t) for t in prompts.values()) // PAGE - 256 // PAGE
+        need = stored_pages(prompts)
         wait_for(f"{need} pages on disk", lambda: disk_pages(d1) >= need)
         wait_for(f"{need} pages in the cluster", lambda: cluster_keys() >= need)
         s1.flush()
@@ -295,9 +339,13 @@ def main(argv):
               ["A", "C"])
 
         s2.wait_ready()
+        if disk_pages(d2):
+            raise RuntimeError(f"server 2's disk tier holds {disk_pages(d2)} pages before its "
+                               "first request: its hits would not prove the cluster")
         check("fleet (second server, one cluster)", s2,
               {"A": prompts["A"], "C": prompts["C"]}, want, ["A", "C"])
         s2.stop()
+        wait_for(f"{need} pages on disk", lambda: disk_pages(d1) >= need)
         s1.stop()
         cluster("stop", cenv)
 
@@ -312,16 +360,19 @@ def main(argv):
         open(flag, "w").close()
         s3.flush()
         bad = s3.gen(prompts["A"])
+        diff = max(abs(x - y) for x, y in zip(bad[1], want["A"][1]))
         if bad[3] != pages_of(prompts["A"]) or same(bad, want["A"]):
-            say(f"sglang server control FAILED: with negated pages A loaded {bad[3]} tokens "
-                f"from storage and gave {bad[0]} (plain {want['A'][0]}): the check is blind")
+            say(f"sglang server control FAILED: with one token of one page negated, A loaded "
+                f"{bad[3]} tokens from storage and gave {bad[0]} (plain {want['A'][0]}, "
+                f"max |logprob diff| {diff:.2g}): the check is blind")
         else:
-            say(f"sglang server control: negated pages change A's output ({bad[0]} vs "
-                f"{want['A'][0]}), so the comparisons above can fail")
+            say(f"sglang server control: one token of one loaded page negated (layer 0) changes "
+                f"A's output (tokens {bad[0]} vs {want['A'][0]}, max |logprob diff| "
+                f"{diff:.2g}), so the comparisons above can fail")
         s3.stop()
 
         code = s4.wait_exit()
-        text = s4.tail(200)
+        text = s4.tail(100000)
         if code in (None, 0) or "unknown key(s) ['hosts_bytes']" not in text:
             say(f"sglang server refused FAILED: exit {code}, log:\n{s4.tail(20)}")
         else:
