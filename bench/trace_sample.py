@@ -1,0 +1,57 @@
+"""Samples of the Mooncake conversation trace for the serving benchmarks
+(bench/vllm_serve_bench.py, bench/sglang_serve_bench.py): each request's conversation, and a
+sample of whole conversations with lengths scaled down for a CPU."""
+
+import gzip
+import json
+import math
+import random
+
+CONVERSATION_BLOCKS = 4  # hash ids a turn shares with its conversation's earlier turns, at least
+
+
+def conversations(reqs):
+    """Each request's conversation: the one that owns the longest prefix of its hash ids seen
+    before, if that prefix is CONVERSATION_BLOCKS blocks or more (longer than a shared system
+    prompt); otherwise it starts one of its own."""
+    owner, out = {}, []
+    for k, r in enumerate(reqs):
+        ids, j = r["hash_ids"], -1
+        while j + 1 < len(ids) and ids[j + 1] in owner:
+            j += 1
+        c = owner[ids[j]] if j + 1 >= CONVERSATION_BLOCKS else k
+        out.append(c)
+        for h in ids:
+            owner.setdefault(h, c)
+    return out
+
+
+def write_slice(trace, fraction, seed, limit, path, chunk, scale, max_len):
+    """A sample of the trace's conversations (each kept with probability `fraction`, all its
+    turns), at most `limit` requests, those that fit the model once scaled: input_length and
+    output_length divided by `scale` (rounded up; the input still ends in its last hash id's
+    `chunk` tokens), input + output at most `max_len`. Timestamps from the first kept request."""
+    opener = gzip.open if trace.endswith(".gz") else open
+    with opener(trace, "rt") as src:
+        reqs = [json.loads(line) for line in src if line.strip()]
+    conv = conversations(reqs)
+    rng = random.Random(seed)
+    keep = {c for c in sorted(set(conv)) if rng.random() < fraction}
+    kept = skipped = 0
+    start = None
+    with open(path, "w") as dst:
+        for r, c in zip(reqs, conv):
+            if c not in keep or kept == limit:
+                continue
+            ids = r["hash_ids"]
+            inp = min(len(ids) * chunk, max((len(ids) - 1) * chunk + 1,
+                                            math.ceil(r["input_length"] / scale)))
+            out = max(1, math.ceil(r["output_length"] / scale))
+            if inp + out > max_len:
+                skipped += 1
+                continue
+            start = r["timestamp"] if start is None else start
+            dst.write(json.dumps({"timestamp": r["timestamp"] - start, "input_length": inp,
+                                  "output_length": out, "hash_ids": ids}) + "\n")
+            kept += 1
+    return kept, skipped, len(keep)
