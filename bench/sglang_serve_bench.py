@@ -128,17 +128,11 @@ def run(a, root, model, slice_path, n, tag, l3):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("trace")
-    p.add_argument("--conversations", type=float, default=0.01,
-                   help="the fraction of the trace's conversations served (all their turns)")
-    p.add_argument("--seed", type=int, default=1, help="which conversations; the weights")
-    p.add_argument("--requests", type=int, default=200, help="at most this many requests")
-    p.add_argument("--speedup", type=float, default=15.0,
-                   help="arrival times divided by this (1: the trace's own pace)")
-    p.add_argument("--max-total-tokens", type=int, default=16384,
+    trace_sample.add_sample_args(p, conversations=0.01, requests=200)
+    p.add_argument("--max-total-tokens", type=int, default=8192,
                    help="SGLang's device KV cache in tokens (its host pool holds twice that)")
     p.add_argument("--host-bytes", default="64MiB", help="kvoffload's host pool over its disk")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=int, default=2,
                    help="runs of each server, the order alternating")
     p.add_argument("--json")
     a = p.parse_args()
@@ -161,10 +155,7 @@ def main():
             log(f"{row['run']}: TTFT p50 {row['ttft_p50_ms']:.0f} ms, "
                 f"{row['request_throughput']:.2f} req/s, storage tokens "
                 f"{row['storage_tokens']} of {row['prompt_tokens']}")
-    reference = texts[rows[0]["run"]]
-    differ = {run: [i for i, (x, y) in enumerate(zip(reference, t)) if x != y][:20]
-              for run, t in texts.items() if t != reference}
-    same = all(len(t) == n for t in texts.values()) and not differ
+    same, differ = trace_sample.compare(texts, rows[0]["run"], n)
     keys = ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "mean_ttft_ms", "e2el_p50_ms",
             "request_throughput", "output_throughput", "total_token_throughput",
             "cached_tokens", "device_tokens", "host_tokens", "storage_tokens")

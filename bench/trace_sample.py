@@ -55,3 +55,25 @@ def write_slice(trace, fraction, seed, limit, path, chunk, scale, max_len):
                                   "output_length": out, "hash_ids": ids}) + "\n")
             kept += 1
     return kept, skipped, len(keep)
+
+
+def add_sample_args(parser, conversations, requests):
+    """The sample's arguments, shared by the serving benchmarks."""
+    parser.add_argument("trace")
+    parser.add_argument("--conversations", type=float, default=conversations,
+                        help="the fraction of the trace's conversations served (all their "
+                             "turns)")
+    parser.add_argument("--seed", type=int, default=1, help="which conversations")
+    parser.add_argument("--requests", type=int, default=requests,
+                        help="at most this many requests")
+    parser.add_argument("--speedup", type=float, default=15.0,
+                        help="arrival times divided by this (1: the trace's own pace)")
+
+
+def compare(texts, first, n):
+    """Whether every run generated `first`'s texts for all n requests, and the first 20
+    requests that differ in each run that did not."""
+    reference = texts[first]
+    differ = {run: [i for i, (x, y) in enumerate(zip(reference, t)) if x != y][:20]
+              for run, t in texts.items() if t != reference}
+    return all(len(t) == n for t in texts.values()) and not differ, differ

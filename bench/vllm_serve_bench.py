@@ -144,13 +144,7 @@ def run(a, root, model, slice_path, n, tag, connector):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("trace")
-    p.add_argument("--conversations", type=float, default=0.02,
-                   help="the fraction of the trace's conversations served (all their turns)")
-    p.add_argument("--seed", type=int, default=1, help="which conversations")
-    p.add_argument("--requests", type=int, default=1000, help="at most this many requests")
-    p.add_argument("--speedup", type=float, default=15.0,
-                   help="arrival times divided by this (1: the trace's own pace)")
+    trace_sample.add_sample_args(p, conversations=0.02, requests=1000)
     p.add_argument("--gpu-blocks", type=int, default=640,
                    help=f"vLLM's KV cache in blocks of {BLOCK} tokens (at least "
                         f"{-(-MAX_MODEL_LEN // BLOCK)}: one request of the model's length)")
@@ -188,10 +182,7 @@ def main():
             row["config"], row["round"] = tag, k
             rows.append(row)
             texts[row["run"]] = t
-    reference = texts[rows[0]["run"]]
-    differ = {run: [i for i, (x, y) in enumerate(zip(reference, t)) if x != y][:20]
-              for run, t in texts.items() if t != reference}
-    same = all(len(t) == n for t in texts.values()) and not differ
+    same, differ = trace_sample.compare(texts, rows[0]["run"], n)
     cores = {tuple(r["worker_cores"]) for r in rows}
     summary = {}
     for tag in ("plain", "kvoffload"):
