@@ -39,7 +39,8 @@ import server_check  # noqa: E402 (the model, the servers' start and stop)
 import trace_sample  # noqa: E402 (the trace's conversations, a sample of them)
 
 SCALE = 16            # the trace's output tokens per served output token
-CHUNK = 130           # tokens SGLang's mooncake dataset makes of one hash id, about
+CHUNK = 130           # tokens SGLang's mooncake dataset makes of one hash id, about (the sample's
+                      # input_length; the length checked is prompt_tokens')
 SHAPE = dict(hidden_size=256, intermediate_size=768, num_attention_heads=4,
              num_key_value_heads=2, head_dim=64, num_hidden_layers=4, vocab_size=512,
              max_position_embeddings=8192)
@@ -50,6 +51,13 @@ CLIENT_TIMEOUT = 1800
 
 def log(msg):
     print(f"[sglang-serve-bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def prompt_tokens(hash_ids):
+    """The tokens of SGLang's mooncake prompt for these hash ids with this tokenizer: per id its
+    digits and 128 "hi"; around them "user : Round 1 :" and "Tell me a story based on this
+    context." (16 tokens), and a margin of 16."""
+    return sum(128 + len(str(h)) for h in hash_ids) + 32
 
 
 WORDS = ["user", "assistant", "Round", "Tell", "me", "a", "story", "based", "on", "this",
@@ -102,8 +110,13 @@ def run(a, root, model, slice_path, n, tag, l3):
                "--mooncake-workload", "conversation",
                "--mooncake-slowdown-factor", f"{1 / a.speedup:g}", "--num-prompts", str(n),
                "--cache-report", "--output-details", "--output-file", out, "--disable-tqdm"]
+        # The client's own imports (Hugging Face datasets), on its path only: the servers run
+        # in the environment CI's server check uses.
+        site = os.environ.get("KVOFFLOAD_SGLANG_BENCH_SITE", "")
+        cenv = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            x for x in (site, os.environ.get("PYTHONPATH", "")) if x))
         with open(os.path.join(root, f"client-{tag}.log"), "w") as f:
-            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True,
+            subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=True, env=cenv,
                            timeout=CLIENT_TIMEOUT)
     finally:
         srv.stop()
@@ -128,7 +141,7 @@ def run(a, root, model, slice_path, n, tag, l3):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    trace_sample.add_sample_args(p, conversations=0.01, requests=200)
+    trace_sample.add_sample_args(p, conversations=0.01, requests=200)  # --seed: the weights too
     p.add_argument("--max-total-tokens", type=int, default=8192,
                    help="SGLang's device KV cache in tokens (its host pool holds twice that)")
     p.add_argument("--host-bytes", default="64MiB", help="kvoffload's host pool over its disk")
@@ -142,7 +155,8 @@ def main():
     slice_path = os.path.join(root, "slice.jsonl")
     n, skipped, convs = trace_sample.write_slice(a.trace, a.conversations, a.seed, a.requests,
                                                  slice_path, CHUNK, SCALE,
-                                                 SHAPE["max_position_embeddings"] - 64)
+                                                 SHAPE["max_position_embeddings"],
+                                                 served=prompt_tokens)
     log(f"{n} requests of {convs} conversations of the trace ({skipped} too long for the model "
         f"skipped), in {root}")
     rows, texts = [], {}
@@ -162,7 +176,9 @@ def main():
     summary = {l3: {key: statistics.median(r[key] or 0 for r in rows if r["l3"] == l3)
                     for key in keys} for l3 in ("file", "kvoffload")}
     fb, kv = summary["file"], summary["kvoffload"]
-    doc = {"requests": n, "conversations": convs, "conversation_fraction": a.conversations,
+    with open("/proc/cpuinfo") as f:
+        cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
+    doc = {"cpu": cpu, "cores": os.cpu_count(), "requests": n, "conversations": convs, "conversation_fraction": a.conversations,
            "seed": a.seed, "skipped_too_long": skipped, "output_scale": SCALE,
            "speedup": a.speedup, "max_total_tokens": a.max_total_tokens,
            "host_pool_tokens": 2 * a.max_total_tokens, "kvoffload_host_bytes": a.host_bytes,

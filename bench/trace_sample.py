@@ -26,11 +26,13 @@ def conversations(reqs):
     return out
 
 
-def write_slice(trace, fraction, seed, limit, path, chunk, scale, max_len):
+def write_slice(trace, fraction, seed, limit, path, chunk, scale, max_len, served=None):
     """A sample of the trace's conversations (each kept with probability `fraction`, all its
     turns), at most `limit` requests, those that fit the model once scaled: input_length and
     output_length divided by `scale` (rounded up; the input still ends in its last hash id's
-    `chunk` tokens), input + output at most `max_len`. Timestamps from the first kept request."""
+    `chunk` tokens), input + output at most `max_len`. `served(hash_ids)`, when given, is the
+    prompt's length as the client will really send it (checked against max_len instead).
+    Timestamps from the first kept request."""
     opener = gzip.open if trace.endswith(".gz") else open
     with opener(trace, "rt") as src:
         reqs = [json.loads(line) for line in src if line.strip()]
@@ -47,7 +49,7 @@ def write_slice(trace, fraction, seed, limit, path, chunk, scale, max_len):
             inp = min(len(ids) * chunk, max((len(ids) - 1) * chunk + 1,
                                             math.ceil(r["input_length"] / scale)))
             out = max(1, math.ceil(r["output_length"] / scale))
-            if inp + out > max_len:
+            if (served(ids) if served else inp) + out > max_len:
                 skipped += 1
                 continue
             start = r["timestamp"] if start is None else start
