@@ -157,8 +157,8 @@ def vllm_engine_gains(doc, out):
 
 
 def trace_curve(doc, out):
-    """bench/trace_curve.py's sweep: hit ratio vs host capacity (LRU, ARC), the never-evicting
-    bound, the paper's 3M and 50M points, and a 3M host cache over disk tiers."""
+    """bench/trace_curve.py's sweep: hit ratio vs host capacity (LRU, ARC, the offline
+    optimum), the never-evicting bound, the paper's 3M and 50M points, and a 3M host cache over disk tiers."""
     if "trace_curve" not in doc:
         return
     c = doc["trace_curve"]
@@ -167,12 +167,16 @@ def trace_curve(doc, out):
         rows = [r for r in c["host"] if r["policy"] == policy]
         ax.plot([r["host_tokens"] for r in rows], [r["hit_ratio"] for r in rows], style,
                 label=f"host cache only, {policy.upper()}")
+    best = [r for r in c["host"] if r["policy"] == "lru" and "optimum_hit_ratio" in r]
+    if best:  # issue 55: Belady's offline optimum at each capacity
+        ax.plot([r["host_tokens"] for r in best], [r["optimum_hit_ratio"] for r in best], "^-.",
+                color="tab:green", label="offline optimum (Belady: next use known)")
     ax.axhline(c["bound"], color="k", linestyle=":", label=f"bound (never evicts): {c['bound']:.3f}")
     for x, name in ((3e6, "3M (paper: under 50% of the bound)"), (5e7, "50M (paper: near it)")):
         ax.axvline(x, color="grey", linewidth=0.8)
         ax.text(x, 0.02, " " + name, rotation=90, va="bottom", fontsize=7, color="grey")
-    for r in c["disk"]:
-        ax.plot([r["host_tokens"]], [r["hit_ratio"]], "D", markersize=8,
+    for r, color in zip(c["disk"], ("tab:purple", "tab:red", "tab:brown", "tab:pink")):
+        ax.plot([r["host_tokens"]], [r["hit_ratio"]], "D", markersize=8, color=color,
                 label=f"3M host + {r['disk_tokens'] / 1e6:.0f}M disk tier: {r['hit_ratio']:.3f}")
     ax.set_xscale("log")
     ax.set_xlabel("host cache capacity (tokens)")

@@ -226,6 +226,8 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                           (o.pace > 0 ? origin : trace.front().timestamp_ms)) /
       1000.0;
   const CacheStats cs = engine.scheduler().cache_stats();
+  // The offline optimum of the same host cache (its capacity as the real one counts it).
+  const double optimum = optimum_hit_ratio(trace, o.block_tokens, cs.blocks_total);
   const auto bb = static_cast<std::uint64_t>(o.block_bytes);
   nlohmann::json tiers = {{"host",
                            {{"hit_ratio", ratio(tally.host)},
@@ -266,6 +268,8 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                         {"unattributed_hit_tokens", tally.unattributed},
                         {"infinite_hit_ratio", bound},
                         {"fraction_of_bound", bound > 0 ? hit_ratio / bound : 0.0},
+                        {"optimum_hit_ratio", optimum},
+                        {"optimum_fraction_of_bound", bound > 0 ? optimum / bound : 0.0},
                         {"tiers", tiers},
                         {"seconds_to_loaded", latency},
                         {"scheduler_seconds_per_request",
@@ -285,7 +289,8 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
   std::cerr << "trace: " << trace.size() << " requests, " << tally.total
             << " prompt tokens: hit ratio " << hit_ratio << " (host " << ratio(tally.host)
             << per_tier << "), bound " << bound << " (" << (bound > 0 ? hit_ratio / bound : 0.0)
-            << " of it); " << static_cast<double>(trace.size()) / seconds << " requests/s"
+            << " of it), the offline optimum " << optimum << "; "
+            << static_cast<double>(trace.size()) / seconds << " requests/s"
             << (o.pace > 0 ? std::string(", ") + std::to_string(tally.late) + " started late"
                            : std::string())
             << "; at " << o.model_bytes_per_token << " bytes per token the host cache would need "

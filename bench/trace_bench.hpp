@@ -79,6 +79,13 @@ std::int64_t prompt_tokens(const TraceRequest& r, std::int64_t block_tokens);
 /// the longest prefix of its blocks seen in any earlier request (the bound).
 double infinite_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t block_tokens);
 
+/// The token-weighted hit ratio of the offline optimum with `capacity_blocks` blocks: Belady's
+/// rule (evict the held block whose next use is farthest; admit no block used later than every
+/// held one), the whole trace known in advance (bench/trace_optimum.cpp). What any eviction
+/// policy of that capacity could approach: the curve's reference beside LRU and ARC.
+double optimum_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t block_tokens,
+                         std::int64_t capacity_blocks);
+
 nlohmann::json run_trace(const Options& opt, const TraceOptions& trace);
 
 }  // namespace kvbench

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """The capacity curve of a production trace (issue 50): runs `kvoffload-bench trace` over host
-cache capacities for LRU and ARC, then a 3M-token host cache over disk tiers, and writes one
+cache capacities for LRU and ARC (each run also reports the offline optimum of its capacity,
+issue 55), then a 3M-token host cache over disk tiers, and writes one
 JSON document for bench/plot.py (trace_curve.png) and docs/bench/trace.md.
 
   trace_curve.py BENCH TRACE[.gz] OUT.json [WORKDIR]
@@ -46,6 +47,7 @@ def main():
             first = first or r
             host.append({"host_tokens": tokens, "policy": policy, "hit_ratio": r["hit_ratio"],
                          "fraction_of_bound": r["fraction_of_bound"],
+                         "optimum_hit_ratio": r["optimum_hit_ratio"],
                          "requests_per_second": r["requests_per_second"],
                          "speedup_over_arrival": r["speedup_over_arrival"],
                          "peak_rss_mib": r["peak_rss_mib"],
