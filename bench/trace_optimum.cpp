@@ -6,6 +6,7 @@
 // The request's own blocks are never the ones evicted for it, as in the real cache.
 
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <set>
 #include <unordered_map>
