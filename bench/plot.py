@@ -158,7 +158,8 @@ def vllm_engine_gains(doc, out):
 
 def trace_curve(doc, out):
     """bench/trace_curve.py's sweep: hit ratio vs host capacity (LRU, ARC, the offline
-    optimum), the never-evicting bound, the paper's 3M and 50M points, and a 3M host cache over disk tiers."""
+    optimum), the never-evicting bound, the paper's 3M and 50M points, and a 3M host cache
+    over disk tiers."""
     if "trace_curve" not in doc:
         return
     c = doc["trace_curve"]
@@ -170,7 +171,8 @@ def trace_curve(doc, out):
     best = [r for r in c["host"] if r["policy"] == "lru" and "optimum_hit_ratio" in r]
     if best:  # issue 55: Belady's offline optimum at each capacity
         ax.plot([r["host_tokens"] for r in best], [r["optimum_hit_ratio"] for r in best], "^-.",
-                color="tab:green", label="offline optimum (Belady: next use known)")
+                color="tab:green",
+                label="offline optimum (Belady: next use known)")
     ax.axhline(c["bound"], color="k", linestyle=":", label=f"bound (never evicts): {c['bound']:.3f}")
     for x, name in ((3e6, "3M (paper: under 50% of the bound)"), (5e7, "50M (paper: near it)")):
         ax.axvline(x, color="grey", linewidth=0.8)

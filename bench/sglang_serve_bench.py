@@ -178,21 +178,15 @@ def main():
     fb, kv = summary["file"], summary["kvoffload"]
     with open("/proc/cpuinfo") as f:
         cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), "?")
-    doc = {"cpu": cpu, "cores": os.cpu_count(), "requests": n, "conversations": convs, "conversation_fraction": a.conversations,
+    doc = {"cpu": cpu, "cores": os.cpu_count(), "requests": n, "conversations": convs,
+           "conversation_fraction": a.conversations,
            "seed": a.seed, "skipped_too_long": skipped, "output_scale": SCALE,
            "speedup": a.speedup, "max_total_tokens": a.max_total_tokens,
            "host_pool_tokens": 2 * a.max_total_tokens, "kvoffload_host_bytes": a.host_bytes,
            "model": MODEL_NAME, "rounds": a.rounds, "runs": rows, "median": summary,
            "texts": {"runs_compared": len(texts), "all_same": same, "differ": differ},
-           "ttft_p50_ratio": fb["ttft_p50_ms"] / kv["ttft_p50_ms"],
-           "ttft_p90_ratio": fb["ttft_p90_ms"] / kv["ttft_p90_ms"],
-           "ttft_p99_ratio": fb["ttft_p99_ms"] / kv["ttft_p99_ms"],
-           "throughput_ratio": kv["request_throughput"] / fb["request_throughput"]}
-    text = json.dumps({"sglang_serve": doc}, indent=2)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+           **trace_sample.ratios(fb, kv)}
+    trace_sample.emit("sglang_serve", doc, a.json)
     # Texts are compared and reported, not required equal: CPU matmuls may round differently
     # in batches of other sizes, and the two servers batch the same arrivals differently.
     ok = all(r["completed"] == n for r in rows) and kv["storage_tokens"] > 0

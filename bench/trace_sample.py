@@ -79,3 +79,21 @@ def compare(texts, first, n):
     differ = {run: [i for i, (x, y) in enumerate(zip(reference, t)) if x != y][:20]
               for run, t in texts.items() if t != reference}
     return all(len(t) == n for t in texts.values()) and not differ, differ
+
+
+def ratios(base, kv):
+    """TTFT quantiles of `base` over kvoffload's (above 1: kvoffload is faster) and kvoffload's
+    request throughput over `base`'s, from the two servers' medians."""
+    out = {f"ttft_{q}_ratio": base[f"ttft_{q}_ms"] / kv[f"ttft_{q}_ms"] for q in ("p50", "p90",
+                                                                              "p99")}
+    out["throughput_ratio"] = kv["request_throughput"] / base["request_throughput"]
+    return out
+
+
+def emit(name, doc, path):
+    """Prints {name: doc} as JSON, and writes it to `path` if one is given."""
+    text = json.dumps({name: doc}, indent=2)
+    if path:
+        with open(path, "w") as f:
+            f.write(text + "\n")
+    print(text)

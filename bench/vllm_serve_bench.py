@@ -200,15 +200,8 @@ def main():
            "infinite_hit_ratio": hit / total,
            "runs": rows, "median": summary,
            "tokens": {"runs_compared": len(texts), "all_same": same, "differ": differ},
-           "ttft_p50_ratio": plain["ttft_p50_ms"] / kv["ttft_p50_ms"],
-           "ttft_p90_ratio": plain["ttft_p90_ms"] / kv["ttft_p90_ms"],
-           "ttft_p99_ratio": plain["ttft_p99_ms"] / kv["ttft_p99_ms"],
-           "throughput_ratio": kv["request_throughput"] / plain["request_throughput"]}
-    text = json.dumps({"trace_serve": doc}, indent=2)
-    if a.json:
-        with open(a.json, "w") as f:
-            f.write(text + "\n")
-    print(text)
+           **trace_sample.ratios(plain, kv)}
+    trace_sample.emit("trace_serve", doc, a.json)
     ok = (same and all(r["completed"] == n for r in rows) and kv["external_prefix_hit_ratio"] > 0
           and len(cores) == 1 and all(r["worker_cores"] for r in rows))
     if len(cores) != 1 or not all(r["worker_cores"] for r in rows):
