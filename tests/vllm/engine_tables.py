@@ -31,6 +31,7 @@ Every output is compared with the same engine configuration without the connecto
 equal, logprobs within engine_check.LOGPROB_TOL).
 """
 
+import functools
 import json
 import os
 import random
@@ -152,59 +153,64 @@ ENGINES = [
 ]
 
 
-def tables_check(root, models, run_engine, compare, block, line):
+def tables_tasks(root, models, run_engine, compare, block, line):
+    """One task (a callable) per engine of ENGINES: its baseline, then its runs with kvoffload.
+    The tasks are independent of each other: engine_check runs them side by side."""
     only = [t for t in os.environ.get("KVOFFLOAD_TABLES", "").split(",") if t]
-    for tag, kind, settings, runs in ENGINES:
-        if only and tag not in only:  # KVOFFLOAD_TABLES=hybrid-window,...: those engines only
-            continue
-        model = models[kind]
-        engine = {"model": model, "prefix_caching": True,
-                  "max_num_batched_tokens": settings["max_num_batched_tokens"]}
-        if settings.get("gpu_blocks"):
-            engine["gpu_blocks"] = settings["gpu_blocks"]
-        scenarios = sorted({s for _, sc in runs for s in sc})
+    # KVOFFLOAD_TABLES=hybrid-window,...: those engines only
+    return [functools.partial(tables_one, root, models, run_engine, compare, block, line, *e)
+            for e in ENGINES if not only or e[0] in only]
+
+
+def tables_one(root, models, run_engine, compare, block, line, tag, kind, settings, runs):
+    model = models[kind]
+    engine = {"model": model, "prefix_caching": True,
+              "max_num_batched_tokens": settings["max_num_batched_tokens"]}
+    if settings.get("gpu_blocks"):
+        engine["gpu_blocks"] = settings["gpu_blocks"]
+    scenarios = sorted({s for _, sc in runs for s in sc})
+    try:
+        base = run_engine(root, f"{tag}-base", dict(engine, extra=None,
+                                                    scenarios=scenarios))["scenarios"]
+    except RuntimeError as e:
+        line(f"engine tables {tag}-base: FAILED: {e}")
+        return
+    for f, sc in runs:
+        extra = {"block_size": settings.get("unit", block) * f,
+                 "host_blocks": settings.get("host_blocks", 64)}
         try:
-            base = run_engine(root, f"{tag}-base", dict(engine, extra=None,
-                                                        scenarios=scenarios))["scenarios"]
-        except RuntimeError as e:
-            line(f"engine tables {tag}-base: FAILED: {e}")
+            r = run_engine(root, f"{tag}-f{f}", dict(engine, extra=extra, scenarios=sc))
+        except RuntimeError as e:  # kvoffload 0.5: the engine core died (a), (b)
+            lines = str(e).splitlines()
+            why = [x for x in lines if "Error" in x or "kvoffload." in x][-1:]
+            line(f"engine tables {tag}-f{f}: FAILED: {lines[0]} {' '.join(why)}")
             continue
-        for f, sc in runs:
-            extra = {"block_size": settings.get("unit", block) * f,
-                     "host_blocks": settings.get("host_blocks", 64)}
-            try:
-                r = run_engine(root, f"{tag}-f{f}", dict(engine, extra=extra, scenarios=sc))
-            except RuntimeError as e:  # kvoffload 0.5: the engine core died (a), (b)
-                lines = str(e).splitlines()
-                why = [x for x in lines if "Error" in x or "kvoffload." in x][-1:]
-                line(f"engine tables {tag}-f{f}: FAILED: {lines[0]} {' '.join(why)}")
-                continue
-            for name, res in r["scenarios"].items():
-                got, notes = res["outputs"], res["notes"]
-                ok, diff, worst = compare(base[name]["outputs"], got)
-                kv = notes.get("kv", {})
-                cached = {n: v[2] for n, v in got.items()}
-                problems = [] if ok else [f"outputs differ from the engine without kvoffload: "
-                                          f"{diff}"]
-                loaded = {"mamba-hit": ["C"], "mamba-chunks": ["Q288", "Q192"],
-                          "window-reuse": ["B100", "B160", "B230"],
-                          "mamba-decode": ["T2", "P96", "P128", "P160"]}[name]
-                if not any(cached.get(n, 0) for n in loaded):
-                    problems.append(f"none of {loaded} loaded anything from kvoffload")
-                if name == "mamba-chunks" and not kv.get("partial_stores"):
-                    problems.append("no mamba block was stored partly written: the chunked "
-                                    "tables' holes are not exercised")
-                # Issue 47: states of blocks completed during decode are never stored.
-                if name == "mamba-decode" and not kv.get("unfinal_state_skips"):
-                    problems.append("no decode-time mamba state was skipped: the case is not "
-                                    "exercised")
-                if name == "window-reuse" and not kv.get("reused_sub_blocks"):
-                    problems.append("no store met a window block vLLM had given to another "
-                                    "request: the case is not exercised")
-                label = f"engine tables {name} {tag}-f{f}"
-                info = f"cached tokens {cached}; kvoffload {kv}"
-                if problems:
-                    line(f"{label}: FAILED: {'; '.join(problems)}; {info}")
-                else:
-                    line(f"{label}: identical tokens and logprobs over {len(got)} requests "
-                         f"(max |logprob diff| {worst:.3g}); {info}")
+        for name, res in r["scenarios"].items():
+            got, notes = res["outputs"], res["notes"]
+            ok, diff, worst = compare(base[name]["outputs"], got)
+            kv = notes.get("kv", {})
+            cached = {n: v[2] for n, v in got.items()}
+            problems = [] if ok else [f"outputs differ from the engine without kvoffload: "
+                                      f"{diff}"]
+            loaded = {"mamba-hit": ["C"], "mamba-chunks": ["Q288", "Q192"],
+                      "window-reuse": ["B100", "B160", "B230"],
+                      "mamba-decode": ["T2", "P96", "P128", "P160"]}[name]
+            if not any(cached.get(n, 0) for n in loaded):
+                problems.append(f"none of {loaded} loaded anything from kvoffload")
+            if name == "mamba-chunks" and not kv.get("partial_stores"):
+                problems.append("no mamba block was stored partly written: the chunked "
+                                "tables' holes are not exercised")
+            # Issue 47: states of blocks completed during decode are never stored.
+            if name == "mamba-decode" and not kv.get("unfinal_state_skips"):
+                problems.append("no decode-time mamba state was skipped: the case is not "
+                                "exercised")
+            if name == "window-reuse" and not kv.get("reused_sub_blocks"):
+                problems.append("no store met a window block vLLM had given to another "
+                                "request: the case is not exercised")
+            label = f"engine tables {name} {tag}-f{f}"
+            info = f"cached tokens {cached}; kvoffload {kv}"
+            if problems:
+                line(f"{label}: FAILED: {'; '.join(problems)}; {info}")
+            else:
+                line(f"{label}: identical tokens and logprobs over {len(got)} requests "
+                     f"(max |logprob diff| {worst:.3g}); {info}")
