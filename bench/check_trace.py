@@ -16,6 +16,7 @@ alone, never from the benchmark's output.
    bound when nothing is evicted, and be no worse than the real cache's LRU of the same
    capacity.
 """
+import gzip
 import json
 import os
 import subprocess
@@ -24,23 +25,35 @@ import sys
 BLOCK_TOKENS = 512
 
 
-def bound(path):
-    """Token-weighted hit ratio of a never-evicting cache: per request, the longest prefix of its
-    hash ids seen in earlier requests; the last block counts its remaining tokens."""
+def read(path):
+    """The trace's requests (JSON lines, gzip-compressed if the name ends in .gz)."""
+    with (gzip.open if path.endswith(".gz") else open)(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def block_tokens(r):
+    """A request's tokens per block: whole blocks, then what its last block holds."""
+    n = len(r["hash_ids"])
+    return [BLOCK_TOKENS] * (n - 1) + [
+        max(0, min(BLOCK_TOKENS, r["input_length"] - BLOCK_TOKENS * (n - 1)))]
+
+
+def bound_of(requests):
+    """Token-weighted hit ratio of a never-evicting cache over (hash ids, tokens per block) per
+    request: per request, the longest prefix of its hash ids seen in earlier requests."""
     seen, hit, total = set(), 0, 0
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            ids, n = r["hash_ids"], len(r["hash_ids"])
-            tokens = [BLOCK_TOKENS] * (n - 1) + [
-                max(0, min(BLOCK_TOKENS, r["input_length"] - BLOCK_TOKENS * (n - 1)))]
-            i = 0
-            while i < n and ids[i] in seen:
-                hit += tokens[i]
-                i += 1
-            total += sum(tokens)
-            seen.update(ids)
+    for ids, tokens in requests:
+        i = 0
+        while i < len(ids) and ids[i] in seen:
+            hit += tokens[i]
+            i += 1
+        total += sum(tokens)
+        seen.update(ids)
     return hit / total
+
+
+def bound(path):
+    return bound_of((r["hash_ids"], block_tokens(r)) for r in read(path))
 
 
 def optimum(path, capacity):
@@ -48,13 +61,7 @@ def optimum(path, capacity):
     the longest held prefix hits; then each of its blocks is used: a held one takes its next
     use, a missing one is admitted if there is room, else in place of the held block (not the
     request's own) used farthest ahead, unless its own next use is farther."""
-    reqs = []
-    with open(path) as f:
-        for line in f:
-            r = json.loads(line)
-            n = len(r["hash_ids"])
-            reqs.append((r["hash_ids"], [BLOCK_TOKENS] * (n - 1) + [
-                max(0, min(BLOCK_TOKENS, r["input_length"] - BLOCK_TOKENS * (n - 1)))]))
+    reqs = [(r["hash_ids"], block_tokens(r)) for r in read(path)]
     never = float("inf")
     nxt, later = [None] * len(reqs), {}
     for k in range(len(reqs) - 1, -1, -1):

@@ -28,36 +28,21 @@ second half from a cold cache, as fractions of that half's bound. Policies:
 import argparse
 import bisect
 import collections
-import gzip
-import json
 import random
 
-BLOCK = 512
+from check_trace import BLOCK_TOKENS as BLOCK, block_tokens, bound_of, read
+
 AGES = [0] + [2 ** i for i in range(13)]  # seconds: the tables' age buckets
 
 
 def load(path):
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        return [(j["timestamp"], j["input_length"], j["hash_ids"])
-                for j in map(json.loads, filter(str.strip, f))]
-
-
-def tokens(r, i):
-    _, length, ids = r
-    return BLOCK if i + 1 < len(ids) else max(0, min(BLOCK, length - BLOCK * (len(ids) - 1)))
+    """(timestamp, tokens per block, hash ids) per request (the trace's fields, check_trace's
+    token count)."""
+    return [(r["timestamp"], block_tokens(r), r["hash_ids"]) for r in read(path)]
 
 
 def bound(trace):
-    seen, hit, total = set(), 0, 0
-    for r in trace:
-        i = 0
-        while i < len(r[2]) and r[2][i] in seen:
-            hit += tokens(r, i)
-            i += 1
-        total += sum(tokens(r, j) for j in range(len(r[2])))
-        seen.update(r[2])
-    return hit / total
+    return bound_of((ids, toks) for _, toks, ids in trace)
 
 
 def replay(trace, cache):
@@ -66,8 +51,8 @@ def replay(trace, cache):
         i = 0
         while i < len(r[2]) and cache.has(r[2][i]):
             i += 1
-        hit += sum(tokens(r, j) for j in range(i))
-        total += sum(tokens(r, j) for j in range(len(r[2])))
+        hit += sum(r[1][:i])
+        total += sum(r[1])
         cache.access(k, r)
     return hit / total
 
@@ -167,8 +152,8 @@ class Reuse:
         return v
 
     def access(self, k, r):
-        now, length, ids = r
-        keep = ids[:-1] if length - BLOCK * (len(ids) - 1) < BLOCK else ids
+        now, toks, ids = r
+        keep = ids[:-1] if toks[-1] < BLOCK else ids
         for h in keep:
             self.uses[h] += 1
             o = self.owner.get(h)
