@@ -42,7 +42,7 @@ enum class BackendKind : std::uint8_t {
 };
 
 /// The host block manager's eviction order.
-enum class EvictionPolicyKind : std::uint8_t { lru, arc };
+enum class EvictionPolicyKind : std::uint8_t { lru, arc, reuse };
 
 /// A lookup's answer for one key.
 enum class LookupResult : std::uint8_t { miss, pending, hit };
@@ -81,7 +81,7 @@ KVOFFLOAD_EXPORT std::string_view to_string(BackendKind v) noexcept;
 KVOFFLOAD_EXPORT std::string_view to_string(Medium v) noexcept;
 /// "auto", "io_uring", "threads".
 KVOFFLOAD_EXPORT std::string_view to_string(DiskIo v) noexcept;
-/// "lru", "arc".
+/// "lru", "arc", "reuse".
 KVOFFLOAD_EXPORT std::string_view to_string(EvictionPolicyKind v) noexcept;
 /// "miss", "pending", "hit".
 KVOFFLOAD_EXPORT std::string_view to_string(LookupResult v) noexcept;

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -13,6 +14,17 @@
 
 namespace kvoffload {
 
+/// Who is behind the inserts and touches that follow, for a policy that values blocks by the
+/// request that last used them (ReusePolicy); the others ignore it. The scheduler sets it
+/// around each request's touches and stores and clears it after (request 0: nobody's).
+struct AccessContext {
+  std::uint64_t request = 0;  ///< the scheduler's serial number of the request; 0: none
+  double now = 0;             ///< seconds on the scheduler's clock (Scheduler::set_time)
+  /// The engine's hint for the request (kv_transfer_params "kvoffload_continues"): 1 its
+  /// conversation will go on, 0 it will not, -1 unknown.
+  std::int8_t continues = -1;
+};
+
 /// Orders the resident host blocks for eviction. The HostBlockManager owns one and tells it
 /// about every block that enters or leaves; the policy never decides on its own which blocks
 /// are protected (being written, read, or stored right now): the manager passes that as a
@@ -21,6 +33,9 @@ namespace kvoffload {
 class KVOFFLOAD_EXPORT EvictionPolicy {
  public:
   virtual ~EvictionPolicy();
+
+  /// The request behind the calls that follow (see AccessContext). Default: ignored.
+  virtual void set_context(const AccessContext& context);
 
   /// A new block (just prepared for a store) enters as the most recent.
   virtual void insert(HostBlockId id, const Key& key) = 0;

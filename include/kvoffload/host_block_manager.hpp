@@ -121,6 +121,10 @@ class KVOFFLOAD_EXPORT HostBlockManager {
     if (store_threshold_ > 0) count_lookup(key);
   }
 
+  /// The request behind the stores and touches that follow, for a policy that uses it
+  /// (EvictionPolicyKind::reuse); AccessContext{} when nobody's.
+  void set_context(const AccessContext& context) { policy_->set_context(context); }
+
   /// Policy recency update for the present keys among `keys` (SEMANTICS 10).
   void touch(std::span<const Key> keys);
   /// The same for blocks the caller already knows (ids of present keys; -1 entries skipped).

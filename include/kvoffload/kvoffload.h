@@ -206,7 +206,7 @@ typedef struct kvoffload_tier_config {
   size_t struct_size;
   const char* medium;             /* "disk" or "shared"; NULL: "disk" */
   int64_t blocks;                 /* capacity in slots (kvoffload_worker_tier_scan's num_slots) */
-  const char* policy;             /* "lru" or "arc"; NULL: "lru" */
+  const char* policy;             /* "lru", "arc" or "reuse"; NULL: "lru" */
   int64_t store_threshold;        /* 0 or N >= 2 lookups before a key is written to the tier */
   int64_t write_queue_blocks;     /* blocks queued for tier writes at most (0: 1024) */
   int write_back;                 /* 1: write blocks when evicted instead of after each store */
@@ -248,7 +248,7 @@ typedef struct kvoffload_scheduler_config {
   int prefix_caching;        /* 1: defer lookups of keys being loaded */
   int64_t gpu_blocks;        /* the engine's GPU block count if known, else 0 */
   int64_t host_blocks;       /* host cache capacity in host blocks */
-  const char* policy;        /* "lru" or "arc"; NULL: "lru" */
+  const char* policy;        /* "lru", "arc" or "reuse"; NULL: "lru" */
   int64_t store_threshold;   /* 0 or N >= 2 lookups before a key is stored */
   int64_t block_bytes;       /* bytes of a host block, for statistics (0: unknown) */
   int enable_events;         /* 1: record stored/removed events */
@@ -453,6 +453,16 @@ KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_state_stores(
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_limit_loads(kvoffload_scheduler_t scheduler,
                                                                    const char* request_id,
                                                                    int64_t max_tokens);
+/* The engine's hint that the request's conversation will go on (continues 1) or not (0): policy
+ * "reuse" keeps its blocks longer or gives them up first; other policies ignore it.
+ * KVOFFLOAD_INVALID_ARGUMENT for an unknown request or continues other than 0 or 1. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_hint_continues(
+    kvoffload_scheduler_t scheduler, const char* request_id, int continues);
+/* The clock, in seconds, policy "reuse" ages requests by (a replay's trace time); never going
+ * back. Without a call: seconds since the scheduler was made. KVOFFLOAD_INVALID_ARGUMENT for a
+ * negative or non-finite time. */
+KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_set_time(kvoffload_scheduler_t scheduler,
+                                                                double seconds);
 /* Drops the host cache. Refused (KVOFFLOAD_INVALID_ARGUMENT) for a scheduler with tiers: their
  * blocks outlive it, so use kvoffload_scheduler_reset_weights. */
 KVOFFLOAD_C_API kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t scheduler);

@@ -201,6 +201,15 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// request.
   void limit_loads(std::string_view request_id, std::int64_t max_tokens);
 
+  /// The engine's hint that the request's conversation will go on (a chat front end or router
+  /// knows; vLLM: kv_transfer_params "kvoffload_continues") or not. Only policy reuse reads
+  /// it: its blocks are kept longer, or given up first. Throws invalid_argument for an
+  /// unknown request.
+  void hint_continues(std::string_view request_id, bool continues);
+  /// The clock policy reuse ages requests by, in seconds (a replay's trace time); never
+  /// going back. Without a call: seconds since the scheduler was made.
+  void set_time(double seconds);
+
   /// Stores none of the request's tokens past the first `max_tokens` (0: stores nothing of
   /// it): vLLM's per-request max_offload_tokens. Blocks it already stored stay. Throws
   /// invalid_argument for an unknown request or a negative limit.

@@ -271,6 +271,16 @@ class Scheduler:
         offloaded block (negative: no limit)."""
         self._s.limit_loads(request_id, max_tokens)
 
+    def hint_continues(self, request_id: str, continues: bool) -> None:
+        """The engine's hint that the request's conversation will go on (or not): policy
+        "reuse" keeps its blocks longer (or gives them up first); others ignore it."""
+        self._s.hint_continues(request_id, bool(continues))
+
+    def set_time(self, seconds: float) -> None:
+        """The clock policy "reuse" ages requests by (a replay's trace time); never going
+        back. Without a call: seconds since the scheduler was made."""
+        self._s.set_time(float(seconds))
+
     def set_store_pressure(self, on: bool) -> None:
         """Back-pressure from the workers (Worker.store_pressure(), any worker's): while on,
         steps build no store jobs; the blocks they skip are counted in pressure_skips."""

@@ -337,6 +337,8 @@ void bind_scheduler(nb::module_& m) {
       .def("limit_stores", &Scheduler::limit_stores, "request_id"_a, "max_tokens"_a)
       .def("limit_state_stores", &Scheduler::limit_state_stores, "request_id"_a, "final_tokens"_a)
       .def("limit_loads", &Scheduler::limit_loads, "request_id"_a, "max_tokens"_a)
+      .def("hint_continues", &Scheduler::hint_continues, "request_id"_a, "continues"_a)
+      .def("set_time", &Scheduler::set_time, "seconds"_a)
       .def("set_store_pressure", &Scheduler::set_store_pressure, "on"_a)
       .def(
           "handed_out", [](Scheduler& s, const std::vector<GpuBlockId>& ids) { s.handed_out(ids); },

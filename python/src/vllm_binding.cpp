@@ -175,9 +175,11 @@ class VllmBridge {
   /// get_num_new_matched_tokens: the request's new hashes and token count, then the lookup.
   /// `load_limit`: vLLM's max_load_tokens (negative: none), applied inside the lookup;
   /// `store_limit`: its max_offload_tokens (negative: left as it is). Both here, where the
-  /// request's idle window is dropped: a new store limit moves it.
+  /// request's idle window is dropped: a new store limit moves it. `continues`: the
+  /// "kvoffload_continues" hint (1, 0; -1 none).
   std::optional<std::int64_t> lookup(nb::handle request, std::int64_t num_computed_tokens,
-                                     std::int64_t load_limit, std::int64_t store_limit) {
+                                     std::int64_t load_limit, std::int64_t store_limit,
+                                     int continues) {
     // SEMANTICS 6.10: mamba blocks are stored only within the tokens vLLM computes as a prefill
     // (its scheduler's prefill_end: the prompt, or what a resumed request recomputes). Read
     // before the request is registered, so a request without them changes nothing.
@@ -194,6 +196,8 @@ class VllmBridge {
       e.load_limited = load_limit >= 0;
       if (store_limit >= 0) s_.limit_stores(e.id, store_limit);
     }
+    // kv_transfer_params "kvoffload_continues" (policy reuse's hint; -1: not given).
+    if (continues >= 0) s_.hint_continues(e.id, continues == 1);
     e.local = num_computed_tokens;
     e.window_valid = false;
     return s_.lookup(e.id, num_computed_tokens);
@@ -617,7 +621,7 @@ void bind_vllm(nb::module_& m) {
       .def(nb::init<Scheduler&, std::vector<std::int64_t>, bool>(), "scheduler"_a,
            "gpu_block_sizes"_a, "stale_session_hashes"_a = false, nb::keep_alive<1, 2>())
       .def("lookup", &VllmBridge::lookup, "request"_a, "num_computed_tokens"_a, "load_limit"_a = -1,
-           "store_limit"_a = -1)
+           "store_limit"_a = -1, "continues"_a = -1)
       .def("allocated", &VllmBridge::allocated, "request_id"_a, "blocks"_a, "num_external_tokens"_a)
       .def("build_step", &VllmBridge::build_step, "scheduler_output"_a)
       .def("finished", &VllmBridge::finished, "request_id"_a)

@@ -95,6 +95,37 @@ def test_config_overrides_and_policies():
     assert s.stats()["blocks_total"] == 4
 
 
+def _store(s, rid, hashes, gpu_ids, when, continues=None):
+    s.set_time(when)
+    s.update_request(rid, 16 * len(hashes), hashes)
+    if continues is not None:
+        s.hint_continues(rid, continues)
+    assert s.lookup(rid, 0) == 0
+    s.on_allocated(rid, [kv.AllocatedGroup([])], 0)
+    step = s.build_step([kv.ScheduledRequest(rid, 0, 16 * len(hashes), [gpu_ids])])
+    s.on_completed([kv.JobReport(j.id) for j in step.store_jobs])
+    s.on_finished(rid)
+
+
+@pytest.mark.parametrize("policy", ["reuse", "lru"])
+def test_policy_reuse_keeps_what_the_engine_says_continues(policy):
+    # Four host blocks: "a" (hinted to go on) and then "b" (hinted to end) fill them; "c"
+    # needs two. Policy reuse gives up b's blocks; LRU, the control, a's (the older ones).
+    s = kv.Scheduler(kv.SchedulerConfig(groups=FULL, host_blocks=4), policy=policy)
+    a, b, c = block_hashes("a", 2), block_hashes("b", 2), block_hashes("c", 2)
+    _store(s, "a", a, [1, 2], 0.0, continues=True)
+    _store(s, "b", b, [3, 4], 1.0, continues=False)
+    _store(s, "c", c, [5, 6], 2.0)
+    s.update_request("a2", 32, a)
+    s.update_request("b2", 32, b)
+    kept = {"a": s.lookup("a2", 0), "b": s.lookup("b2", 0)}
+    assert kept == ({"a": 32, "b": 0} if policy == "reuse" else {"a": 0, "b": 32})
+    with pytest.raises(kv.InvalidArgument, match="set_time"):
+        s.set_time(float("nan"))
+    with pytest.raises(kv.InvalidArgument, match="nobody"):
+        s.hint_continues("nobody", True)
+
+
 def test_jobs_pickle_for_other_processes():
     """vLLM pickles connector metadata from its scheduler process to its workers."""
     import pickle

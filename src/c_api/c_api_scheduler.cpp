@@ -276,6 +276,26 @@ kvoffload_status_t kvoffload_scheduler_limit_loads(kvoffload_scheduler_t s, cons
   });
 }
 
+kvoffload_status_t kvoffload_scheduler_hint_continues(kvoffload_scheduler_t s,
+                                                      const char* request_id, int continues) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_hint_continues", "scheduler");
+    require(request_id, "kvoffload_scheduler_hint_continues", "request_id");
+    if (continues != 0 && continues != 1) {
+      throw invalid_argument(fmt::format(
+          "kvoffload_scheduler_hint_continues: continues must be 0 or 1, got {}", continues));
+    }
+    s->scheduler.hint_continues(request_id, continues == 1);
+  });
+}
+
+kvoffload_status_t kvoffload_scheduler_set_time(kvoffload_scheduler_t s, double seconds) {
+  return guard([&] {
+    require(s, "kvoffload_scheduler_set_time", "scheduler");
+    s->scheduler.set_time(seconds);
+  });
+}
+
 kvoffload_status_t kvoffload_scheduler_reset_cache(kvoffload_scheduler_t s) {
   return guard([&] {
     require(s, "kvoffload_scheduler_reset_cache", "scheduler");

@@ -26,7 +26,8 @@ void validate(const ManagerConfig& config) {
   KVOFFLOAD_EXPECTS(config.block_bytes >= 0, "block_bytes must not be negative, got {}",
                     config.block_bytes);
   KVOFFLOAD_EXPECTS(
-      config.policy == EvictionPolicyKind::lru || config.policy == EvictionPolicyKind::arc,
+      config.policy == EvictionPolicyKind::lru || config.policy == EvictionPolicyKind::arc ||
+          config.policy == EvictionPolicyKind::reuse,
       "policy: unknown eviction policy {}", static_cast<int>(config.policy));
 }
 
@@ -73,7 +74,8 @@ std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {
                       "tiers[{}].promote_timeout_ms must be 0 (5000) to 3600000 (one hour), got {}",
                       t, tier.promote_timeout_ms);
     KVOFFLOAD_EXPECTS(
-        tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc,
+        tier.policy == EvictionPolicyKind::lru || tier.policy == EvictionPolicyKind::arc ||
+            tier.policy == EvictionPolicyKind::reuse,
         "tiers[{}].policy: unknown eviction policy {}", t, static_cast<int>(tier.policy));
   }
   KVOFFLOAD_EXPECTS(config.gpu_blocks >= 0 && config.gpu_blocks <= (std::int64_t{1} << 31),

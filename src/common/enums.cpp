@@ -14,7 +14,7 @@ constexpr std::array<std::string_view, 4> kJobKind{"load", "store", "promote", "
 constexpr std::array<std::string_view, 2> kBackendKind{"host", "cuda"};
 constexpr std::array<std::string_view, 3> kMedium{"host", "disk", "shared"};
 constexpr std::array<std::string_view, 3> kDiskIo{"auto", "io_uring", "threads"};
-constexpr std::array<std::string_view, 2> kEvictionPolicy{"lru", "arc"};
+constexpr std::array<std::string_view, 3> kEvictionPolicy{"lru", "arc", "reuse"};
 constexpr std::array<std::string_view, 3> kLookupResult{"miss", "pending", "hit"};
 constexpr std::array<std::string_view, 3> kHugePages{"off", "prefer", "require"};
 constexpr std::array<std::string_view, 3> kPinning{"auto", "off", "require"};

@@ -5,6 +5,7 @@
 #include "kvoffload/scheduler.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "common/block_math.hpp"
 #include "common/expects.hpp"
@@ -29,6 +30,10 @@ Scheduler::Impl::Impl(const SchedulerConfig& cfg, SchedulerServices services)
       f(cfg.block_size_factor),
       manager(cfg.manager),
       epoch(weights_epoch(cfg.weights)) {
+  policy_context = cfg.manager.policy == EvictionPolicyKind::reuse;
+  tier_policy_time = std::any_of(cfg.tiers.begin(), cfg.tiers.end(), [](const TierConfig& t) {
+    return t.policy == EvictionPolicyKind::reuse;
+  });
   for (std::size_t g = 0; g < layouts.size(); ++g) {
     if (!layouts[g].windowed()) lookup_order.push_back(g);
   }
@@ -73,6 +78,7 @@ void Scheduler::Impl::touch(const RequestState& r) {
     const std::int64_t skip = touch_skip(r, g);
     for (std::int64_t i = skip; i < nk; ++i) touch_keys.push_back(key(r, g, i));
   }
+  const PolicyScope scope(*this, r);
   manager.touch(touch_keys);
 }
 
@@ -340,6 +346,7 @@ void Scheduler::Impl::build_store(RequestState& r, const ScheduledRequest& e,
     }
     return advance();
   }
+  const PolicyScope scope(*this, r);
   if (!manager.prepare_store(scratch.candidates, scratch.prepared)) {
     if (no_room_warnings++ % 1000 == 0) {
       detail::logger().warn(
@@ -465,6 +472,7 @@ void Scheduler::update_request(std::string_view request_id, std::int64_t num_tok
     impl_->check_new_hashes(request_id, block_hashes, 0);
     auto r = std::make_unique<RequestState>();
     r->id = std::string(request_id);
+    r->serial = impl_->next_serial++;
     r->groups.resize(impl_->layouts.size());
     impl_->refresh_idle(*r);
     found = &impl_->requests.add(std::move(r));
@@ -513,6 +521,19 @@ void Scheduler::limit_loads(std::string_view request_id, std::int64_t max_tokens
   r.load_limit = max_tokens < 0 ? -1 : max_tokens;
 }
 
+void Scheduler::hint_continues(std::string_view request_id, bool continues) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "hint_continues");
+  RequestState& r = impl_->find_record(request_id, "hint_continues");
+  r.continues = continues ? 1 : 0;
+}
+
+void Scheduler::set_time(double seconds) {
+  KVOFFLOAD_ONE_THREAD(*impl_, "set_time");
+  KVOFFLOAD_EXPECTS(std::isfinite(seconds) && seconds >= 0,
+                    "set_time: seconds must be finite and not negative, got {}", seconds);
+  impl_->time_set = std::max(impl_->time_set, seconds);
+}
+
 std::optional<std::int64_t> Scheduler::lookup(std::string_view request_id,
                                               std::int64_t num_computed_tokens) {
   KVOFFLOAD_ONE_THREAD(*impl_, "lookup");
@@ -558,6 +579,7 @@ StepResult Scheduler::build_step(std::span<const ScheduledRequest> scheduled,
     }
   }
   out.load_jobs.swap(s.pending_loads);
+  if (s.tiers && s.tier_policy_time) s.tiers->set_policy_time(s.now());
   if (s.tiers) s.tiers->build_step(out);
   for (std::size_t i = 0; i < scheduled.size(); ++i) {
     if (plan.idle[i] != 0) continue;  // most requests of a decode step

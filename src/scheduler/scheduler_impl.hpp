@@ -5,6 +5,7 @@
 // state is a TierCoordinator's (tier_coordinator.hpp), absent without tiers.
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <memory>
 #include <string>
@@ -68,7 +69,9 @@ struct RequestState {
   // block's end (limit_loads: vLLM's max_load_tokens); negative: no limit.
   std::int64_t load_limit = -1;
   std::vector<BlockHash> hashes;
-  std::size_t slot = 0;  // RequestTable's bookkeeping
+  std::size_t slot = 0;        // RequestTable's bookkeeping
+  std::uint64_t serial = 0;    // its number for the eviction policy (AccessContext::request)
+  std::int8_t continues = -1;  // the engine's hint (Scheduler::hint_continues), -1 unknown
   std::int64_t num_local_tokens = 0;
   std::vector<JobId> jobs;  // in flight: one load, or any number of stores
 };
@@ -324,6 +327,33 @@ struct Scheduler::Impl {
   std::vector<TransferJob> pending_loads;   // planned by on_allocated, emitted by the next step
   std::vector<JobId> flush;                 // for the next step
   JobId next_job = 0;
+  // The eviction policy's view of requests (AccessContext): only a policy that uses it gets
+  // one (policy reuse), so the others pay nothing.
+  bool policy_context = false;
+  bool tier_policy_time = false;  // a tier's index has policy reuse: it gets the clock
+  std::uint64_t next_serial = 1;
+  double time_set = -1;  // Scheduler::set_time's last value; -1: seconds since construction
+  std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+  /// The policy sees request r's stores and touches while one lives (policy_context only).
+  class PolicyScope {
+   public:
+    PolicyScope(Impl& impl, const RequestState& r) : impl_(impl) {
+      if (impl_.policy_context) impl_.manager.set_context({r.serial, impl_.now(), r.continues});
+    }
+    ~PolicyScope() {
+      if (impl_.policy_context) impl_.manager.set_context({});
+    }
+    PolicyScope(const PolicyScope&) = delete;
+    PolicyScope& operator=(const PolicyScope&) = delete;
+
+   private:
+    Impl& impl_;
+  };
+  [[nodiscard]] double now() const {
+    return time_set >= 0
+               ? time_set
+               : std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  }
   JobId stale_below = 0;    // reports of jobs below this id predate reset_cache()
   std::uint64_t epoch = 0;  // weights_epoch(config.weights), or reset_cache's
   detail::FlatHashMap<Key, std::int32_t, KeyHash> being_loaded;  // key -> loads in flight

@@ -155,6 +155,11 @@ class TierCoordinator {
 
   // ---- the public API's views ----------------------------------------------------------
   [[nodiscard]] std::size_t size() const noexcept { return tiers_.size(); }
+  /// The clock for the tiers' indexes whose policy is reuse (no request is behind a tier's
+  /// writes: their blocks go by recency, in write batches).
+  void set_policy_time(double now) {
+    for (auto& t : tiers_) t->index.set_context({0, now, -1});
+  }
   /// Tier t; throws invalid_argument naming `op` for a tier not configured.
   [[nodiscard]] TierState& tier(std::size_t t, std::string_view op);
   void take_events(std::vector<ManagerEvent>& out);

@@ -62,6 +62,11 @@ static void lifecycle(void) {
   OK(kvoffload_scheduler_limit_stores(s, "a", 1 << 20));
   CHECK(kvoffload_scheduler_limit_loads(s, "nobody", 0) == KVOFFLOAD_INVALID_ARGUMENT);
   OK(kvoffload_scheduler_limit_loads(s, "a", -1));
+  CHECK(kvoffload_scheduler_hint_continues(s, "nobody", 1) == KVOFFLOAD_INVALID_ARGUMENT);
+  CHECK(kvoffload_scheduler_hint_continues(s, "a", 2) == KVOFFLOAD_INVALID_ARGUMENT);
+  OK(kvoffload_scheduler_hint_continues(s, "a", 1));
+  CHECK(kvoffload_scheduler_set_time(s, -1.0) == KVOFFLOAD_INVALID_ARGUMENT);
+  OK(kvoffload_scheduler_set_time(s, 12.5));
   CHECK(kvoffload_scheduler_limit_state_stores(s, "a", -1) == KVOFFLOAD_INVALID_ARGUMENT);
   CHECK(kvoffload_scheduler_limit_state_stores(s, "nobody", 0) == KVOFFLOAD_INVALID_ARGUMENT);
   OK(kvoffload_scheduler_limit_state_stores(s, "a", 64));

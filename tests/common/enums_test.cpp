@@ -45,8 +45,9 @@ TEST_CASE("Every public enum has names that parse back, and bad names are refuse
                       parse_medium, "host, disk or shared");
   check_names<DiskIo>({DiskIo::automatic, DiskIo::io_uring, DiskIo::threads},
                       {"auto", "io_uring", "threads"}, parse_disk_io, "auto, io_uring or threads");
-  check_names<EvictionPolicyKind>({EvictionPolicyKind::lru, EvictionPolicyKind::arc},
-                                  {"lru", "arc"}, parse_eviction_policy, "lru or arc");
+  check_names<EvictionPolicyKind>(
+      {EvictionPolicyKind::lru, EvictionPolicyKind::arc, EvictionPolicyKind::reuse},
+      {"lru", "arc", "reuse"}, parse_eviction_policy, "lru, arc or reuse");
   check_names<HugePages>({HugePages::off, HugePages::prefer, HugePages::require},
                          {"off", "prefer", "require"}, parse_huge_pages, "off, prefer or require");
   check_names<Pinning>({Pinning::automatic, Pinning::off, Pinning::require},

@@ -187,8 +187,9 @@ std::uint64_t test_seed() {
 
 }  // namespace
 
-TEST_CASE("Property: random hybrid configurations, LRU and ARC, hold the SEMANTICS invariants",
-          "[scheduler][property]") {
+TEST_CASE(
+    "Property: random hybrid configurations, LRU, ARC and reuse, hold the SEMANTICS invariants",
+    "[scheduler][property]") {
   const std::uint64_t seed = test_seed();
   std::cout << "scheduler property test seed: " << seed
             << " (replay with KVOFFLOAD_TEST_SEED=" << seed << ")\n";
@@ -207,8 +208,10 @@ TEST_CASE("Property: random hybrid configurations, LRU and ARC, hold the SEMANTI
   // configurations, by the copies' timing, sometimes none): more configurations of the same
   // seed run until one happens, up to twice as many (every one checked the same way).
   for (int c = 0; c < kConfigs || (partial_misses == 0 && only < 0 && c < 2 * kConfigs); ++c) {
-    // Every other configuration uses ARC: both policies must hold every invariant.
-    kvsim::SimConfig config = random_config(seeds(), kSteps, c % 2 == 0 ? "lru" : "arc");
+    // The configurations take LRU, ARC and reuse in turn: every policy must hold every
+    // invariant.
+    static constexpr const char* kPolicies[] = {"lru", "arc", "reuse"};
+    kvsim::SimConfig config = random_config(seeds(), kSteps, kPolicies[c % 3]);
     if (only >= 0 && c != only) continue;
     INFO("seed " << seed << ", configuration " << c << " (" << describe(config) << ")");
     Oracle oracle(static_cast<std::int64_t>(config.groups.size()), config.block_size_factor);

@@ -59,8 +59,8 @@ def host_blocks(extra: Dict[str, Any], bytes_per_host_block: int, where: str) ->
 
 def eviction_policy(extra: Dict[str, Any]) -> str:
     policy = str(extra.get("eviction_policy", "lru"))
-    if policy not in ("lru", "arc"):
-        raise kv.InvalidArgument(f"eviction_policy: {policy!r} (lru or arc)")
+    if policy not in ("lru", "arc", "reuse"):
+        raise kv.InvalidArgument(f"eviction_policy: {policy!r} (lru, arc or reuse)")
     return policy
 
 

@@ -18,6 +18,13 @@ def token_param(params: Any, name: str) -> int:
     return value if type(value) is int and value >= 0 else -1
 
 
+def continues_param(params: Any) -> int:
+    """kv_transfer_params "kvoffload_continues": True (the conversation goes on: its blocks are
+    kept longer under policy reuse) 1, False 0, anything else or absent -1 (no hint)."""
+    value = params.get("kvoffload_continues") if isinstance(params, dict) else None
+    return int(value) if type(value) is bool else -1
+
+
 def hash_block_size(vllm_config: Any, kv_cache_config: Any) -> int:
     """The tokens each of a request's block_hashes covers, as vLLM resolves it (with several
     KV-cache groups a finer prefix-match unit can make it smaller than the block size: a key

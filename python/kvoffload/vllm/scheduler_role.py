@@ -11,7 +11,8 @@ from typing import Any, Dict, List
 
 import kvoffload as kv
 from kvoffload import _kvoffload
-from kvoffload.vllm.config import load_tiers_allow_all, skips_cache_reads, token_param
+from kvoffload.vllm.config import (continues_param, load_tiers_allow_all, skips_cache_reads,
+                                   token_param)
 from kvoffload.vllm.events import vllm_event_objects
 
 logger = logging.getLogger("vllm.kvoffload")  # under vLLM's logger: its format and level
@@ -60,7 +61,8 @@ class SchedulerRole:
         """vLLM's per-request kv_transfer_params, read as its own offloading connector
         reads them (a non-negative int, else ignored): max_load_tokens limits the hit
         inside the lookup (it ends at a host block, every group checked there),
-        max_offload_tokens what is stored. kv_load_tiers (vLLM 0.33) is honoured whole or
+        max_offload_tokens what is stored, kvoffload_continues (a bool: the client or router
+        knows whether the conversation goes on) policy reuse's hint. kv_load_tiers (vLLM 0.33) is honoured whole or
         not at all: a filter that leaves out any medium this connector loads from (host
         memory, a disk or a shared tier) loads nothing."""
         if self._awaiting_scans:
@@ -73,7 +75,8 @@ class SchedulerRole:
                 not load_tiers_allow_all(params["kv_load_tiers"], self._load_media)):
             load_limit = 0  # its filter leaves out a tier a hit could come from
         hit = self._bridge.lookup(request, num_computed_tokens, load_limit,
-                                  token_param(params, "max_offload_tokens"))
+                                  token_param(params, "max_offload_tokens"),
+                                  continues_param(params))
         if hit is None:
             return None, False
         return hit, hit > 0

@@ -1,0 +1,147 @@
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/eviction_policy.hpp"
+
+namespace kvoffload {
+
+/// Eviction that predicts reuse (issue 55; docs/bench/trace.md, "Predicting reuse"). A block
+/// belongs to the request that last stored or touched it (its owner, from AccessContext). An
+/// owner's value is its hit density (LHD: Beckmann et al., NSDI 2018) at its age: the chance
+/// its conversation is continued given it was not yet, over the expected wait for that,
+/// learnt online per class of owner: the chain's turn count (1, 2, 3, 4+: how often the
+/// prefix was extended, found through the hash of each request's deepest block) and the gap
+/// since the previous turn (none, <= 30 s, <= 300 s, more). A block two or more requests used
+/// (a shared system prompt) is worth at least 1/age; an engine's hint (AccessContext's
+/// `continues`) multiplies the value by 4 (continues) or 1/20 (ends). Eviction samples
+/// `samples` owners with a seeded generator and cuts the least valuable one from its deepest
+/// block, so a chain is shortened, never holed; all or nothing as for LRU (a full scan when
+/// sampling does not find enough). Deterministic: the same calls give the same victims.
+/// Blocks stored with no request behind them (AccessContext{}: a tier's index, promotions)
+/// belong to anonymous owners of up to 64 blocks a clock tick, valued by recency alone.
+///
+/// Costs O(1) per insert, touch and evicted block (O(samples) per sampled owner); the parent
+/// search hashes each id of a request's first two touches. Memory: 21 bytes a block plus
+/// about 80 bytes per owner, owners at most the capacity plus a history of max(4096,
+/// capacity / 8) finished ones. Not thread-safe: the manager calls it.
+class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
+ public:
+  static constexpr std::size_t kTurns = 4;  // 1, 2, 3, 4+
+  static constexpr std::size_t kGaps = 4;   // none, <= 30 s, <= 300 s, more
+  static constexpr std::size_t kAges = 14;  // 0, 1, 2, 4, ... 4096 s
+  static constexpr std::size_t kClasses = kTurns * kGaps;
+
+  struct Options {
+    std::uint32_t samples = 64;  ///< owners compared per victim
+    std::uint64_t seed = 1;      ///< the sampler's seed
+    /// Start from the counts learnt on the first half of the Mooncake conversation trace
+    /// (false: from nothing, valuing owners by age alone until a class has continuations).
+    bool prior = true;
+  };
+
+  explicit ReusePolicy(std::size_t capacity) : ReusePolicy(capacity, Options{}) {}
+  ReusePolicy(std::size_t capacity, Options options);
+
+  void set_context(const AccessContext& context) override;
+  void insert(HostBlockId id, const Key& key) override;
+  void touch(std::span<const HostBlockId> ids,
+             detail::function_ref<bool(HostBlockId)> ready) override;
+  bool select_victims(std::size_t count, detail::function_ref<bool(HostBlockId)> can_evict,
+                      std::vector<HostBlockId>& victims) override;
+  void evict(HostBlockId id, const Key& key) override;
+  void erase(HostBlockId id) override;
+  void reset() override;
+
+  // Introspection for tests and statistics.
+  /// The request owning block `id`, 0 if none (or an anonymous owner's id, which has bit 63).
+  [[nodiscard]] std::uint64_t owner_of(HostBlockId id) const;
+  /// The turn count found for `request` (1 if it had no parent), 0 if it owns no record.
+  [[nodiscard]] std::uint32_t turn_of(std::uint64_t request) const;
+  /// The value eviction compares for `request` now (the least goes first); -1 if unknown.
+  [[nodiscard]] double value_of(std::uint64_t request) const;
+  /// The blocks of `request`, first to deepest.
+  [[nodiscard]] std::vector<HostBlockId> blocks_of(std::uint64_t request) const;
+  /// Owners holding at least one block; owner records in use (with the history).
+  [[nodiscard]] std::size_t active_owners() const { return active_.size(); }
+  [[nodiscard]] std::size_t owner_records() const { return slot_of_.size(); }
+  [[nodiscard]] std::size_t resident() const { return resident_; }
+
+ private:
+  static constexpr std::uint32_t npos = 0xffffffffU;
+  struct Owner {
+    std::uint64_t request = 0;  // 0: a free record
+    std::uint64_t tail = 0;     // fingerprint of its deepest block at its last touch (0: none)
+    double first = 0;           // when it was first seen
+    double last = 0;            // its last access
+    double gap = -1;            // seconds since its parent's first access (-1: no parent)
+    std::uint32_t head = npos, back = npos, blocks = 0;
+    std::uint32_t active_index = npos;  // in active_
+    std::uint32_t stamp = 0;            // select_victims' visit mark
+    std::uint32_t cursor = npos;        // with stamp: the next block that call may take
+    std::uint8_t turn = 1;
+    std::int8_t continues = -1;
+    std::uint8_t scans = 0;    // parent searches done (at most 2)
+    std::int8_t counted = -1;  // the class its birth is counted in (-1: not yet)
+    std::int8_t parent_class = -1, parent_bucket = -1;  // the continuation it counted
+    bool queued = false;                                // in the history FIFO
+  };
+  struct Counts {
+    double born = 0;
+    std::array<double, kAges + 1> cont{};  // continuations by the gap's age bucket
+    std::array<double, kAges + 1> sum{};   // their gaps' sum
+  };
+
+  std::uint32_t owner_for_context();
+  std::uint32_t new_owner(std::uint64_t request);
+  void attach(std::uint32_t block, std::uint32_t owner);
+  void detach(std::uint32_t block);
+  void find_parent(std::uint32_t owner, std::span<const HostBlockId> ids);
+  void set_tail(std::uint32_t owner, std::uint64_t fingerprint);
+  void count_birth(std::uint32_t owner);
+  void refresh_table();
+  void start_counts();
+  [[nodiscard]] double value(const Owner& o) const;
+  [[nodiscard]] static std::size_t class_of(const Owner& o);
+  [[nodiscard]] static std::size_t bucket_of(double seconds);
+  std::uint64_t next_random();
+  /// Appends owner's deepest evictable block not taken yet in this call; false if none.
+  bool take_one(std::uint32_t owner, detail::function_ref<bool(HostBlockId)> can_evict,
+                std::vector<HostBlockId>& victims);
+
+  std::size_t capacity_;
+  Options options_;
+  std::size_t max_owners_;
+  // Per block.
+  std::vector<std::uint32_t> owner_, prev_, next_;
+  std::vector<std::uint64_t> fp_;
+  std::vector<std::uint8_t> uses_;
+  std::size_t resident_ = 0;
+  // Owners: records, the active ones (holding blocks) densely for sampling, finished ones in
+  // a FIFO whose oldest record is reused first.
+  std::vector<Owner> owners_;
+  std::vector<std::uint32_t> active_;
+  std::vector<std::uint32_t> history_;  // a ring of max_owners_ entries
+  std::size_t history_head_ = 0, history_size_ = 0;
+  detail::FlatHashMap<std::uint64_t, std::uint32_t, detail::IntHash> slot_of_;  // request -> record
+  detail::FlatHashMap<std::uint64_t, std::uint32_t, detail::IntHash>
+      chain_;  // tail fingerprint -> record
+  AccessContext context_;
+  std::uint64_t anonymous_ = 0;  // the last anonymous owner's request id
+  std::uint32_t anonymous_slot_ = npos;
+  double now_ = 0;
+  std::uint64_t rng_;
+  std::uint32_t stamp_ = 0;
+  // What it learnt: counts per class (halved every kHalveEvery births), and the table of hit
+  // densities by class and age bucket they give.
+  std::array<Counts, kClasses> counts_{};
+  std::array<std::array<double, kAges>, kClasses + 1> table_{};  // the last row: all classes
+  std::array<bool, kClasses + 1> known_{};
+  std::uint64_t events_ = 0;
+};
+
+}  // namespace kvoffload
