@@ -15,6 +15,11 @@ alone, never from the benchmark's output.
    computed here (next uses from the trace, a heap-free scan) at 300 and 60 blocks, be the
    bound when nothing is evicted, and be no worse than the real cache's LRU of the same
    capacity.
+5. Policy reuse (issue 55) at 60 and 300 blocks: a hit ratio above 0 and at most the optimum,
+   the capacity asked for, no store without room at 300, and the same figures from two runs.
+
+A request's partial last block has no hash in an engine: the bench never stores or hits it,
+and neither do the figures computed here (full_ids).
 """
 import gzip
 import json
@@ -38,9 +43,16 @@ def block_tokens(r):
         max(0, min(BLOCK_TOKENS, r["input_length"] - BLOCK_TOKENS * (n - 1)))]
 
 
+def full_ids(r):
+    """The hash ids an engine hashes: its full blocks (a partial last block has none)."""
+    ids = r["hash_ids"]
+    return ids[:-1] if ids and block_tokens(r)[-1] < BLOCK_TOKENS else ids
+
+
 def bound_of(requests):
     """Token-weighted hit ratio of a never-evicting cache over (hash ids, tokens per block) per
-    request: per request, the longest prefix of its hash ids seen in earlier requests."""
+    request: per request, the longest prefix of its hash ids seen in earlier requests (the
+    callers pass full_ids: a partial last block is never hit)."""
     seen, hit, total = set(), 0, 0
     for ids, tokens in requests:
         i = 0
@@ -53,7 +65,7 @@ def bound_of(requests):
 
 
 def bound(path):
-    return bound_of((r["hash_ids"], block_tokens(r)) for r in read(path))
+    return bound_of((full_ids(r), block_tokens(r)) for r in read(path))
 
 
 def optimum(path, capacity):
@@ -61,7 +73,7 @@ def optimum(path, capacity):
     the longest held prefix hits; then each of its blocks is used: a held one takes its next
     use, a missing one is admitted if there is room, else in place of the held block (not the
     request's own) used farthest ahead, unless its own next use is farther."""
-    reqs = [(r["hash_ids"], block_tokens(r)) for r in read(path)]
+    reqs = [(full_ids(r), block_tokens(r)) for r in read(path)]
     never = float("inf")
     nxt, later = [None] * len(reqs), {}
     for k in range(len(reqs) - 1, -1, -1):
@@ -152,6 +164,26 @@ def main():
     check(f"60 blocks: the bench's optimum {tiny['optimum_hit_ratio']:.6f} == {best:.6f} "
           "computed here, below the bound", abs(tiny["optimum_hit_ratio"] - best) < 1e-9
           and best < want - 1e-3 and tiny["hit_ratio"] <= best)
+    # Policy reuse (issue 55) in the real scheduler and host cache: within what the memory
+    # allows, every store found room, and the same trace gives the same figures twice.
+    for blocks in (60, 300):
+        runs = [run(bench, trace, os.path.join(work, f"reuse-{blocks}-{i}.json"), "--host-tokens",
+                    str(blocks * BLOCK_TOKENS), "--policy", "reuse") for i in range(2)]
+        r = runs[0]
+        check(f"{blocks} blocks, policy reuse: hit ratio {r['hit_ratio']:.6f} > 0, at most the "
+              f"optimum {r['optimum_hit_ratio']:.6f}",
+              r["policy"] == "reuse" and 0 < r["hit_ratio"] <= r["optimum_hit_ratio"] + 1e-12)
+        # 300 blocks hold any request of the slice (236 at most): every store finds room.
+        check(f"{blocks} blocks, policy reuse: capacity {r['tiers']['host']['capacity_tokens']} "
+              "tokens as asked" + (", no store without room" if blocks == 300 else ""),
+              r["tiers"]["host"]["capacity_tokens"] == blocks * BLOCK_TOKENS
+              and (blocks < 300 or r["tiers"]["host"]["stores_without_room"] == 0))
+        same = ("hit_ratio", "hit_tokens")
+        check(f"{blocks} blocks, policy reuse: deterministic (two runs: "
+              f"{[x['hit_ratio'] for x in runs]}, bytes stored "
+              f"{[x['tiers']['host']['bytes_stored'] for x in runs]})",
+              all(runs[0][k] == runs[1][k] for k in same)
+              and runs[0]["tiers"]["host"]["bytes_stored"] == runs[1]["tiers"]["host"]["bytes_stored"])
     if failures:
         sys.exit(f"{len(failures)} check(s) failed")
 

@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
   trace->add_option("--disk-tokens", trace_opt.disk_tokens,
                     "a disk tier of this many tokens below the host cache (needs --disk)");
   trace->add_option("--disk", trace_opt.disk_dir, "the disk tier's directory");
-  trace->add_option("--policy", trace_opt.policy, "lru or arc")
-      ->check(CLI::IsMember({"lru", "arc"}))
+  trace->add_option("--policy", trace_opt.policy, "lru, arc or reuse")
+      ->check(CLI::IsMember({"lru", "arc", "reuse"}))
       ->capture_default_str();
   trace->add_option("--store-threshold", trace_opt.store_threshold,
                     "lookups before a block is stored (0: off)");
@@ -152,6 +152,13 @@ int main(int argc, char** argv) {
                     "the trace time (ms) the clock starts at (default: the first request's)");
   trace->add_flag("--latency-samples", trace_opt.latency_samples,
                   "keep every request's lookup-to-loaded time in the JSON");
+  trace
+      ->add_option("--hint-accuracy", trace_opt.hint_accuracy,
+                   "give each request a 'conversation continues' hint (for policy reuse) drawn "
+                   "from the trace's future, right with this probability (0: none)")
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  trace->add_option("--hint-seed", trace_opt.hint_seed, "the hints' seed")->capture_default_str();
   auto* all = app.add_subcommand("all", "every scenario");
 
   CLI11_PARSE(app, argc, argv);

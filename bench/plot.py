@@ -157,17 +157,22 @@ def vllm_engine_gains(doc, out):
 
 
 def trace_curve(doc, out):
-    """bench/trace_curve.py's sweep: hit ratio vs host capacity (LRU, ARC, the offline
+    """bench/trace_curve.py's sweep: hit ratio vs host capacity (LRU, ARC, reuse, the offline
     optimum), the never-evicting bound, the paper's 3M and 50M points, and a 3M host cache
-    over disk tiers."""
+    over disk tiers; beside it issue 55's held-out half, as fractions of its bound, with
+    reuse's hinted variants."""
     if "trace_curve" not in doc:
         return
     c = doc["trace_curve"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for policy, style in (("lru", "o-"), ("arc", "s--")):
+    held = c.get("held_out")
+    fig, axes = plt.subplots(1, 2 if held else 1, figsize=(13 if held else 7.5, 4.8))
+    ax = axes[0] if held else axes
+    styles = {"lru": "o-", "arc": "s--", "reuse": "v-"}
+    for policy, style in styles.items():
         rows = [r for r in c["host"] if r["policy"] == policy]
-        ax.plot([r["host_tokens"] for r in rows], [r["hit_ratio"] for r in rows], style,
-                label=f"host cache only, {policy.upper()}")
+        if rows:
+            ax.plot([r["host_tokens"] for r in rows], [r["hit_ratio"] for r in rows], style,
+                    label=f"host cache only, {policy.upper()}")
     best = [r for r in c["host"] if r["policy"] == "lru" and "optimum_hit_ratio" in r]
     if best:  # issue 55: Belady's offline optimum at each capacity
         ax.plot([r["host_tokens"] for r in best], [r["optimum_hit_ratio"] for r in best], "^-.",
@@ -184,8 +189,35 @@ def trace_curve(doc, out):
     ax.set_xlabel("host cache capacity (tokens)")
     ax.set_ylabel("token-weighted hit ratio")
     ax.set_ylim(0, max(0.5, c["bound"] * 1.15))
-    ax.set_title(f"Mooncake conversation trace ({c['requests']} requests), real scheduler")
+    ax.set_title(f"Mooncake conversation trace ({c['requests']} requests), real scheduler",
+                 fontsize=9)
     ax.legend(fontsize=7, loc="upper left")
+    if held:
+        ax = axes[1]
+        rows = held["host"]
+        for policy, style in styles.items():
+            sel = [r for r in rows if r["policy"] == policy and r["hint_accuracy"] == 0]
+            ax.plot([r["host_tokens"] for r in sel], [r["fraction_of_bound"] for r in sel], style,
+                    label=policy.upper())
+        for acc, color in zip(sorted({r["hint_accuracy"] for r in rows} - {0}, reverse=True),
+                              ("tab:cyan", "tab:olive", "tab:pink", "tab:gray")):
+            sel = [r for r in rows if r["policy"] == "reuse" and r["hint_accuracy"] == acc]
+            ax.plot([r["host_tokens"] for r in sel], [r["fraction_of_bound"] for r in sel], ".:",
+                    color=color, label=f"REUSE + hint right {acc:.0%} (engine signal)")
+        opt = [r for r in rows if r["policy"] == "lru" and r["hint_accuracy"] == 0]
+        ax.plot([r["host_tokens"] for r in opt], [r["optimum_fraction_of_bound"] for r in opt],
+                "^-.", color="tab:green", label="offline optimum")
+        ax.axhline(1.0, color="k", linestyle=":", label=f"bound: {held['bound']:.3f}")
+        ax.axhline(0.6, color="tab:red", linewidth=0.8, linestyle="--",
+                   label="issue 55's target at 3M: 0.6")
+        ax.axvline(3e6, color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_ylim(0, 1.05)
+        ax.set_xlabel("host cache capacity (tokens)")
+        ax.set_ylabel("fraction of the bound")
+        ax.set_title(f"held out: the second half ({held['requests']} requests), cold cache",
+                     fontsize=9)
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(os.path.join(out, "trace_curve.png"), dpi=110)
 

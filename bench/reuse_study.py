@@ -3,13 +3,13 @@
 Mooncake trace before any policy goes into the library (a prototype, not kvoffload's cache).
 
 The cache model is the trace bench's (bench/trace_bench.cpp): 512-token blocks, a request hits
-the longest prefix of its blocks the cache holds, hit ratios are token-weighted, the bound is
+the longest prefix of its full blocks the cache holds (a partial last block has no hash in an
+engine, so it is never stored), hit ratios are token-weighted, the bound is
 the cache that never evicts. Tuned on the first half of the trace by time, reported on the
 second half from a cold cache, as fractions of that half's bound. Policies:
 
   lru      least recently used, a request's first block the most recent (kvoffload's LRU)
-  reuse    a block belongs to the last request that used it (its owner). A request's partial
-           last block is not admitted (the next turn rehashes it with more tokens). Eviction
+  reuse    a block belongs to the last request that used it (its owner). Eviction
            samples --samples owners (a seeded generator: deterministic) and takes the deepest
            block of the least valuable one, so a chain is cut from its end, never holed. An
            owner's value is LHD's hit density (Beckmann et al., NSDI 2018) for its class at its
@@ -30,15 +30,15 @@ import bisect
 import collections
 import random
 
-from check_trace import BLOCK_TOKENS as BLOCK, block_tokens, bound_of, read
+from check_trace import BLOCK_TOKENS as BLOCK, block_tokens, bound_of, full_ids, read
 
 AGES = [0] + [2 ** i for i in range(13)]  # seconds: the tables' age buckets
 
 
 def load(path):
-    """(timestamp, tokens per block, hash ids) per request (the trace's fields, check_trace's
-    token count)."""
-    return [(r["timestamp"], block_tokens(r), r["hash_ids"]) for r in read(path)]
+    """(timestamp, tokens per block, full blocks' hash ids) per request (check_trace's token
+    count and full_ids: an engine hashes no partial block, so none is stored or hit)."""
+    return [(r["timestamp"], block_tokens(r), full_ids(r)) for r in read(path)]
 
 
 def bound(trace):
@@ -59,7 +59,8 @@ def replay(trace, cache):
 
 def chains(trace):
     """Per request, as an engine sees it online: its parent (the request whose whole prompt but
-    the partial last block its hit prefix covers) or -1, and its turn count."""
+    the partial last block, which has no hash, its hit prefix covers) or -1, and its turn
+    count."""
     owner, turn, parent = {}, [1] * len(trace), [-1] * len(trace)
     for k, (_, _, ids) in enumerate(trace):
         m = 0
@@ -67,7 +68,7 @@ def chains(trace):
             m += 1
         if m:
             p = owner[ids[m - 1]]
-            if m >= len(trace[p][2]) - 1:
+            if m >= len(trace[p][2]):
                 parent[k], turn[k] = p, turn[p] + 1
         for h in ids:
             owner[h] = k
@@ -153,7 +154,7 @@ class Reuse:
 
     def access(self, k, r):
         now, toks, ids = r
-        keep = ids[:-1] if toks[-1] < BLOCK else ids
+        keep = ids
         for h in keep:
             self.uses[h] += 1
             o = self.owner.get(h)

@@ -49,8 +49,11 @@ void check_options(const TraceOptions& o) {
                              " and its blocks at most 1e12 bytes");
     }
   }
-  if (o.policy != "lru" && o.policy != "arc") {
-    throw invalid_argument("trace: --policy must be lru or arc");
+  if (o.policy != "lru" && o.policy != "arc" && o.policy != "reuse") {
+    throw invalid_argument("trace: --policy must be lru, arc or reuse");
+  }
+  if (!(o.hint_accuracy >= 0 && o.hint_accuracy <= 1)) {
+    throw invalid_argument("trace: --hint-accuracy must be 0 (no hint) to 1");
   }
   const double shared_blocks = o.shared_tokens / static_cast<double>(o.block_tokens);
   if (!(shared_blocks >= 1.0 && shared_blocks <= 1e8)) {
@@ -176,6 +179,8 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
         "at this --pace");
   }
 
+  const std::vector<std::int8_t> hints =
+      continue_hints(trace, o.block_tokens, o.hint_accuracy, o.hint_seed);
   TraceEngine engine(o, max_blocks);
   const std::vector<std::string>& names = engine.tier_names();
   Tally tally;
@@ -207,7 +212,11 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
     // Built by appending: GCC 12's -O3 -Wrestrict misfires on "literal" + std::string here.
     std::string id = "r";
     id += std::to_string(k);
-    tally.add(r, engine.replay(id, r), o.block_tokens);
+    // Policy reuse ages requests by the trace's clock, not by how fast the replay runs.
+    engine.scheduler().set_time(
+        static_cast<double>(std::max<std::int64_t>(0, r.timestamp_ms - trace[0].timestamp_ms)) /
+        1000.0);
+    tally.add(r, engine.replay(id, r, hints[k]), o.block_tokens);
     if (k % 100 == 99 || k + 1 == trace.size()) progress.step();
   }
   progress.done();
@@ -263,6 +272,7 @@ nlohmann::json run_trace(const Options& opt, const TraceOptions& o) {
                         {"block_bytes", o.block_bytes},
                         {"policy", o.policy},
                         {"store_threshold", o.store_threshold},
+                        {"hint_accuracy", o.hint_accuracy},
                         {"hit_ratio", hit_ratio},
                         {"hit_tokens", hit_tokens},
                         {"unattributed_hit_tokens", tally.unattributed},

@@ -68,15 +68,22 @@ struct TraceOptions {
   std::int64_t origin_ms = -1;
   /// The JSON keeps every request's time from lookup to loaded (a fleet's quantiles).
   bool latency_samples = false;
+  /// Policy reuse's "conversation continues" hint, drawn from the trace's future and right
+  /// with this probability (0: no hint; continue_hints), and its generator's seed.
+  double hint_accuracy = 0;
+  std::uint64_t hint_seed = 1;
 };
 
 /// Tokens of block i of a request: block_tokens, the last one what remains of the prompt.
 std::int64_t block_tokens_of(const TraceRequest& r, std::size_t i, std::int64_t block_tokens);
+/// The blocks a real engine would hash and could store or hit: the full ones (a partial last
+/// block has no hash in vLLM or SGLang; the next turn rehashes it with more tokens).
+std::size_t full_blocks(const TraceRequest& r, std::int64_t block_tokens);
 /// The request's prompt tokens, as its blocks count them.
 std::int64_t prompt_tokens(const TraceRequest& r, std::int64_t block_tokens);
 
 /// The token-weighted hit ratio a cache that never evicts reaches on `trace`: per request,
-/// the longest prefix of its blocks seen in any earlier request (the bound).
+/// the longest prefix of its full blocks seen in any earlier request (the bound).
 double infinite_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t block_tokens);
 
 /// The token-weighted hit ratio of the offline optimum with `capacity_blocks` blocks: Belady's
@@ -85,6 +92,16 @@ double infinite_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t b
 /// policy of that capacity could approach: the curve's reference beside LRU and ARC.
 double optimum_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t block_tokens,
                          std::int64_t capacity_blocks);
+
+/// Per request: 1 if a later request extends its whole prompt (its full blocks), the last
+/// request to use its deepest block; else 0 (bench/trace_hints.cpp).
+std::vector<char> continued_requests(const std::vector<TraceRequest>& trace,
+                                     std::int64_t block_tokens);
+/// Per request, the "conversation continues" hint policy reuse is given: continued_requests
+/// with probability `accuracy`, its opposite otherwise (seeded); all -1 (none) for accuracy 0.
+std::vector<std::int8_t> continue_hints(const std::vector<TraceRequest>& trace,
+                                        std::int64_t block_tokens, double accuracy,
+                                        std::uint64_t seed);
 
 nlohmann::json run_trace(const Options& opt, const TraceOptions& trace);
 

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The capacity curve of a production trace (issue 50): runs `kvoffload-bench trace` over host
-cache capacities for LRU and ARC (each run also reports the offline optimum of its capacity,
-issue 55), then a 3M-token host cache over disk tiers, and writes one
+cache capacities for LRU, ARC and reuse (each run also reports the offline optimum of its
+capacity, issue 55), then a 3M-token host cache over disk tiers, then issue 55's held-out
+protocol: the same policies on the second half of the trace by time from a cold cache (the
+first half is what policy reuse's built-in counts were learnt on), with reuse also given a
+"conversation continues" hint drawn from the trace's future at several accuracies. Writes one
 JSON document for bench/plot.py (trace_curve.png) and docs/bench/trace.md.
 
   trace_curve.py BENCH TRACE[.gz] OUT.json [WORKDIR]
@@ -19,6 +22,8 @@ import tempfile
 
 HOST_TOKENS = [1e5, 3e5, 1e6, 3e6, 1e7, 3e7, 5e7, 1e8]
 DISK_TOKENS = [1e7, 5e7]
+POLICIES = ("lru", "arc", "reuse")
+HINT_ACCURACY = (1.0, 0.9, 0.8, 0.7)
 
 
 def run(bench, trace, work, *args):
@@ -29,6 +34,32 @@ def run(bench, trace, work, *args):
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, timeout=3600)
     with open(out) as f:
         return json.load(f)["trace"]
+
+
+def held_out(bench, trace, work):
+    """Issue 55's protocol: the second half of the trace by time, from a cold cache."""
+    with open(trace) as f:
+        lines = [line for line in f if line.strip()]
+    end = json.loads(lines[-1])["timestamp"]
+    mid = next(k for k, line in enumerate(lines) if json.loads(line)["timestamp"] >= end / 2)
+    second = os.path.join(work, "second-half.jsonl")
+    with open(second, "w") as f:
+        f.writelines(lines[mid:])
+    rows, first = [], None
+    for tokens in HOST_TOKENS:
+        runs = [(policy, 0.0) for policy in POLICIES]
+        runs += [("reuse", a) for a in HINT_ACCURACY]
+        for policy, accuracy in runs:
+            r = run(bench, second, work, "--host-tokens", f"{tokens:g}", "--policy", policy,
+                    "--hint-accuracy", f"{accuracy:g}")
+            first = first or r
+            rows.append({"host_tokens": tokens, "policy": policy, "hint_accuracy": accuracy,
+                         "hit_ratio": r["hit_ratio"], "fraction_of_bound": r["fraction_of_bound"],
+                         "optimum_hit_ratio": r["optimum_hit_ratio"],
+                         "optimum_fraction_of_bound": r["optimum_fraction_of_bound"],
+                         "stores_without_room": r["tiers"]["host"]["stores_without_room"]})
+    return {"first_request": mid, "requests": first["requests"],
+            "bound": first["infinite_hit_ratio"], "host": rows}
 
 
 def main():
@@ -42,7 +73,7 @@ def main():
         trace = plain
     host, disk, first = [], [], None
     for tokens in HOST_TOKENS:
-        for policy in ("lru", "arc"):
+        for policy in POLICIES:
             r = run(bench, trace, work, "--host-tokens", f"{tokens:g}", "--policy", policy)
             first = first or r
             host.append({"host_tokens": tokens, "policy": policy, "hit_ratio": r["hit_ratio"],
@@ -71,7 +102,7 @@ def main():
         shutil.rmtree(d, ignore_errors=True)
     doc = {"trace_curve": {"requests": first["requests"], "prompt_tokens": first["prompt_tokens"],
                            "bound": first["infinite_hit_ratio"], "block_tokens": 512,
-                           "host": host, "disk": disk}}
+                           "host": host, "disk": disk, "held_out": held_out(bench, trace, work)}}
     with open(out, "w") as f:
         json.dump(doc, f, indent=2)
     print("wrote", out, file=sys.stderr)

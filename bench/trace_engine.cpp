@@ -73,7 +73,7 @@ TraceEngine::TraceEngine(const TraceOptions& o, std::size_t max_blocks)
   sc.groups = {GroupConfig{GroupKind::full_attention, bt, 0}};
   sc.hash_block_size = bt;
   sc.manager.host_blocks = std::max<std::int64_t>(1, static_cast<std::int64_t>(o.host_tokens) / bt);
-  sc.manager.policy = o.policy == "arc" ? EvictionPolicyKind::arc : EvictionPolicyKind::lru;
+  sc.manager.policy = parse_eviction_policy(o.policy, "--policy");
   sc.manager.store_threshold = o.store_threshold;
   sc.manager.enable_events = false;
   // Every shared run has one weights identity (the shared keys' epoch): fleets are kept apart
@@ -139,12 +139,13 @@ std::size_t TraceEngine::step(std::span<const ScheduledRequest> scheduled) {
   return ids.size();
 }
 
-Replayed TraceEngine::replay(const std::string& id, const TraceRequest& r) {
+Replayed TraceEngine::replay(const std::string& id, const TraceRequest& r, std::int8_t continues) {
   const auto start = std::chrono::steady_clock::now();
-  const std::size_t n = r.hash_ids.size();
+  // Its full blocks only: an engine hashes no partial block, so it is never stored or hit.
+  const std::size_t n = full_blocks(r, block_tokens_);
   Replayed out;
   hashes_.clear();
-  for (const std::uint64_t h : r.hash_ids) hashes_.push_back(hash_of(h));
+  for (std::size_t i = 0; i < n; ++i) hashes_.push_back(hash_of(r.hash_ids[i]));
   out.host.assign(n, 0);
   for (std::size_t i = 0; i < n; ++i) {
     out.host[i] = scheduler_->manager().peek(Key{hashes_[i], 0}) != LookupResult::miss ? 1 : 0;
@@ -155,7 +156,10 @@ Replayed TraceEngine::replay(const std::string& id, const TraceRequest& r) {
   }
   const std::int64_t tokens = static_cast<std::int64_t>(n) * block_tokens_ + 1;  // +1: computed
   std::optional<std::int64_t> hit;
-  timed([&] { scheduler_->update_request(id, tokens, hashes_); });
+  timed([&] {
+    scheduler_->update_request(id, tokens, hashes_);
+    if (continues >= 0) scheduler_->hint_continues(id, continues == 1);
+  });
   // "Retry later" while a tier answers: a shared tier's existence check runs on a thread of
   // its own, a promotion on the worker. At most kLookupSeconds, checked between steps; a step
   // waits for its jobs as long as the tiers' own deadlines let it (the shared tier's reply

@@ -38,7 +38,8 @@ class TraceEngine {
   /// Replays one request: lookups until one answers (a tier's existence check and promotion
   /// run meanwhile; at most kLookupSeconds), allocation, its load and store, the
   /// write-through of what it stored.
-  Replayed replay(const std::string& id, const TraceRequest& r);
+  /// `continues`: the request's hint for policy reuse (1, 0; -1 none).
+  Replayed replay(const std::string& id, const TraceRequest& r, std::int8_t continues = -1);
 
   kvoffload::Scheduler& scheduler() { return *scheduler_; }
   [[nodiscard]] const kvoffload::Worker& worker() const { return *worker_; }

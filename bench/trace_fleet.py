@@ -52,15 +52,17 @@ def block_tokens(req, i, bt):
 
 
 def bound(reqs, bt):
-    """Token-weighted hit ratio of a cache that never evicts and sees every request."""
+    """Token-weighted hit ratio of a cache that never evicts and sees every request (full
+    blocks only: an engine hashes no partial block)."""
     seen, hit, total = set(), 0, 0
     for r in reqs:
-        ids = r["hash_ids"]
+        n = len(r["hash_ids"])
+        ids = r["hash_ids"][:n - 1 if n and block_tokens(r, n - 1, bt) < bt else n]  # full ones
         i = 0
         while i < len(ids) and ids[i] in seen:
             hit += block_tokens(r, i, bt)
             i += 1
-        total += sum(block_tokens(r, k, bt) for k in range(len(ids)))
+        total += sum(block_tokens(r, k, bt) for k in range(n))
         seen.update(ids)
     return hit, total
 

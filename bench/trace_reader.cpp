@@ -50,6 +50,11 @@ std::int64_t block_tokens_of(const TraceRequest& r, std::size_t i, std::int64_t 
   return std::clamp<std::int64_t>(rest, 0, block_tokens);
 }
 
+std::size_t full_blocks(const TraceRequest& r, std::int64_t block_tokens) {
+  const std::size_t n = r.hash_ids.size();
+  return n > 0 && block_tokens_of(r, n - 1, block_tokens) < block_tokens ? n - 1 : n;
+}
+
 std::int64_t prompt_tokens(const TraceRequest& r, std::int64_t block_tokens) {
   std::int64_t t = 0;
   for (std::size_t i = 0; i < r.hash_ids.size(); ++i) t += block_tokens_of(r, i, block_tokens);
@@ -104,13 +109,14 @@ double infinite_hit_ratio(const std::vector<TraceRequest>& trace, std::int64_t b
   std::unordered_set<std::uint64_t> seen;
   std::int64_t hit = 0, total = 0;
   for (const TraceRequest& r : trace) {
+    const std::size_t n = full_blocks(r, block_tokens);
     std::size_t i = 0;
-    while (i < r.hash_ids.size() && seen.contains(r.hash_ids[i])) {
+    while (i < n && seen.contains(r.hash_ids[i])) {
       hit += block_tokens_of(r, i, block_tokens);
       ++i;
     }
     total += prompt_tokens(r, block_tokens);
-    seen.insert(r.hash_ids.begin(), r.hash_ids.end());
+    seen.insert(r.hash_ids.begin(), r.hash_ids.begin() + static_cast<std::ptrdiff_t>(n));
   }
   return total > 0 ? static_cast<double>(hit) / static_cast<double>(total) : 0.0;
 }
