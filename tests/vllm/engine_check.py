@@ -497,6 +497,10 @@ def main(wanted):
                 if kind == "llama" and f == 2 and "evict" in engine:
                     sc.append("evict")
                     spec["extra"]["host_blocks"] = 8
+                if f == 2:
+                    # Policy reuse (issue 55) in the real engine: the eviction run and the
+                    # hybrid model's, whose outputs must match the baseline like the others'.
+                    spec["extra"]["eviction_policy"] = "reuse"
                 if kind == "hybrid" and f == 2 and "wrongload" in engine:
                     sc.append("wrongload")
                 if kind == "llama" and f == 4 and "salt" in engine:
