@@ -459,7 +459,9 @@ bool ReusePolicy::select_victims(std::size_t count,
       const std::uint32_t o = n <= options_.samples ? active_[s] : active_[next_random() % n];
       if (spent(o)) continue;
       const double v = value(owners_[o]);
-      if (best == npos || v < best_value) {
+      // Equal values (nothing learnt for either, or both past every gap seen): the older.
+      if (best == npos || v < best_value ||
+          (v == best_value && owners_[o].first < owners_[best].first)) {
         best = o;
         best_value = v;
       }
