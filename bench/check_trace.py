@@ -123,7 +123,7 @@ def main():
         if not ok:
             failures.append(what)
 
-    # The slice holds 5215 distinct blocks: 8192 blocks of host cache never evict.
+    # The slice holds 5015 distinct full blocks: 8192 blocks of host cache never evict.
     big = run(bench, trace, os.path.join(work, "big.json"), "--host-tokens",
               str(8192 * BLOCK_TOKENS), "--block-bytes", "64")
     check(f"huge host cache: hit ratio {big['hit_ratio']:.6f} == bound {want:.6f}",

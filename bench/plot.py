@@ -168,11 +168,12 @@ def trace_curve(doc, out):
     fig, axes = plt.subplots(1, 2 if held else 1, figsize=(13 if held else 7.5, 4.8))
     ax = axes[0] if held else axes
     styles = {"lru": "o-", "arc": "s--", "reuse": "v-"}
+    colors = {"lru": "tab:blue", "arc": "tab:orange", "reuse": "tab:red"}
     for policy, style in styles.items():
         rows = [r for r in c["host"] if r["policy"] == policy]
         if rows:
             ax.plot([r["host_tokens"] for r in rows], [r["hit_ratio"] for r in rows], style,
-                    label=f"host cache only, {policy.upper()}")
+                    color=colors[policy], label=f"host cache only, {policy.upper()}")
     best = [r for r in c["host"] if r["policy"] == "lru" and "optimum_hit_ratio" in r]
     if best:  # issue 55: Belady's offline optimum at each capacity
         ax.plot([r["host_tokens"] for r in best], [r["optimum_hit_ratio"] for r in best], "^-.",
@@ -182,7 +183,7 @@ def trace_curve(doc, out):
     for x, name in ((3e6, "3M (paper: under 50% of the bound)"), (5e7, "50M (paper: near it)")):
         ax.axvline(x, color="grey", linewidth=0.8)
         ax.text(x, 0.02, " " + name, rotation=90, va="bottom", fontsize=7, color="grey")
-    for r, color in zip(c["disk"], ("tab:purple", "tab:red", "tab:brown", "tab:pink")):
+    for r, color in zip(c["disk"], ("tab:purple", "tab:brown", "tab:pink", "tab:gray")):
         ax.plot([r["host_tokens"]], [r["hit_ratio"]], "D", markersize=8, color=color,
                 label=f"3M host + {r['disk_tokens'] / 1e6:.0f}M disk tier: {r['hit_ratio']:.3f}")
     ax.set_xscale("log")
@@ -198,9 +199,9 @@ def trace_curve(doc, out):
         for policy, style in styles.items():
             sel = [r for r in rows if r["policy"] == policy and r["hint_accuracy"] == 0]
             ax.plot([r["host_tokens"] for r in sel], [r["fraction_of_bound"] for r in sel], style,
-                    label=policy.upper())
+                    color=colors[policy], label=policy.upper())
         for acc, color in zip(sorted({r["hint_accuracy"] for r in rows} - {0}, reverse=True),
-                              ("tab:cyan", "tab:olive", "tab:pink", "tab:gray")):
+                              ("tab:cyan", "tab:olive", "tab:purple", "tab:gray")):
             sel = [r for r in rows if r["policy"] == "reuse" and r["hint_accuracy"] == acc]
             ax.plot([r["host_tokens"] for r in sel], [r["fraction_of_bound"] for r in sel], ".:",
                     color=color, label=f"REUSE + hint right {acc:.0%} (engine signal)")
