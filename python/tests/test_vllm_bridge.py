@@ -425,3 +425,37 @@ def test_mamba_states_are_stored_only_within_vllms_prefill(preempted):
         stored += [list(map(int, j.gpu_block_ids)) for j in stores]
     assert stored == []
     assert s.stats()["unfinal_state_skips"] == 1
+
+
+def test_kvoffload_continues_reaches_policy_reuse():
+    # kv_transfer_params {"kvoffload_continues": bool} -> the bridge's lookup -> the hint.
+    # Four host blocks: "a" (continues) then "b" (ends) fill them, "c" needs two: policy reuse
+    # gives up b's; with the hints swapped (the control), a's.
+    from kvoffload.vllm.config import continues_param
+    assert continues_param({"kvoffload_continues": True}) == 1
+    assert continues_param({"kvoffload_continues": False}) == 0
+    assert continues_param({"kvoffload_continues": 1}) == -1  # not a bool: ignored
+    assert continues_param(None) == -1 and continues_param({}) == -1
+
+    def run(hints):
+        s = kv.Scheduler(kv.SchedulerConfig(groups=[kv.GroupConfig("full_attention", BLOCK)],
+                                            host_blocks=4), policy="reuse")
+        bridge = _kvoffload.VllmBridge(s._s, [BLOCK])
+        for k, (rid, when) in enumerate((("a", 1.0), ("b", 2.0), ("c", 3.0))):
+            s.set_time(when)
+            req = ns(request_id=rid, block_hashes=block_hashes(rid, 2), num_tokens=2 * BLOCK,
+                     kv_transfer_params=None)
+            assert bridge.lookup(req, 0, -1, -1, hints.get(rid, -1)) == 0
+            s.on_allocated(rid, [kv.AllocatedGroup([])], 0)
+            step = s.build_step([kv.ScheduledRequest(rid, 0, 2 * BLOCK,
+                                                     [[2 * k + 1, 2 * k + 2]])])
+            s.on_completed([kv.JobReport(j.id) for j in step.store_jobs])
+            s.on_finished(rid)
+        found = {}
+        for rid in ("a", "b"):
+            s.update_request(rid + "2", 2 * BLOCK, block_hashes(rid, 2))
+            found[rid] = s.lookup(rid + "2", 0)
+        return found
+
+    assert run({"a": 1, "b": 0}) == {"a": 2 * BLOCK, "b": 0}
+    assert run({"a": 0, "b": 1}) == {"a": 0, "b": 2 * BLOCK}

@@ -25,10 +25,10 @@ void validate(const ManagerConfig& config) {
                     config.threshold_tracker_keys);
   KVOFFLOAD_EXPECTS(config.block_bytes >= 0, "block_bytes must not be negative, got {}",
                     config.block_bytes);
-  KVOFFLOAD_EXPECTS(
-      config.policy == EvictionPolicyKind::lru || config.policy == EvictionPolicyKind::arc ||
-          config.policy == EvictionPolicyKind::reuse,
-      "policy: unknown eviction policy {}", static_cast<int>(config.policy));
+  KVOFFLOAD_EXPECTS(config.policy == EvictionPolicyKind::lru ||
+                        config.policy == EvictionPolicyKind::arc ||
+                        config.policy == EvictionPolicyKind::reuse,
+                    "policy: unknown eviction policy {}", static_cast<int>(config.policy));
 }
 
 std::vector<GroupLayout> derive_layouts(const SchedulerConfig& config) {

@@ -38,8 +38,9 @@ TEST_CASE("Invalid configurations are rejected naming the field", "[config]") {
   rejects(make_config({full(0)}, 1, 8), "groups[0].gpu_block_size");
   rejects(make_config({full()}, 1, 0), "host_blocks");
   rejects(make_config({full()}, 1, 8, 16, 0), "num_workers");
-  CHECK_THROWS_WITH(parse_eviction_policy("mru", "policy"),
-                    ContainsSubstring("policy: unknown eviction policy \"mru\" (lru, arc or reuse)"));
+  CHECK_THROWS_WITH(
+      parse_eviction_policy("mru", "policy"),
+      ContainsSubstring("policy: unknown eviction policy \"mru\" (lru, arc or reuse)"));
   auto c = make_config({full()}, 1, 8);
   c.manager.policy = static_cast<EvictionPolicyKind>(7);  // e.g. from a bad cast in a binding
   rejects(c, "policy");
