@@ -10,25 +10,27 @@
 
 namespace kvoffload {
 
-/// Eviction that predicts reuse (issue 55; docs/bench/trace.md, "Predicting reuse"). A block
+/// Eviction that predicts reuse (issue 55; docs/bench/trace.md, "Policy reuse"). A block
 /// belongs to the request that last stored or touched it (its owner, from AccessContext). An
-/// owner's value is its hit density (LHD: Beckmann et al., NSDI 2018) at its age: the chance
-/// its conversation is continued given it was not yet, over the expected wait for that,
-/// learnt online per class of owner: the chain's turn count (1, 2, 3, 4+: how often the
-/// prefix was extended, found through the hash of each request's deepest block) and the gap
-/// since the previous turn (none, <= 30 s, <= 300 s, more). A block two or more requests used
-/// (a shared system prompt) is worth at least 1/age; an engine's hint (AccessContext's
-/// `continues`) multiplies the value by 4 (continues) or 1/20 (ends). Eviction samples
-/// `samples` owners with a seeded generator and cuts the least valuable one from its deepest
-/// block, so a chain is shortened, never holed; all or nothing as for LRU (a full scan when
-/// sampling does not find enough). Deterministic: the same calls give the same victims.
-/// Blocks stored with no request behind them (AccessContext{}: a tier's index, promotions)
-/// belong to anonymous owners of up to 64 blocks a clock tick, valued by recency alone.
+/// owner's value is its hit density (LHD: Beckmann et al., NSDI 2018) at its age since its
+/// last use: the chance its conversation is continued given it was not yet, over the expected
+/// wait for that, learnt online per class of owner: the chain's turn count (1, 2, 3, 4+: how
+/// often the prefix was extended, found through the hash of each request's deepest block) and
+/// the gap since the previous turn (none, <= 30 s, <= 300 s, more). A block another
+/// conversation used too (a shared system prompt) is worth at least 1/age once it is an
+/// owner's deepest block left; an engine's hint (AccessContext's `continues`) multiplies the
+/// value by 4 (continues) or 1/20 (ends; not for such shared blocks). Eviction samples
+/// `samples` owners with a seeded generator, never the request the store is for, and takes
+/// the deepest block of the least valuable one, ending an owner's turn at a block that cannot
+/// go (no holes); all or nothing as for LRU: when sampling finds too few, a last resort takes
+/// any block that can go, the storing request's last. Deterministic: the same calls give the
+/// same victims. Blocks stored with no request behind them (AccessContext{}: a tier's index,
+/// promotions) belong to anonymous owners of up to 64 blocks a clock tick, valued by age.
 ///
 /// Costs O(1) per insert, touch and evicted block (O(samples) per sampled owner); the parent
 /// search hashes each id of a request's first two touches. Memory: 21 bytes a block plus
-/// about 80 bytes per owner, owners at most the capacity plus a history of max(4096,
-/// capacity / 8) finished ones. Not thread-safe: the manager calls it.
+/// about 88 bytes and two index entries per owner record: the owners holding blocks and a
+/// history of max(4096, capacity / 32) finished ones. Not thread-safe: the manager calls it.
 class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
  public:
   static constexpr std::size_t kTurns = 4;  // 1, 2, 3, 4+
@@ -83,6 +85,8 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     std::uint32_t active_index = npos;  // in active_
     std::uint32_t stamp = 0;            // select_victims' visit mark
     std::uint32_t cursor = npos;        // with stamp: the next block that call may take
+    std::uint32_t held_at = npos;       // with stamp: the block that ended its turn
+    std::uint32_t parent = npos;        // the record of the turn it continues
     std::uint8_t turn = 1;
     std::int8_t continues = -1;
     std::uint8_t scans = 0;    // parent searches done (at most 2)
@@ -105,16 +109,24 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   void count_birth(std::uint32_t owner);
   void refresh_table();
   void start_counts();
-  [[nodiscard]] double value(const Owner& o) const;
+  /// Its value with `deepest` its deepest block left (the floor for a shared one).
+  [[nodiscard]] double value(const Owner& o, std::uint32_t deepest) const;
   [[nodiscard]] static std::size_t class_of(const Owner& o);
   [[nodiscard]] static std::size_t bucket_of(double seconds);
   std::uint64_t next_random();
-  /// Appends owner's deepest evictable block not taken yet in this call; false if none.
+  /// Appends owner's deepest block not taken yet in this call if it can go; else ends the
+  /// owner's turn in this call (false).
   bool take_one(std::uint32_t owner, detail::function_ref<bool(HostBlockId)> can_evict,
                 std::vector<HostBlockId>& victims);
+  /// The last resort: up to `need` of its blocks not taken yet that can go, past any that
+  /// cannot. Returns how many.
+  std::size_t take_rest(std::uint32_t owner, std::size_t need,
+                        detail::function_ref<bool(HostBlockId)> can_evict,
+                        std::vector<HostBlockId>& victims);
 
   std::size_t capacity_;
   Options options_;
+  std::size_t history_limit_;  // finished owners remembered (for their continuations' turns)
   std::size_t max_owners_;
   // Per block.
   std::vector<std::uint32_t> owner_, prev_, next_;
@@ -125,7 +137,7 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   // a FIFO whose oldest record is reused first.
   std::vector<Owner> owners_;
   std::vector<std::uint32_t> active_;
-  std::vector<std::uint32_t> history_;  // a ring of max_owners_ entries
+  std::vector<std::uint32_t> history_;  // a ring of max_owners_ entries (history_limit_ used)
   std::size_t history_head_ = 0, history_size_ = 0;
   detail::FlatHashMap<std::uint64_t, std::uint32_t, detail::IntHash> slot_of_;  // request -> record
   detail::FlatHashMap<std::uint64_t, std::uint32_t, detail::IntHash>

@@ -207,7 +207,8 @@ class KVOFFLOAD_EXPORT Scheduler {
   /// unknown request.
   void hint_continues(std::string_view request_id, bool continues);
   /// The clock policy reuse ages requests by, in seconds (a replay's trace time); never
-  /// going back. Without a call: seconds since the scheduler was made.
+  /// going back. Without a call: seconds since the scheduler was made (so call it before the
+  /// first request or never: the policy's clock does not go back to an earlier time).
   void set_time(double seconds);
 
   /// Stores none of the request's tokens past the first `max_tokens` (0: stores nothing of

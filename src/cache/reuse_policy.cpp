@@ -78,13 +78,14 @@ double age_of_bucket(std::size_t b) {
 ReusePolicy::ReusePolicy(std::size_t capacity, Options options)
     : capacity_(capacity),
       options_(options),
-      max_owners_(capacity + std::max<std::size_t>(4096, capacity / 8)),
+      history_limit_(std::max<std::size_t>(4096, capacity / 32)),
+      max_owners_(capacity + history_limit_ + 1),
       owner_(capacity, npos),
       prev_(capacity, npos),
       next_(capacity, npos),
       fp_(capacity, 0),
       uses_(capacity, 0),
-      history_(max_owners_, npos),
+      history_(64, npos),  // grows with the records (at most max_owners_)
       rng_(detail::mix64(options.seed ^ 0x5851f42d4c957f2dULL)) {
   KVOFFLOAD_EXPECTS(capacity < npos, "reuse policy: capacity {} is too large", capacity);
   KVOFFLOAD_EXPECTS(options.samples >= 1, "reuse policy: samples must be at least 1");
@@ -115,6 +116,7 @@ void ReusePolicy::reset() {
   resident_ = 0;
   owners_.clear();
   active_.clear();
+  history_.assign(64, npos);
   history_head_ = history_size_ = 0;
   slot_of_.clear();
   chain_.clear();
@@ -136,12 +138,13 @@ void ReusePolicy::set_context(const AccessContext& context) {
 
 std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
   std::uint32_t slot = npos;
-  if (owners_.size() < max_owners_) {
+  if (owners_.size() < max_owners_ && history_size_ < history_limit_) {
     slot = static_cast<std::uint32_t>(owners_.size());
     owners_.emplace_back();
   } else {
-    // The oldest finished record; a record that holds blocks again is skipped (and queued
-    // again when it empties). Active records are at most the capacity, so one is found.
+    // The oldest finished record once history_limit_ of them are kept (or every record is
+    // made); a record that holds blocks again is skipped (and queued again when it empties).
+    // Active records are at most the capacity, so one is found.
     while (history_size_ > 0) {
       const std::uint32_t s = history_[history_head_];
       history_head_ = (history_head_ + 1) % history_.size();
@@ -231,6 +234,14 @@ void ReusePolicy::detach(std::uint32_t block) {
     active_.pop_back();
     o.active_index = npos;
     if (!o.queued) {
+      if (history_size_ == history_.size()) {  // full: twice the room, oldest first
+        std::vector<std::uint32_t> grown(std::min(2 * history_.size(), max_owners_), npos);
+        for (std::size_t i = 0; i < history_size_; ++i) {
+          grown[i] = history_[(history_head_ + i) % history_.size()];
+        }
+        history_.swap(grown);
+        history_head_ = 0;
+      }
       history_[(history_head_ + history_size_) % history_.size()] = owner;
       ++history_size_;
       o.queued = true;
@@ -265,7 +276,9 @@ void ReusePolicy::touch(std::span<const HostBlockId> ids,
     if (!valid(id)) continue;
     const auto block = static_cast<std::uint32_t>(id);
     if (owner_[block] != slot) {
-      if (uses_[block] < 255) ++uses_[block];
+      // Used by another conversation (a shared system prompt), not just an earlier turn of
+      // this one: the blocks the shared floor keeps, and the "ends" hint spares.
+      if (owner_[block] != owners_[slot].parent && uses_[block] < 255) ++uses_[block];
       // Another request used this block since the one whose deepest block it is: a request
       // that extends past it now follows this one, not that one (whose chain it left).
       const std::uint32_t* held = chain_.find(fp_[block]);
@@ -307,6 +320,7 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
       counts_[pc].cont[pb] += 1;
       counts_[pc].sum[pb] += o.gap;
       o.parent_class = static_cast<std::int8_t>(pc);
+      o.parent = *found;
       o.parent_bucket = static_cast<std::int8_t>(pb);
     }
     return;
@@ -399,8 +413,9 @@ std::size_t ReusePolicy::bucket_of(double seconds) {
   return kAges;
 }
 
-double ReusePolicy::value(const Owner& o) const {
-  const double age = std::max(0.0, now_ - o.first);
+double ReusePolicy::value(const Owner& o, std::uint32_t deepest) const {
+  // Age since its last use: a request still running (decoding, a chunked prefill) is young.
+  const double age = std::max(0.0, now_ - o.last);
   std::size_t b = 0;  // the last age bucket at or below `age`
   while (b + 1 < kAges && age_of_bucket(b + 1) <= age) ++b;
   if ((o.request & kAnonymous) != 0) return 1.0 / (1.0 + age);  // nobody's: by recency
@@ -408,9 +423,12 @@ double ReusePolicy::value(const Owner& o) const {
   double v = known_[c]          ? table_[c][b]
              : known_[kClasses] ? table_[kClasses][b]
                                 : 1.0 / (1.0 + age);  // nothing learnt yet: by age alone
-  if (o.back != npos && uses_[o.back] >= 2) v = std::max(v, 1.0 / std::max(1.0, age));
+  // A block two or more requests used (a system prompt) is another request's too: the floor,
+  // and never the "ends" hint.
+  const bool shared = deepest != npos && uses_[deepest] >= 2;
+  if (shared) v = std::max(v, 1.0 / std::max(1.0, age));
   if (o.continues == 1) v *= kHintContinues;
-  if (o.continues == 0) v *= kHintEnds;
+  if (o.continues == 0 && !shared) v *= kHintEnds;
   return v;
 }
 
@@ -422,17 +440,39 @@ std::uint64_t ReusePolicy::next_random() {
 bool ReusePolicy::take_one(std::uint32_t owner, detail::function_ref<bool(HostBlockId)> can_evict,
                            std::vector<HostBlockId>& victims) {
   Owner& o = owners_[owner];
-  std::uint32_t b = o.stamp == stamp_ ? o.cursor : o.back;
+  const std::uint32_t b = o.stamp == stamp_ ? o.cursor : o.back;
   o.stamp = stamp_;
-  for (; b != npos; b = prev_[b]) {
-    if (can_evict(static_cast<HostBlockId>(b))) {
-      victims.push_back(static_cast<HostBlockId>(b));
-      o.cursor = prev_[b];
-      return true;
-    }
+  o.held_at = npos;
+  if (b != npos && can_evict(static_cast<HostBlockId>(b))) {
+    victims.push_back(static_cast<HostBlockId>(b));
+    o.cursor = prev_[b];
+    return true;
   }
+  // A block that cannot go (being read, written, pinned, or stored by this call) ends the
+  // owner's turn: taking the blocks before it would leave a hole its continuation stops at.
+  o.held_at = b;
   o.cursor = npos;
   return false;
+}
+
+std::size_t ReusePolicy::take_rest(std::uint32_t owner, std::size_t need,
+                                   detail::function_ref<bool(HostBlockId)> can_evict,
+                                   std::vector<HostBlockId>& victims) {
+  Owner& o = owners_[owner];
+  // Past what this call took from it already: below its cursor, or below the block it stopped
+  // at; from its deepest block if it was not visited.
+  std::uint32_t b = o.back;
+  if (o.stamp == stamp_) b = o.cursor != npos ? o.cursor : o.held_at;
+  o.stamp = stamp_;
+  std::size_t taken = 0;
+  for (; b != npos && taken < need; b = prev_[b]) {
+    if (can_evict(static_cast<HostBlockId>(b))) {
+      victims.push_back(static_cast<HostBlockId>(b));
+      ++taken;
+    }
+  }
+  o.cursor = o.held_at = npos;
+  return taken;
 }
 
 bool ReusePolicy::select_victims(std::size_t count,
@@ -446,10 +486,18 @@ bool ReusePolicy::select_victims(std::size_t count,
   const auto spent = [&](std::uint32_t o) {
     return owners_[o].stamp == stamp_ && owners_[o].cursor == npos;
   };
+  const auto deepest = [&](std::uint32_t o) {
+    return owners_[o].stamp == stamp_ ? owners_[o].cursor : owners_[o].back;
+  };
+  // The request this store is for is never sampled: a request still running (a chunked
+  // prefill, a decode) would otherwise cut its own earlier blocks. They go last, if at all.
+  const std::uint32_t* own = context_.request != 0 ? slot_of_.find(context_.request) : nullptr;
+  const std::uint32_t self = own != nullptr ? *own : npos;
   std::size_t need = count;
   // One block a round: the deepest block not taken yet of the least valuable of `samples`
-  // owners (all of them when there are fewer). An owner's taken blocks are remembered by a
-  // cursor for the rest of the call, so victims are distinct and nothing changes.
+  // owners (all of them when there are fewer), valued with that block as its deepest. An
+  // owner's taken blocks are remembered by a cursor for the rest of the call, so victims are
+  // distinct and nothing changes.
   for (std::size_t round = 0; need > 0 && round < 4 * count + 64; ++round) {
     const std::size_t n = active_.size();
     std::uint32_t best = npos;
@@ -457,11 +505,11 @@ bool ReusePolicy::select_victims(std::size_t count,
     const std::size_t draws = std::min<std::size_t>(options_.samples, n);
     for (std::size_t s = 0; s < draws; ++s) {
       const std::uint32_t o = n <= options_.samples ? active_[s] : active_[next_random() % n];
-      if (spent(o)) continue;
-      const double v = value(owners_[o]);
+      if (o == self || spent(o)) continue;
+      const double v = value(owners_[o], deepest(o));
       // Equal values (nothing learnt for either, or both past every gap seen): the older.
       if (best == npos || v < best_value ||
-          (v == best_value && owners_[o].first < owners_[best].first)) {
+          (v == best_value && owners_[o].last < owners_[best].last)) {
         best = o;
         best_value = v;
       }
@@ -469,10 +517,13 @@ bool ReusePolicy::select_victims(std::size_t count,
     if (best == npos) break;
     if (take_one(best, can_evict, victims)) --need;
   }
-  // Sampling found too few: every owner in order, each to its first block.
+  // The last resort: every other owner in order, then the request's own, past blocks that
+  // cannot go (holes), so that false means fewer than `count` blocks can go at all.
   for (std::size_t i = 0; need > 0 && i < active_.size(); ++i) {
-    const std::uint32_t o = active_[i];
-    while (need > 0 && !spent(o) && take_one(o, can_evict, victims)) --need;
+    if (active_[i] != self) need -= take_rest(active_[i], need, can_evict, victims);
+  }
+  if (need > 0 && self != npos && owners_[self].blocks > 0) {
+    need -= take_rest(self, need, can_evict, victims);
   }
   if (need > 0) {
     victims.resize(before);
@@ -507,7 +558,7 @@ std::uint32_t ReusePolicy::turn_of(std::uint64_t request) const {
 
 double ReusePolicy::value_of(std::uint64_t request) const {
   const std::uint32_t* s = slot_of_.find(request);
-  return s == nullptr ? -1.0 : value(owners_[*s]);
+  return s == nullptr ? -1.0 : value(owners_[*s], owners_[*s].back);
 }
 
 std::vector<HostBlockId> ReusePolicy::blocks_of(std::uint64_t request) const {

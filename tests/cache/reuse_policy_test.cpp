@@ -212,3 +212,55 @@ TEST_CASE("Reuse: blocks nobody's go to anonymous owners, by recency", "[reuse]"
   CHECK(v == std::vector<HostBlockId>{63, 62, 61});
   CHECK(p.value_of(p.owner_of(65)) > p.value_of(p.owner_of(0)));
 }
+
+TEST_CASE("Reuse: a running request never cuts its own earlier blocks while others can go",
+          "[reuse]") {
+  // Review of issue 55: a chunked prefill's second chunk, the least valuable owner being the
+  // request itself, must evict another request's blocks.
+  ReusePolicy p(8, {.samples = 64, .seed = 1, .prior = true});
+  request(p, 1, 0, {}, {0, 1}, 0);
+  request(p, 2, 10, {0, 1}, {2, 3}, 2);
+  request(p, 3, 12, {}, {4, 5, 6, 7}, 4);  // its first chunk
+  p.set_context({3, 13, -1});              // its second chunk needs 4 blocks
+  std::vector<HostBlockId> v;
+  REQUIRE(p.select_victims(4, any, v));
+  for (const HostBlockId b : v) CHECK(p.owner_of(b) == 2);
+  // Only when nothing else can go are its own taken, last.
+  std::vector<HostBlockId> w;
+  REQUIRE(p.select_victims(6, any, w));
+  CHECK(w == std::vector<HostBlockId>{3, 2, 1, 0, 7, 6});
+  p.set_context({});
+}
+
+TEST_CASE("Reuse: an owner whose deepest block is held loses nothing rather than a hole",
+          "[reuse]") {
+  ReusePolicy p(16, {.samples = 64, .seed = 1, .prior = false});
+  request(p, 1, 0, {}, {0, 1, 2}, 0, /*continues=*/0);  // least valuable
+  request(p, 2, 5, {}, {10, 11, 12}, 3, /*continues=*/1);
+  p.set_context({0, 10, -1});
+  const auto deepest_held = [](HostBlockId id) { return id != 2; };  // being read
+  std::vector<HostBlockId> v;
+  REQUIRE(p.select_victims(2, deepest_held, v));
+  CHECK(v == std::vector<HostBlockId>{5, 4});  // request 2's, not request 1's 1 and 0
+  // The last resort takes past the held block: false only when too few can go at all.
+  std::vector<HostBlockId> w;
+  REQUIRE(p.select_victims(5, deepest_held, w));
+  CHECK(w.size() == 5);
+  CHECK(std::find(w.begin(), w.end(), 2) == w.end());
+  CHECK_FALSE(p.select_victims(6, deepest_held, w));
+}
+
+TEST_CASE("Reuse: a shared prefix left as an owner's deepest block gets the floor", "[reuse]") {
+  // Blocks 0-3 used by three requests (a system prompt); the last one's own block 12 goes
+  // first, then its value is the shared prefix's, above a lone request's.
+  ReusePolicy p(16, {.samples = 64, .seed = 1, .prior = false});
+  request(p, 1, 0, {}, {0, 1, 2, 3}, 0);
+  request(p, 2, 1, {0, 1, 2, 3}, {10}, 4);
+  request(p, 3, 2, {}, {20}, 5);               // a lone request
+  request(p, 4, 3, {0, 1, 2, 3}, {30}, 6, 0);  // says it ends: only its own block is cut
+  p.set_context({0, 500, -1});
+  std::vector<HostBlockId> v;
+  REQUIRE(p.select_victims(2, any, v));
+  CHECK(v[0] == 6);
+  CHECK(v[1] != 3);  // not the shared prefix: request 2's or 3's block
+}
