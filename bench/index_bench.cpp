@@ -98,6 +98,7 @@ nlohmann::json latency_json(Latency lat) {
 nlohmann::json run_manager_index(std::uint64_t blocks, const std::string& policy,
                                  std::size_t hash_bytes, std::size_t samples, std::uint64_t seed) {
   ManagerFiller fill;
+  fill.requests = policy == "reuse";
   const double heap0 = heap_in_use();
   ManagerConfig mc;
   mc.host_blocks = static_cast<std::int64_t>(blocks);
@@ -146,12 +147,12 @@ nlohmann::json run_index(const Options& opt, const std::string& blocks_list,
   const std::vector<std::uint64_t> sizes = parse_counts(blocks_list, "--blocks", 1024, 1e9);
   const std::size_t samples = opt.quick ? 20000 : 1000000;
   const std::size_t runs = opt.runs > 0 ? opt.runs : 1;
-  Progress progress("index", sizes.size() * runs * 3);
+  Progress progress("index", sizes.size() * runs * 4);
   nlohmann::json results = nlohmann::json::array();
   for (const std::uint64_t n : sizes) {
     for (std::size_t r = 0; r < runs; ++r) {
       nlohmann::json row = {{"blocks", n}, {"run", r}};
-      for (const std::string policy : {"lru", "arc"}) {
+      for (const std::string policy : {"lru", "arc", "reuse"}) {
         row[policy] = run_manager_index(n, policy, hash_bytes, samples, 1000 + r);
         progress.step(std::to_string(n) + " " + policy);
       }

@@ -16,6 +16,10 @@ class ManagerFiller {
   static constexpr std::size_t kBatch = 64;  // keys per prepare_store, like a request's blocks
 
   ManagerFiller();
+  /// Keys come as requests of kRequest blocks, as the scheduler tells policy reuse
+  /// (AccessContext: a new request each, a clock 10 ms a request; its touch after the store).
+  bool requests = false;
+  static constexpr std::size_t kRequest = 16;
   /// Stores key_of(i) for i in [first, last) into `m`. Throws runtime_error naming `what` when
   /// the manager has no room for a call's keys.
   void store(kvoffload::HostBlockManager& m, std::uint64_t first, std::uint64_t last,
@@ -24,6 +28,7 @@ class ManagerFiller {
  private:
   std::vector<kvoffload::Key> batch_;
   kvoffload::PreparedStore prepared_;
+  std::uint64_t request_ = 0;
 };
 
 }  // namespace kvbench

@@ -67,11 +67,11 @@ def bound(reqs, bt):
     return hit, total
 
 
-def route_round_robin(reqs, n, _capacity):
+def route_round_robin(reqs, n, _capacity, _bt):
     return [k % n for k in range(len(reqs))]
 
 
-def route_prefix_affine(reqs, n, capacity):
+def route_prefix_affine(reqs, n, capacity, bt):
     """The engine whose cache (mirrored here: an LRU of `capacity` blocks per engine) holds
     the longest prefix of the request, as a cache-aware scheduler (the paper's Conductor)
     routes; load kept even: an engine more than 20% (+8) ahead of its share is skipped.
@@ -80,7 +80,8 @@ def route_prefix_affine(reqs, n, capacity):
     counts = [0] * n
     out = []
     for k, r in enumerate(reqs):
-        ids = r["hash_ids"]
+        m = len(r["hash_ids"])  # its full blocks: an engine hashes no partial one
+        ids = r["hash_ids"][:m - 1 if m and block_tokens(r, m - 1, bt) < bt else m]
         cap = (k + 1) / n * 1.2 + 8
 
         def matched(e):
@@ -274,7 +275,7 @@ def main():
     try:
         for routing, router in (("round-robin", route_round_robin),
                                 ("prefix-affine", route_prefix_affine)):
-            route = router(reqs, a.engines, capacity)
+            route = router(reqs, a.engines, capacity, bt)
             lb = local_bound(reqs, route, a.engines, bt)
             for shared in ("none", "pooled", "unbounded"):
                 tag = f"{routing}-{shared}"

@@ -61,9 +61,9 @@ class SchedulerRole:
         """vLLM's per-request kv_transfer_params, read as its own offloading connector
         reads them (a non-negative int, else ignored): max_load_tokens limits the hit
         inside the lookup (it ends at a host block, every group checked there),
-        max_offload_tokens what is stored, kvoffload_continues (a bool: the client or router
-        knows whether the conversation goes on) policy reuse's hint. kv_load_tiers (vLLM 0.33) is honoured whole or
-        not at all: a filter that leaves out any medium this connector loads from (host
+        max_offload_tokens what is stored, kvoffload_continues (a bool: the client or
+        router knows whether the conversation goes on) policy reuse's hint. kv_load_tiers
+        (vLLM 0.33) is honoured whole or not at all: a filter that leaves out any medium this connector loads from (host
         memory, a disk or a shared tier) loads nothing."""
         if self._awaiting_scans:
             return None, False  # retry later: the disk tiers' index is not in yet
