@@ -49,18 +49,22 @@ nlohmann::json quantiles(std::vector<double> v) {
           {"samples", v.size()}};
 }
 
-// Times `samples` single lookups of present keys (indices drawn from [first, first + count))
-// and of absent ones (indices past every stored key), alternating.
+// Times `samples` single lookups of present keys (indices drawn from [first, first + count),
+// or from `present` when given) and of absent ones (indices past every stored key),
+// alternating.
 template <typename Find>
 Latency time_lookups(std::uint64_t seed, std::uint64_t first, std::uint64_t count,
-                     std::size_t hash_bytes, std::size_t samples, Find&& find) {
+                     std::size_t hash_bytes, std::size_t samples, Find&& find,
+                     const std::vector<std::uint64_t>& present = {}) {
   std::mt19937_64 rng(seed + 7);
   Latency out;
   out.hit_ns.reserve(samples);
   out.miss_ns.reserve(samples);
   std::uint64_t found = 0;
   for (std::size_t s = 0; s < samples; ++s) {
-    const Key hit = key_at(seed, first + rng() % count, hash_bytes);
+    const std::uint64_t at =
+        present.empty() ? first + rng() % count : present[rng() % present.size()];
+    const Key hit = key_at(seed, at, hash_bytes);
     const Key miss = key_at(seed, (first + count) * 4 + rng() % count, hash_bytes);
     auto t0 = Clock::now();
     found += find(hit) ? 1 : 0;
@@ -94,7 +98,8 @@ nlohmann::json latency_json(Latency lat) {
 }
 
 // The manager: fill [0, blocks), then store [blocks, 1.5 blocks) so that every store evicts
-// (ARC's ghost lists fill); lookups of [blocks, 1.5 blocks), which LRU and ARC both keep.
+// (ARC's ghost lists fill); lookups of [blocks, 1.5 blocks), which LRU and ARC both keep
+// (reuse: of the keys it kept).
 nlohmann::json run_manager_index(std::uint64_t blocks, const std::string& policy,
                                  std::size_t hash_bytes, std::size_t samples, std::uint64_t seed) {
   ManagerFiller fill;
@@ -114,8 +119,16 @@ nlohmann::json run_manager_index(std::uint64_t blocks, const std::string& policy
   const double full = (heap_in_use() - heap0) / static_cast<double>(blocks);
   store(blocks, blocks + blocks / 2);
   const double churned = (heap_in_use() - heap0) / static_cast<double>(blocks);
-  Latency lat = time_lookups(seed, blocks, blocks / 2, hash_bytes, samples,
-                             [&m](const Key& k) { return m.lookup(k) == LookupResult::hit; });
+  // Reuse keeps by predicted value, not recency: its hits are drawn from the keys it kept.
+  std::vector<std::uint64_t> present;
+  if (policy == "reuse") {
+    for (std::uint64_t i = 0; i < blocks + blocks / 2; ++i) {
+      if (m.peek(key_of(i)) == LookupResult::hit) present.push_back(i);
+    }
+  }
+  Latency lat = time_lookups(
+      seed, blocks, blocks / 2, hash_bytes, samples,
+      [&m](const Key& k) { return m.lookup(k) == LookupResult::hit; }, present);
   return {{"heap_bytes_per_block_full", full},
           {"heap_bytes_per_block_after_evictions", churned},
           {"stores_per_second", static_cast<double>(blocks) / fill_s},
