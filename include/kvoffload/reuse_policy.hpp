@@ -75,6 +75,7 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
 
  private:
   static constexpr std::uint32_t npos = 0xffffffffU;
+  static constexpr std::uint8_t kNone = 0xff;
   struct Owner {
     std::uint64_t request = 0;  // 0: a free record
     std::uint64_t tail = 0;     // fingerprint of its deepest block at its last touch (0: none)
@@ -89,10 +90,10 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     std::uint32_t parent = npos;        // the record of the turn it continues
     std::uint8_t turn = 1;
     std::int8_t continues = -1;
-    std::uint8_t scans = 0;    // parent searches done (at most 2)
-    std::int8_t counted = -1;  // the class its birth is counted in (-1: not yet)
-    std::int8_t parent_class = -1, parent_bucket = -1;  // the continuation it counted
-    bool queued = false;                                // in the history FIFO
+    std::uint8_t scans = 0;        // parent searches done (at most 2)
+    std::uint8_t counted = kNone;  // the class its birth is counted in (kNone: not yet)
+    std::uint8_t parent_class = kNone, parent_bucket = kNone;  // the continuation it counted
+    bool queued = false;                                       // in the history FIFO
   };
   struct Counts {
     double born = 0;
@@ -124,7 +125,6 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
                         detail::function_ref<bool(HostBlockId)> can_evict,
                         std::vector<HostBlockId>& victims);
 
-  std::size_t capacity_;
   Options options_;
   std::size_t history_limit_;  // finished owners remembered (for their continuations' turns)
   std::size_t max_owners_;

@@ -76,8 +76,7 @@ double age_of_bucket(std::size_t b) {
 }  // namespace
 
 ReusePolicy::ReusePolicy(std::size_t capacity, Options options)
-    : capacity_(capacity),
-      options_(options),
+    : options_(options),
       history_limit_(std::max<std::size_t>(4096, capacity / 32)),
       max_owners_(capacity + history_limit_ + 1),
       owner_(capacity, npos),
@@ -307,7 +306,7 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
     // replaces what an earlier one found only with a later turn (the lookup's touch may see
     // a grandparent when the parent's tail was evicted; the store's touch sees the parent).
     if (o.gap < 0 || parent.turn + 1 > o.turn) {
-      if (o.parent_class >= 0) {
+      if (o.parent_class != kNone) {
         Counts& c = counts_[static_cast<std::size_t>(o.parent_class)];
         const auto b = static_cast<std::size_t>(o.parent_bucket);
         c.cont[b] = std::max(0.0, c.cont[b] - 1);
@@ -319,9 +318,9 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
       const std::size_t pb = bucket_of(o.gap);
       counts_[pc].cont[pb] += 1;
       counts_[pc].sum[pb] += o.gap;
-      o.parent_class = static_cast<std::int8_t>(pc);
+      o.parent_class = static_cast<std::uint8_t>(pc);
       o.parent = *found;
-      o.parent_bucket = static_cast<std::int8_t>(pb);
+      o.parent_bucket = static_cast<std::uint8_t>(pb);
     }
     return;
   }
@@ -344,9 +343,9 @@ void ReusePolicy::set_tail(std::uint32_t slot, std::uint64_t fingerprint) {
 
 void ReusePolicy::count_birth(std::uint32_t slot) {
   Owner& o = owners_[slot];
-  const auto cls = static_cast<std::int8_t>(class_of(o));
+  const auto cls = static_cast<std::uint8_t>(class_of(o));
   if (o.counted == cls) return;
-  const bool first = o.counted < 0;
+  const bool first = o.counted == kNone;
   if (!first) {
     Counts& c = counts_[static_cast<std::size_t>(o.counted)];
     c.born = std::max(0.0, c.born - 1);
