@@ -87,7 +87,7 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     std::uint32_t stamp = 0;            // select_victims' visit mark
     std::uint32_t cursor = npos;        // with stamp: the next block that call may take
     std::uint32_t held_at = npos;       // with stamp: the block that ended its turn
-    std::uint32_t parent = npos;        // the record of the turn it continues
+    std::uint64_t parent = 0;           // the request whose turn it continues (0: none)
     std::uint8_t turn = 1;
     std::int8_t continues = -1;
     std::uint8_t scans = 0;        // parent searches done (at most 2)

@@ -137,13 +137,10 @@ void ReusePolicy::set_context(const AccessContext& context) {
 
 std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
   std::uint32_t slot = npos;
-  if (owners_.size() < max_owners_ && history_size_ < history_limit_) {
-    slot = static_cast<std::uint32_t>(owners_.size());
-    owners_.emplace_back();
-  } else {
-    // The oldest finished record once history_limit_ of them are kept (or every record is
-    // made); a record that holds blocks again is skipped (and queued again when it empties).
-    // Active records are at most the capacity, so one is found.
+  if (history_size_ >= history_limit_ || owners_.size() >= max_owners_) {
+    // The oldest finished record once history_limit_ of them are queued (or every record is
+    // made); a queued record that holds blocks again is skipped (and queued again when it
+    // empties).
     while (history_size_ > 0) {
       const std::uint32_t s = history_[history_head_];
       history_head_ = (history_head_ + 1) % history_.size();
@@ -154,8 +151,15 @@ std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
         break;
       }
     }
-    KVOFFLOAD_ASSERT(slot != npos, "reuse policy: no owner record free ({} records)",
-                     owners_.size());
+  }
+  if (slot == npos) {
+    // None finished: a new record. At most max_owners_ exist; at that many, more than the
+    // capacity hold no block and every such one is queued, so the loop above found one.
+    KVOFFLOAD_ASSERT(owners_.size() < max_owners_,
+                     "reuse policy: no owner record free ({} records)", owners_.size());
+    slot = static_cast<std::uint32_t>(owners_.size());
+    owners_.emplace_back();
+  } else {
     Owner& old = owners_[slot];
     slot_of_.erase(old.request);
     if (old.tail != 0) {
@@ -192,6 +196,24 @@ std::uint32_t ReusePolicy::owner_for_context() {
 }
 
 void ReusePolicy::attach(std::uint32_t block, std::uint32_t owner) {
+  if (owner_[block] == owner) {
+    // Already its: to the back of its list, its count and its queue state unchanged.
+    Owner& o = owners_[owner];
+    if (o.back == block) return;
+    const std::uint32_t p = prev_[block];
+    const std::uint32_t n = next_[block];
+    if (p != npos) {
+      next_[p] = n;
+    } else {
+      o.head = n;
+    }
+    prev_[n] = p;  // n exists: the block is not the back
+    prev_[block] = o.back;
+    next_[block] = npos;
+    next_[o.back] = block;
+    o.back = block;
+    return;
+  }
   if (owner_[block] != npos) detach(block);
   Owner& o = owners_[owner];
   owner_[block] = owner;
@@ -277,7 +299,9 @@ void ReusePolicy::touch(std::span<const HostBlockId> ids,
     if (owner_[block] != slot) {
       // Used by another conversation (a shared system prompt), not just an earlier turn of
       // this one: the blocks the shared floor keeps, and the "ends" hint spares.
-      if (owner_[block] != owners_[slot].parent && uses_[block] < 255) ++uses_[block];
+      if (owners_[owner_[block]].request != owners_[slot].parent && uses_[block] < 255) {
+        ++uses_[block];
+      }
       // Another request used this block since the one whose deepest block it is: a request
       // that extends past it now follows this one, not that one (whose chain it left).
       const std::uint32_t* held = chain_.find(fp_[block]);
@@ -319,7 +343,7 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
       counts_[pc].cont[pb] += 1;
       counts_[pc].sum[pb] += o.gap;
       o.parent_class = static_cast<std::uint8_t>(pc);
-      o.parent = *found;
+      o.parent = parent.request;
       o.parent_bucket = static_cast<std::uint8_t>(pb);
     }
     return;

@@ -264,3 +264,28 @@ TEST_CASE("Reuse: a shared prefix left as an owner's deepest block gets the floo
   CHECK(v[0] == 6);
   CHECK(v[1] != 3);  // not the shared prefix: request 2's or 3's block
 }
+
+TEST_CASE("Reuse: thousands of one-block requests before the first eviction", "[reuse]") {
+  // Second review of issue 55: a request storing one block (insert, then a touch of it) was
+  // queued as finished for a moment; after 4096 such, the next new request found no record and
+  // threw into the engine. Also a request emptied by evictions and refilled.
+  constexpr int kRequests = 6000;
+  ReusePolicy p(10000, {.samples = 64, .seed = 1, .prior = true});
+  for (int r = 0; r < kRequests; ++r) {
+    REQUIRE_NOTHROW(request(p, static_cast<std::uint64_t>(r + 1), r, {}, {r}, r));
+  }
+  CHECK(p.resident() == kRequests);
+  CHECK(p.active_owners() == kRequests);
+  CHECK(p.blocks_of(kRequests) == std::vector<HostBlockId>{kRequests - 1});
+  // One request evicted to nothing and storing again, many times.
+  for (int r = 0; r < 5000; ++r) {
+    const auto id = static_cast<std::uint64_t>(kRequests + 1 + r);
+    const HostBlockId b = 9000 + (r % 500);
+    p.set_context({id, 7000.0 + r, -1});
+    p.insert(b, key(b));
+    p.evict(b, key(b));
+    REQUIRE_NOTHROW(p.insert(b, key(b)));
+    p.set_context({});
+  }
+  CHECK(p.owner_records() <= static_cast<std::size_t>(kRequests) + 500 + 4096 + 1);
+}
