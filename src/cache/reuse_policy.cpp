@@ -439,8 +439,11 @@ std::size_t ReusePolicy::bucket_of(double seconds) {
 double ReusePolicy::value(const Owner& o, std::uint32_t deepest) const {
   // Age since its last use: a request still running (decoding, a chunked prefill) is young.
   const double age = std::max(0.0, now_ - o.last);
-  std::size_t b = 0;  // the last age bucket at or below `age`
-  while (b + 1 < kAges && age_of_bucket(b + 1) <= age) ++b;
+  // The last age bucket at or below `age`: 0 below 1 s, else 1 + floor(log2(age)), at most
+  // the last (one ilogb, not a loop: 64 of these per evicted block).
+  const std::size_t b =
+      age < 1.0 ? 0
+                : std::min<std::size_t>(kAges - 1, 1 + static_cast<std::size_t>(std::ilogb(age)));
   if ((o.request & kAnonymous) != 0) return 1.0 / (1.0 + age);  // nobody's: by recency
   const std::size_t c = class_of(o);
   double v = known_[c]          ? table_[c][b]
