@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kvoffload/detail/flat_hash_map.hpp"
+#include "kvoffload/detail/slot_index.hpp"
 #include "kvoffload/eviction_policy.hpp"
 
 namespace kvoffload {
@@ -28,9 +28,10 @@ namespace kvoffload {
 /// promotions) belong to anonymous owners of up to 64 blocks a clock tick, valued by age.
 ///
 /// Costs O(1) per insert, touch and evicted block (O(samples) per sampled owner); the parent
-/// search hashes each id of a request's first two touches. Memory: 21 bytes a block plus
-/// about 88 bytes and two index entries per owner record: the owners holding blocks and a
-/// history of max(4096, capacity / 32) finished ones. Not thread-safe: the manager calls it.
+/// search hashes each id of a request's first two touches. Memory: 16 bytes and a bit a block
+/// plus 72 bytes and two 4-byte index entries (at a load of at most 1/2) per owner record: the
+/// owners holding blocks and a history of max(4096, capacity / 32) finished ones. Not thread-safe:
+/// the manager calls it.
 class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
  public:
   static constexpr std::size_t kTurns = 4;  // 1, 2, 3, 4+
@@ -76,25 +77,28 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
  private:
   static constexpr std::uint32_t npos = 0xffffffffU;
   static constexpr std::uint8_t kNone = 0xff;
+  // 72 bytes: a record per request holding blocks, and the history's.
   struct Owner {
     std::uint64_t request = 0;  // 0: a free record
-    std::uint64_t tail = 0;     // fingerprint of its deepest block at its last touch (0: none)
-    double first = 0;           // when it was first seen
+    std::uint64_t parent = 0;   // the request whose turn it continues (0: none)
     double last = 0;            // its last access
-    double gap = -1;            // seconds since its parent's first access (-1: no parent)
+    float first = 0;            // when it was first seen (a gap's precision is enough)
+    float gap = -1;             // seconds since its parent's first access (-1: no parent)
+    std::uint32_t tail = 0;     // fingerprint of its deepest block at its last touch (0: none)
     std::uint32_t head = npos, back = npos, blocks = 0;
     std::uint32_t active_index = npos;  // in active_
     std::uint32_t stamp = 0;            // select_victims' visit mark
-    std::uint32_t cursor = npos;        // with stamp: the next block that call may take
-    std::uint32_t held_at = npos;       // with stamp: the block that ended its turn
-    std::uint64_t parent = 0;           // the request whose turn it continues (0: none)
+    // With stamp: the next block that call may take; if `held`, the block that ended its turn.
+    std::uint32_t cursor = npos;
     std::uint8_t turn = 1;
     std::int8_t continues = -1;
     std::uint8_t scans = 0;        // parent searches done (at most 2)
     std::uint8_t counted = kNone;  // the class its birth is counted in (kNone: not yet)
     std::uint8_t parent_class = kNone, parent_bucket = kNone;  // the continuation it counted
     bool queued = false;                                       // in the history FIFO
+    bool held = false;                                         // with stamp: see cursor
   };
+  static_assert(sizeof(Owner) <= 72, "an owner record is 72 bytes (the memory budget counts it)");
   struct Counts {
     double born = 0;
     std::array<double, kAges + 1> cont{};  // continuations by the gap's age bucket
@@ -106,7 +110,7 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   void attach(std::uint32_t block, std::uint32_t owner);
   void detach(std::uint32_t block);
   void find_parent(std::uint32_t owner, std::span<const HostBlockId> ids);
-  void set_tail(std::uint32_t owner, std::uint64_t fingerprint);
+  void set_tail(std::uint32_t owner, std::uint32_t fingerprint);
   void count_birth(std::uint32_t owner);
   void refresh_table();
   void start_counts();
@@ -128,10 +132,10 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   Options options_;
   std::size_t history_limit_;  // finished owners remembered (for their continuations' turns)
   std::size_t max_owners_;
-  // Per block.
-  std::vector<std::uint32_t> owner_, prev_, next_;
-  std::vector<std::uint64_t> fp_;
-  std::vector<std::uint8_t> uses_;
+  // Per block, 16 bytes and a bit: its owner, its neighbours in the owner's list, a 32-bit
+  // fingerprint of its key (never 0) and whether another conversation used it too.
+  std::vector<std::uint32_t> owner_, prev_, next_, fp_;
+  std::vector<bool> shared_;
   std::size_t resident_ = 0;
   // Owners: records, the active ones (holding blocks) densely for sampling, finished ones in
   // a FIFO whose oldest record is reused first.
@@ -139,9 +143,15 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   std::vector<std::uint32_t> active_;
   std::vector<std::uint32_t> history_;  // a ring of max_owners_ entries (history_limit_ used)
   std::size_t history_head_ = 0, history_size_ = 0;
-  detail::FlatHashMap<std::uint64_t, std::uint32_t, detail::IntHash> slot_of_;  // request -> record
-  detail::FlatHashMap<std::uint64_t, std::uint32_t, detail::IntHash>
-      chain_;  // tail fingerprint -> record
+  // Record by request, and by tail fingerprint (of records whose tail nobody took over):
+  // indexes of 4-byte entries that read the keys back from the records.
+  detail::SlotIndex slot_of_, chain_;
+  [[nodiscard]] auto request_key() const {
+    return [this](std::uint32_t s) { return owners_[s].request; };
+  }
+  [[nodiscard]] auto tail_key() const {
+    return [this](std::uint32_t s) { return std::uint64_t{owners_[s].tail}; };
+  }
   AccessContext context_;
   std::uint64_t anonymous_ = 0;  // the last anonymous owner's request id
   std::uint32_t anonymous_slot_ = npos;

@@ -83,7 +83,7 @@ ReusePolicy::ReusePolicy(std::size_t capacity, Options options)
       prev_(capacity, npos),
       next_(capacity, npos),
       fp_(capacity, 0),
-      uses_(capacity, 0),
+      shared_(capacity, false),
       history_(64, npos),  // grows with the records (at most max_owners_)
       rng_(detail::mix64(options.seed ^ 0x5851f42d4c957f2dULL)) {
   KVOFFLOAD_EXPECTS(capacity < npos, "reuse policy: capacity {} is too large", capacity);
@@ -111,7 +111,7 @@ void ReusePolicy::reset() {
   std::fill(prev_.begin(), prev_.end(), npos);
   std::fill(next_.begin(), next_.end(), npos);
   std::fill(fp_.begin(), fp_.end(), 0);
-  std::fill(uses_.begin(), uses_.end(), 0);
+  std::fill(shared_.begin(), shared_.end(), false);
   resident_ = 0;
   owners_.clear();
   active_.clear();
@@ -158,21 +158,22 @@ std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
     KVOFFLOAD_ASSERT(owners_.size() < max_owners_,
                      "reuse policy: no owner record free ({} records)", owners_.size());
     slot = static_cast<std::uint32_t>(owners_.size());
+    if (owners_.size() == owners_.capacity()) {  // grow by a quarter, not twice: it is memory
+      owners_.reserve(std::min(max_owners_, owners_.size() + owners_.size() / 4 + 64));
+    }
     owners_.emplace_back();
   } else {
     Owner& old = owners_[slot];
-    slot_of_.erase(old.request);
-    if (old.tail != 0) {
-      const std::uint32_t* c = chain_.find(old.tail);
-      if (c != nullptr && *c == slot) chain_.erase(old.tail);
-    }
+    slot_of_.erase(old.request, slot, request_key());
+    if (old.tail != 0) chain_.erase(old.tail, slot, tail_key());
     old = Owner{};
   }
   Owner& o = owners_[slot];
   o.request = request;
-  o.first = o.last = now_;
+  o.first = static_cast<float>(now_);
+  o.last = now_;
   o.continues = context_.continues;
-  slot_of_.insert(request, slot);
+  slot_of_.insert(request, slot, request_key());
   return slot;
 }
 
@@ -187,8 +188,8 @@ std::uint32_t ReusePolicy::owner_for_context() {
     anonymous_slot_ = new_owner(anonymous_);
     return anonymous_slot_;
   }
-  const std::uint32_t* s = slot_of_.find(context_.request);
-  const std::uint32_t slot = s != nullptr ? *s : new_owner(context_.request);
+  const std::uint32_t s = slot_of_.find(context_.request, request_key());
+  const std::uint32_t slot = s != npos ? s : new_owner(context_.request);
   Owner& o = owners_[slot];
   o.last = now_;
   if (context_.continues >= 0) o.continues = context_.continues;
@@ -272,8 +273,9 @@ void ReusePolicy::detach(std::uint32_t block) {
 
 void ReusePolicy::insert(HostBlockId id, const Key& key) {
   const auto block = static_cast<std::uint32_t>(id);
-  fp_[block] = static_cast<std::uint64_t>(KeyHash{}(key)) | 1U;  // never 0: 0 is "none"
-  uses_[block] = 1;
+  const auto fp = static_cast<std::uint32_t>(KeyHash{}(key));
+  fp_[block] = fp != 0 ? fp : 1;  // never 0: 0 is "none"
+  shared_[block] = false;
   if (owner_[block] == npos) ++resident_;
   attach(block, owner_for_context());
 }
@@ -292,22 +294,20 @@ void ReusePolicy::touch(std::span<const HostBlockId> ids,
   if (std::none_of(ids.begin(), ids.end(), valid)) return;
   const std::uint32_t slot = owner_for_context();
   if (owners_[slot].scans < 2) find_parent(slot, ids);
-  std::uint64_t deepest = 0;
+  std::uint32_t deepest = 0;
   for (const HostBlockId id : ids) {
     if (!valid(id)) continue;
     const auto block = static_cast<std::uint32_t>(id);
     if (owner_[block] != slot) {
       // Used by another conversation (a shared system prompt), not just an earlier turn of
       // this one: the blocks the shared floor keeps, and the "ends" hint spares.
-      if (owners_[owner_[block]].request != owners_[slot].parent && uses_[block] < 255) {
-        ++uses_[block];
-      }
+      if (owners_[owner_[block]].request != owners_[slot].parent) shared_[block] = true;
       // Another request used this block since the one whose deepest block it is: a request
       // that extends past it now follows this one, not that one (whose chain it left).
-      const std::uint32_t* held = chain_.find(fp_[block]);
-      if (held != nullptr && *held != slot) {
-        owners_[*held].tail = 0;
-        chain_.erase(fp_[block]);
+      const std::uint32_t held = chain_.find(fp_[block], tail_key());
+      if (held != npos && held != slot) {
+        chain_.erase(fp_[block], held, tail_key());
+        owners_[held].tail = 0;
       }
     }
     attach(block, slot);  // to the back: the list follows the request's order
@@ -323,9 +323,9 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
   for (std::size_t i = ids.size(); i-- > 0;) {
     const HostBlockId id = ids[i];
     if (id < 0 || owner_[static_cast<std::size_t>(id)] == npos) continue;
-    const std::uint32_t* found = chain_.find(fp_[static_cast<std::size_t>(id)]);
-    if (found == nullptr || *found == slot) continue;
-    const Owner& parent = owners_[*found];
+    const std::uint32_t found = chain_.find(fp_[static_cast<std::size_t>(id)], tail_key());
+    if (found == npos || found == slot) continue;
+    const Owner& parent = owners_[found];
     // The deepest earlier request whose whole prompt this one extends; a later search
     // replaces what an earlier one found only with a later turn (the lookup's touch may see
     // a grandparent when the parent's tail was evicted; the store's touch sees the parent).
@@ -334,10 +334,10 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
         Counts& c = counts_[static_cast<std::size_t>(o.parent_class)];
         const auto b = static_cast<std::size_t>(o.parent_bucket);
         c.cont[b] = std::max(0.0, c.cont[b] - 1);
-        c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, o.gap));
+        c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
       }
       o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
-      o.gap = std::max(0.0, o.first - parent.first);
+      o.gap = std::max(0.0F, o.first - parent.first);
       const std::size_t pc = class_of(parent);
       const std::size_t pb = bucket_of(o.gap);
       counts_[pc].cont[pb] += 1;
@@ -350,19 +350,15 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
   }
 }
 
-void ReusePolicy::set_tail(std::uint32_t slot, std::uint64_t fingerprint) {
+void ReusePolicy::set_tail(std::uint32_t slot, std::uint32_t fingerprint) {
   Owner& o = owners_[slot];
   if (fingerprint == 0 || fingerprint == o.tail) return;
-  const std::uint32_t* held = chain_.find(fingerprint);
   // Another live request's tail stays its own (a repeat of the same prompt, or the parent's
   // tail seen by the lookup's touch): its other continuations must still find it.
-  if (held != nullptr && *held != slot) return;
-  if (o.tail != 0) {
-    const std::uint32_t* mine = chain_.find(o.tail);
-    if (mine != nullptr && *mine == slot) chain_.erase(o.tail);
-  }
+  if (chain_.find(fingerprint, tail_key()) != npos) return;  // (not this one's: o.tail differs)
+  if (o.tail != 0) chain_.erase(o.tail, slot, tail_key());
   o.tail = fingerprint;
-  chain_.insert(fingerprint, slot);
+  chain_.insert(fingerprint, slot, tail_key());
 }
 
 void ReusePolicy::count_birth(std::uint32_t slot) {
@@ -451,7 +447,7 @@ double ReusePolicy::value(const Owner& o, std::uint32_t deepest) const {
                                 : 1.0 / (1.0 + age);  // nothing learnt yet: by age alone
   // A block two or more requests used (a system prompt) is another request's too: the floor,
   // and never the "ends" hint.
-  const bool shared = deepest != npos && uses_[deepest] >= 2;
+  const bool shared = deepest != npos && shared_[deepest];
   if (shared) v = std::max(v, 1.0 / std::max(1.0, age));
   if (o.continues == 1) v *= kHintContinues;
   if (o.continues == 0 && !shared) v *= kHintEnds;
@@ -468,7 +464,7 @@ bool ReusePolicy::take_one(std::uint32_t owner, detail::function_ref<bool(HostBl
   Owner& o = owners_[owner];
   const std::uint32_t b = o.stamp == stamp_ ? o.cursor : o.back;
   o.stamp = stamp_;
-  o.held_at = npos;
+  o.held = false;
   if (b != npos && can_evict(static_cast<HostBlockId>(b))) {
     victims.push_back(static_cast<HostBlockId>(b));
     o.cursor = prev_[b];
@@ -476,8 +472,8 @@ bool ReusePolicy::take_one(std::uint32_t owner, detail::function_ref<bool(HostBl
   }
   // A block that cannot go (being read, written, pinned, or stored by this call) ends the
   // owner's turn: taking the blocks before it would leave a hole its continuation stops at.
-  o.held_at = b;
-  o.cursor = npos;
+  o.held = true;
+  o.cursor = b;
   return false;
 }
 
@@ -488,7 +484,7 @@ std::size_t ReusePolicy::take_rest(std::uint32_t owner, std::size_t need,
   // Past what this call took from it already: below its cursor, or below the block it stopped
   // at; from its deepest block if it was not visited.
   std::uint32_t b = o.back;
-  if (o.stamp == stamp_) b = o.cursor != npos ? o.cursor : o.held_at;
+  if (o.stamp == stamp_) b = o.cursor;
   o.stamp = stamp_;
   std::size_t taken = 0;
   for (; b != npos && taken < need; b = prev_[b]) {
@@ -497,7 +493,8 @@ std::size_t ReusePolicy::take_rest(std::uint32_t owner, std::size_t need,
       ++taken;
     }
   }
-  o.cursor = o.held_at = npos;
+  o.cursor = npos;
+  o.held = false;
   return taken;
 }
 
@@ -510,15 +507,15 @@ bool ReusePolicy::select_victims(std::size_t count,
     stamp_ = 1;
   }
   const auto spent = [&](std::uint32_t o) {
-    return owners_[o].stamp == stamp_ && owners_[o].cursor == npos;
+    return owners_[o].stamp == stamp_ && (owners_[o].held || owners_[o].cursor == npos);
   };
   const auto deepest = [&](std::uint32_t o) {
     return owners_[o].stamp == stamp_ ? owners_[o].cursor : owners_[o].back;
   };
   // The request this store is for is never sampled: a request still running (a chunked
   // prefill, a decode) would otherwise cut its own earlier blocks. They go last, if at all.
-  const std::uint32_t* own = context_.request != 0 ? slot_of_.find(context_.request) : nullptr;
-  const std::uint32_t self = own != nullptr ? *own : npos;
+  const std::uint32_t self =
+      context_.request != 0 ? slot_of_.find(context_.request, request_key()) : npos;
   std::size_t need = count;
   // One block a round: the deepest block not taken yet of the least valuable of `samples`
   // owners (all of them when there are fewer), valued with that block as its deepest. An
@@ -567,7 +564,7 @@ void ReusePolicy::erase(HostBlockId id) {
   if (id < 0 || block >= owner_.size() || owner_[block] == npos) return;
   detach(block);
   fp_[block] = 0;
-  uses_[block] = 0;
+  shared_[block] = false;
   --resident_;
 }
 
@@ -578,20 +575,20 @@ std::uint64_t ReusePolicy::owner_of(HostBlockId id) const {
 }
 
 std::uint32_t ReusePolicy::turn_of(std::uint64_t request) const {
-  const std::uint32_t* s = slot_of_.find(request);
-  return s == nullptr ? 0 : owners_[*s].turn;
+  const std::uint32_t s = slot_of_.find(request, request_key());
+  return s == npos ? 0 : owners_[s].turn;
 }
 
 double ReusePolicy::value_of(std::uint64_t request) const {
-  const std::uint32_t* s = slot_of_.find(request);
-  return s == nullptr ? -1.0 : value(owners_[*s], owners_[*s].back);
+  const std::uint32_t s = slot_of_.find(request, request_key());
+  return s == npos ? -1.0 : value(owners_[s], owners_[s].back);
 }
 
 std::vector<HostBlockId> ReusePolicy::blocks_of(std::uint64_t request) const {
   std::vector<HostBlockId> out;
-  const std::uint32_t* s = slot_of_.find(request);
-  if (s == nullptr) return out;
-  for (std::uint32_t b = owners_[*s].head; b != npos; b = next_[b]) {
+  const std::uint32_t s = slot_of_.find(request, request_key());
+  if (s == npos) return out;
+  for (std::uint32_t b = owners_[s].head; b != npos; b = next_[b]) {
     out.push_back(static_cast<HostBlockId>(b));
   }
   return out;
