@@ -82,9 +82,11 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     std::uint64_t request = 0;  // 0: a free record
     std::uint64_t parent = 0;   // the request whose turn it continues (0: none)
     double last = 0;            // its last access
-    float first = 0;            // when it was first seen (a gap's precision is enough)
-    float gap = -1;             // seconds since its parent's first access (-1: no parent)
-    std::uint32_t tail = 0;     // fingerprint of its deepest block at its last touch (0: none)
+    // When it was first seen: milliseconds of the clock modulo 2^32. Only differences are
+    // used, and they wrap: a gap under 49 days is exact whatever the clock's origin.
+    std::uint32_t first_ms = 0;
+    float gap = -1;          // seconds since its parent's first access (-1: no parent)
+    std::uint32_t tail = 0;  // fingerprint of its deepest block at its last touch (0: none)
     std::uint32_t head = npos, back = npos, blocks = 0;
     std::uint32_t active_index = npos;  // in active_
     std::uint32_t stamp = 0;            // select_victims' visit mark
@@ -118,6 +120,8 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   [[nodiscard]] double value(const Owner& o, std::uint32_t deepest) const;
   [[nodiscard]] static std::size_t class_of(const Owner& o);
   [[nodiscard]] static std::size_t bucket_of(double seconds);
+  /// `seconds` in milliseconds modulo 2^32 (any finite clock value).
+  [[nodiscard]] static std::uint32_t wrapped_ms(double seconds);
   std::uint64_t next_random();
   /// Appends owner's deepest block not taken yet in this call if it can go; else ends the
   /// owner's turn in this call (false).

@@ -132,7 +132,8 @@ void ReusePolicy::reset() {
 
 void ReusePolicy::set_context(const AccessContext& context) {
   context_ = context;
-  if (context.now > now_) now_ = context.now;  // the clock never goes back
+  // The clock never goes back, and a value that is not finite is no time at all.
+  if (std::isfinite(context.now) && context.now > now_) now_ = context.now;
 }
 
 std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
@@ -170,7 +171,7 @@ std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
   }
   Owner& o = owners_[slot];
   o.request = request;
-  o.first = static_cast<float>(now_);
+  o.first_ms = wrapped_ms(now_);
   o.last = now_;
   o.continues = context_.continues;
   slot_of_.insert(request, slot, request_key());
@@ -337,7 +338,7 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
         c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
       }
       o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
-      o.gap = std::max(0.0F, o.first - parent.first);
+      o.gap = static_cast<float>(o.first_ms - parent.first_ms) / 1000.0F;  // (wraps)
       const std::size_t pc = class_of(parent);
       const std::size_t pb = bucket_of(o.gap);
       counts_[pc].cont[pb] += 1;
@@ -430,6 +431,13 @@ std::size_t ReusePolicy::bucket_of(double seconds) {
     if (seconds <= age_of_bucket(b)) return b;
   }
   return kAges;
+}
+
+std::uint32_t ReusePolicy::wrapped_ms(double seconds) {
+  // fmod keeps it exact and defined for clocks too large for an integer (set_time takes any
+  // finite value): only differences of these are used.
+  if (!std::isfinite(seconds) || seconds <= 0) return 0;
+  return static_cast<std::uint32_t>(std::fmod(std::round(seconds * 1000.0), 4294967296.0));
 }
 
 double ReusePolicy::value(const Owner& o, std::uint32_t deepest) const {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <set>
 #include <vector>
@@ -288,4 +289,31 @@ TEST_CASE("Reuse: thousands of one-block requests before the first eviction", "[
     p.set_context({});
   }
   CHECK(p.owner_records() <= static_cast<std::size_t>(kRequests) + 500 + 4096 + 1);
+}
+
+TEST_CASE("Reuse: a continuation's class does not depend on the clock's origin", "[reuse]") {
+  // The same two turns on a clock from 0, on a Unix-epoch clock and on an absurd one: the
+  // gap, so the class and the value, must be the same (a float clock rounded 40 s to 0 or
+  // 128 s at 1.7e9 and put the continuation in the wrong class).
+  const auto value = [](double base, double gap, bool infinite = false) {
+    ReusePolicy p(64);  // the prior: classes are known
+    request(p, 1, base, {}, {0, 1, 2, 3}, 0);
+    request(p, 2, base + gap, {0, 1, 2, 3}, {4}, 4);
+    p.set_context({0, base + gap + 100, -1});
+    // A clock value that is not finite is no time: ignored.
+    if (infinite) p.set_context({0, std::numeric_limits<double>::infinity(), -1});
+    REQUIRE(p.turn_of(2) == 2);
+    return p.value_of(2);
+  };
+  for (const double gap : {20.0, 40.0, 250.0, 310.0, 1000.0}) {
+    INFO("gap " << gap);
+    const double at_zero = value(0, gap);
+    CHECK(at_zero > 0);
+    CHECK(value(1.7e9, gap) == at_zero);
+    CHECK(value(0, gap, true) == at_zero);
+    CHECK(value(1e300, gap) >= 0);  // defined, whatever the class
+  }
+  // The control: the classes this test tells apart have different values.
+  CHECK(value(0, 20) != value(0, 40));
+  CHECK(value(0, 250) != value(0, 310));
 }
