@@ -29,9 +29,11 @@ namespace kvoffload {
 ///
 /// Costs O(1) per insert, touch and evicted block (O(samples) per sampled owner); the parent
 /// search hashes each id of a request's first two touches. Memory: 16 bytes and a bit a block
-/// plus 72 bytes and two 4-byte index entries (at a load of at most 1/2) per owner record: the
-/// owners holding blocks and a history of max(4096, capacity / 32) finished ones. Not thread-safe:
-/// the manager calls it.
+/// plus, per owner record, 72 bytes, two 4-byte index entries (at a load of 1/4 to 1/2) and a
+/// 4-byte entry in the active list or the history ring; the records are the owners holding
+/// blocks and a history of max(4096, capacity / 32) finished ones, grown by a quarter at a
+/// time. 94-98 bytes a stored block for the whole manager with requests of 16 blocks
+/// (docs/bench/trace.md). Not thread-safe: the manager calls it.
 class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
  public:
   static constexpr std::size_t kTurns = 4;  // 1, 2, 3, 4+
@@ -83,7 +85,8 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     std::uint64_t parent = 0;   // the request whose turn it continues (0: none)
     double last = 0;            // its last access
     // When it was first seen: milliseconds of the clock modulo 2^32. Only differences are
-    // used, and they wrap: a gap under 49 days is exact whatever the clock's origin.
+    // used, as signed milliseconds: a gap under 24.8 days comes out right whatever the
+    // clock's origin (to the millisecond below about 4.7 hours: `gap` is a float).
     std::uint32_t first_ms = 0;
     float gap = -1;          // seconds since its parent's first access (-1: no parent)
     std::uint32_t tail = 0;  // fingerprint of its deepest block at its last touch (0: none)
@@ -145,7 +148,7 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   // a FIFO whose oldest record is reused first.
   std::vector<Owner> owners_;
   std::vector<std::uint32_t> active_;
-  std::vector<std::uint32_t> history_;  // a ring of max_owners_ entries (history_limit_ used)
+  std::vector<std::uint32_t> history_;  // a ring, doubled from 64 up to max_owners_ entries
   std::size_t history_head_ = 0, history_size_ = 0;
   // Record by request, and by tail fingerprint (of records whose tail nobody took over):
   // indexes of 4-byte entries that read the keys back from the records.

@@ -338,7 +338,11 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
         c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
       }
       o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
-      o.gap = static_cast<float>(o.first_ms - parent.first_ms) / 1000.0F;  // (wraps)
+      // The difference as signed milliseconds: exact for gaps under 24.8 days whatever the
+      // clock's origin; 0 when the parent's record is the younger one (its request arrived
+      // after this one's first chunk).
+      const auto ms = static_cast<std::int32_t>(o.first_ms - parent.first_ms);
+      o.gap = static_cast<float>(std::max<std::int32_t>(0, ms)) / 1000.0F;
       const std::size_t pc = class_of(parent);
       const std::size_t pb = bucket_of(o.gap);
       counts_[pc].cont[pb] += 1;
@@ -434,10 +438,11 @@ std::size_t ReusePolicy::bucket_of(double seconds) {
 }
 
 std::uint32_t ReusePolicy::wrapped_ms(double seconds) {
-  // fmod keeps it exact and defined for clocks too large for an integer (set_time takes any
-  // finite value): only differences of these are used.
-  if (!std::isfinite(seconds) || seconds <= 0) return 0;
-  return static_cast<std::uint32_t>(std::fmod(std::round(seconds * 1000.0), 4294967296.0));
+  // fmod keeps it exact for clocks too large for an integer; a clock past about 1.8e305 s
+  // (milliseconds that are not finite) is 0. Only differences of these are used.
+  const double ms = std::round(seconds * 1000.0);
+  if (!std::isfinite(ms) || ms <= 0) return 0;
+  return static_cast<std::uint32_t>(std::fmod(ms, 4294967296.0));
 }
 
 double ReusePolicy::value(const Owner& o, std::uint32_t deepest) const {

@@ -312,8 +312,32 @@ TEST_CASE("Reuse: a continuation's class does not depend on the clock's origin",
     CHECK(value(1.7e9, gap) == at_zero);
     CHECK(value(0, gap, true) == at_zero);
     CHECK(value(1e300, gap) >= 0);  // defined, whatever the class
+    CHECK(value(1e306, gap) >= 0);  // its milliseconds overflow to infinity: still defined
   }
   // The control: the classes this test tells apart have different values.
   CHECK(value(0, 20) != value(0, 40));
   CHECK(value(0, 250) != value(0, 310));
+}
+
+TEST_CASE("Reuse: a parent whose request arrived after its child's first chunk is a gap of 0",
+          "[reuse]") {
+  // Request 2's first chunk comes first; request 1 arrives later with a prompt request 2's
+  // extends (it hits request 2's blocks and adds its own); request 2's next chunk then extends
+  // request 1's whole prompt and takes it for its parent. The parent's record is younger than
+  // the child's: the gap is 0 (<= 30 s), as if both arrived together, never a wrapped 49 days.
+  const auto value = [](double child_first) {
+    ReusePolicy p(64);  // the prior: classes are known
+    request(p, 2, child_first, {}, {0, 1}, 0);
+    request(p, 1, 10, {0, 1}, {2, 3}, 2);
+    p.set_context({2, 20, -1});
+    const std::vector<HostBlockId> found{0, 1, 2, 3};
+    p.touch(found, any);
+    p.insert(4, key(4));
+    const std::vector<HostBlockId> all{0, 1, 2, 3, 4};
+    p.touch(all, any);
+    p.set_context({0, 120, -1});
+    REQUIRE(p.turn_of(2) == 3);
+    return p.value_of(2);
+  };
+  CHECK(value(0) == value(10));
 }
