@@ -114,6 +114,9 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   std::uint32_t new_owner(std::uint64_t request);
   void attach(std::uint32_t block, std::uint32_t owner);
   void detach(std::uint32_t block);
+  /// Takes `block` out of o's list / puts it at the back (links only, no counts).
+  void unlink(std::uint32_t block, Owner& o);
+  void append(std::uint32_t block, Owner& o);
   void find_parent(std::uint32_t owner, std::span<const HostBlockId> ids);
   void set_tail(std::uint32_t owner, std::uint32_t fingerprint);
   void count_birth(std::uint32_t owner);

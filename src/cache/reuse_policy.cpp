@@ -197,45 +197,7 @@ std::uint32_t ReusePolicy::owner_for_context() {
   return slot;
 }
 
-void ReusePolicy::attach(std::uint32_t block, std::uint32_t owner) {
-  if (owner_[block] == owner) {
-    // Already its: to the back of its list, its count and its queue state unchanged.
-    Owner& o = owners_[owner];
-    if (o.back == block) return;
-    const std::uint32_t p = prev_[block];
-    const std::uint32_t n = next_[block];
-    if (p != npos) {
-      next_[p] = n;
-    } else {
-      o.head = n;
-    }
-    prev_[n] = p;  // n exists: the block is not the back
-    prev_[block] = o.back;
-    next_[block] = npos;
-    next_[o.back] = block;
-    o.back = block;
-    return;
-  }
-  if (owner_[block] != npos) detach(block);
-  Owner& o = owners_[owner];
-  owner_[block] = owner;
-  prev_[block] = o.back;
-  next_[block] = npos;
-  if (o.back != npos) {
-    next_[o.back] = block;
-  } else {
-    o.head = block;
-  }
-  o.back = block;
-  if (o.blocks++ == 0) {
-    o.active_index = static_cast<std::uint32_t>(active_.size());
-    active_.push_back(owner);
-  }
-}
-
-void ReusePolicy::detach(std::uint32_t block) {
-  const std::uint32_t owner = owner_[block];
-  Owner& o = owners_[owner];
+void ReusePolicy::unlink(std::uint32_t block, Owner& o) {
   const std::uint32_t p = prev_[block];
   const std::uint32_t n = next_[block];
   if (p != npos) {
@@ -248,6 +210,41 @@ void ReusePolicy::detach(std::uint32_t block) {
   } else {
     o.back = p;
   }
+}
+
+void ReusePolicy::append(std::uint32_t block, Owner& o) {
+  prev_[block] = o.back;
+  next_[block] = npos;
+  if (o.back != npos) {
+    next_[o.back] = block;
+  } else {
+    o.head = block;
+  }
+  o.back = block;
+}
+
+void ReusePolicy::attach(std::uint32_t block, std::uint32_t owner) {
+  Owner& o = owners_[owner];
+  if (owner_[block] == owner) {
+    // Already its: to the back of its list, its count and its queue state unchanged.
+    if (o.back == block) return;
+    unlink(block, o);
+    append(block, o);
+    return;
+  }
+  if (owner_[block] != npos) detach(block);
+  owner_[block] = owner;
+  append(block, o);
+  if (o.blocks++ == 0) {
+    o.active_index = static_cast<std::uint32_t>(active_.size());
+    active_.push_back(owner);
+  }
+}
+
+void ReusePolicy::detach(std::uint32_t block) {
+  const std::uint32_t owner = owner_[block];
+  Owner& o = owners_[owner];
+  unlink(block, o);
   prev_[block] = next_[block] = npos;
   owner_[block] = npos;
   if (--o.blocks == 0) {
