@@ -21,7 +21,12 @@ void ManagerFiller::store(kvoffload::HostBlockManager& m, std::uint64_t first, s
   for (std::uint64_t at = first; at < last; at += batch) {
     const auto n = static_cast<std::size_t>(std::min<std::uint64_t>(batch, last - at));
     for (std::size_t i = 0; i < n; ++i) batch_[i] = key_of(at + i);
-    if (requests) m.set_context({++request_, static_cast<double>(request_) * 0.01, -1});
+    if (requests) {
+      // The scheduler's lookup first: it touches what is resident and shows policy reuse
+      // (its duel's shadows) every key the request asked for.
+      m.set_context({++request_, static_cast<double>(request_) * 0.01, -1});
+      m.touch(std::span<const kvoffload::Key>(batch_.data(), n));
+    }
     if (!m.prepare_store(std::span<const kvoffload::Key>(batch_.data(), n), prepared_)) {
       throw std::runtime_error(std::string(what) + ": no room for a store");
     }

@@ -17,7 +17,8 @@ class ManagerFiller {
 
   ManagerFiller();
   /// Keys come as requests of kRequest blocks, as the scheduler tells policy reuse
-  /// (AccessContext: a new request each, a clock 10 ms a request; its touch after the store).
+  /// (AccessContext: a new request each, a clock 10 ms a request; its lookup's touch of the
+  /// keys before the store, its touch of the blocks after).
   bool requests = false;
   static constexpr std::size_t kRequest = 16;
   /// Stores key_of(i) for i in [first, last) into `m`. Throws runtime_error naming `what` when

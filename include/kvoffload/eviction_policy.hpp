@@ -37,6 +37,10 @@ class KVOFFLOAD_EXPORT EvictionPolicy {
   /// The request behind the calls that follow (see AccessContext). Default: ignored.
   virtual void set_context(const AccessContext& context);
 
+  /// The running request looked up these keys, resident or not, in its order (before the
+  /// touch of those it found). Default: ignored; ReusePolicy's duel replays them.
+  virtual void looked_up(std::span<const Key> keys);
+
   /// A new block (just prepared for a store) enters as the most recent.
   virtual void insert(HostBlockId id, const Key& key) = 0;
   /// The engine used these blocks again: one access each, however often an id repeats in the

@@ -3,12 +3,17 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "kvoffload/detail/slot_index.hpp"
 #include "kvoffload/eviction_policy.hpp"
 
 namespace kvoffload {
+
+namespace detail {
+class ReuseDuel;
+}
 
 /// Eviction that predicts reuse (issue 55; docs/bench/trace.md, "Policy reuse"). A block
 /// belongs to the request that last stored or touched it (its owner, from AccessContext). An
@@ -26,14 +31,20 @@ namespace kvoffload {
 /// any block that can go, the storing request's last. Deterministic: the same calls give the
 /// same victims. Blocks stored with no request behind them (AccessContext{}: a tier's index,
 /// promotions) belong to anonymous owners of up to 64 blocks a clock tick, valued by age.
+/// With `duel` (the default), two shadow caches replay a sample of the lookups
+/// (detail::ReuseDuel), one by these values and one by age alone, and the policy values by
+/// age alone while the second has clearly more hits: traffic unlike what the values were
+/// learnt on falls back to recency rather than below it.
 ///
 /// Costs O(1) per insert, touch and evicted block (O(samples) per sampled owner); the parent
-/// search hashes each id of a request's first two touches. Memory: 16 bytes and a bit a block
-/// plus, per owner record, 72 bytes, two 4-byte index entries (at a load of 1/4 to 1/2) and a
-/// 4-byte entry in the active list or the history ring; the records are the owners holding
-/// blocks and a history of max(4096, capacity / 32) finished ones, grown by a quarter at a
-/// time. 94-98 bytes a stored block for the whole manager with requests of 16 blocks
-/// (docs/bench/trace.md). Not thread-safe: the manager calls it.
+/// search hashes each id of a request's first two touches; the duel replays a sampled lookup
+/// in both shadows (every lookup for caches up to 8,192 blocks). Memory: 16 bytes and a bit a
+/// block plus, per owner record, 72 bytes, two 4-byte index entries (at a load of 1/4 to 1/2)
+/// and a 4-byte entry in the active list or the history ring; the records are the owners
+/// holding blocks and a history of max(4096, capacity / 32) finished ones, grown by a quarter
+/// at a time; the duel's shadows, min(capacity, max(8192, capacity / 128)) blocks each, with
+/// their own records. 95-99 bytes a stored block for the whole manager with requests of 16
+/// blocks (docs/bench/trace.md). Not thread-safe: the manager calls it.
 class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
  public:
   static constexpr std::size_t kTurns = 4;  // 1, 2, 3, 4+
@@ -47,12 +58,19 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     /// Start from the counts learnt on the first half of the Mooncake conversation trace
     /// (false: from nothing, valuing owners by age alone until a class has continuations).
     bool prior = true;
+    /// Follow whichever order gives more hits now: the learnt values or recency alone, as
+    /// two shadow caches replaying a sample of the conversations tell (detail::ReuseDuel).
+    bool duel = true;
   };
 
   explicit ReusePolicy(std::size_t capacity) : ReusePolicy(capacity, Options{}) {}
   ReusePolicy(std::size_t capacity, Options options);
+  ~ReusePolicy() override;
+  ReusePolicy(const ReusePolicy&) = delete;
+  ReusePolicy& operator=(const ReusePolicy&) = delete;
 
   void set_context(const AccessContext& context) override;
+  void looked_up(std::span<const Key> keys) override;
   void insert(HostBlockId id, const Key& key) override;
   void touch(std::span<const HostBlockId> ids,
              detail::function_ref<bool(HostBlockId)> ready) override;
@@ -75,6 +93,10 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   [[nodiscard]] std::size_t active_owners() const { return active_.size(); }
   [[nodiscard]] std::size_t owner_records() const { return slot_of_.size(); }
   [[nodiscard]] std::size_t resident() const { return resident_; }
+  /// Whether eviction follows recency alone now (the duel's recency shadow is ahead).
+  [[nodiscard]] bool follows_recency() const { return by_age_; }
+  /// The duel's shadows' hits so far (learnt order, recency); zeros without a duel.
+  [[nodiscard]] std::array<std::uint64_t, 2> duel_hits() const;
 
  private:
   static constexpr std::uint32_t npos = 0xffffffffU;
@@ -110,6 +132,11 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
     std::array<double, kAges + 1> sum{};   // their gaps' sum
   };
 
+  friend class detail::ReuseDuel;
+  void insert_fingerprint(std::uint32_t block, std::uint32_t fingerprint);
+  /// The record whose deepest block (tail) is `fingerprint`, npos if none.
+  [[nodiscard]] std::uint32_t record_with_tail(std::uint32_t fingerprint) const;
+  [[nodiscard]] static std::uint32_t fingerprint_of(const Key& key);
   std::uint32_t owner_for_context();
   std::uint32_t new_owner(std::uint64_t request);
   void attach(std::uint32_t block, std::uint32_t owner);
@@ -118,6 +145,9 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   void unlink(std::uint32_t block, Owner& o);
   void append(std::uint32_t block, Owner& o);
   void find_parent(std::uint32_t owner, std::span<const HostBlockId> ids);
+  /// Takes the record whose tail is `fingerprint` as owner's parent (a later turn replaces an
+  /// earlier one); false if there is none.
+  bool adopt_parent(std::uint32_t owner, std::uint32_t fingerprint);
   void set_tail(std::uint32_t owner, std::uint32_t fingerprint);
   void count_birth(std::uint32_t owner);
   void refresh_table();
@@ -174,6 +204,9 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   std::array<std::array<double, kAges>, kClasses + 1> table_{};  // the last row: all classes
   std::array<bool, kClasses + 1> known_{};
   std::uint64_t events_ = 0;
+  bool by_age_ = false;  // value by recency alone (the duel's choice, or a shadow's order)
+  std::unique_ptr<detail::ReuseDuel> duel_;
+  std::vector<std::uint32_t> scratch_;  // the fingerprints a lookup passes to the duel
 };
 
 }  // namespace kvoffload

@@ -11,6 +11,8 @@ EvictionPolicy::~EvictionPolicy() = default;
 
 void EvictionPolicy::set_context(const AccessContext& /*context*/) {}
 
+void EvictionPolicy::looked_up(std::span<const Key> /*keys*/) {}
+
 std::unique_ptr<EvictionPolicy> make_eviction_policy(EvictionPolicyKind kind,
                                                      std::size_t capacity) {
   switch (kind) {

@@ -370,6 +370,7 @@ void HostBlockManager::touch_blocks(std::span<const HostBlockId> ids) {
 }
 
 void HostBlockManager::touch(std::span<const Key> keys) {
+  policy_->looked_up(keys);
   scratch_ids_.clear();
   for (const Key& key : keys) {
     if (const HostBlockId id = block_of(key); id >= 0) scratch_ids_.push_back(id);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "cache/reuse_duel.hpp"
 #include "common/expects.hpp"
 
 namespace kvoffload {
@@ -91,6 +92,8 @@ ReusePolicy::ReusePolicy(std::size_t capacity, Options options)
   start_counts();
 }
 
+ReusePolicy::~ReusePolicy() = default;
+
 void ReusePolicy::start_counts() {
   counts_ = {};
   if (options_.prior) {
@@ -128,12 +131,17 @@ void ReusePolicy::reset() {
   known_ = {};
   events_ = 0;
   start_counts();
+  if (duel_) {
+    duel_->reset();
+    by_age_ = false;
+  }
 }
 
 void ReusePolicy::set_context(const AccessContext& context) {
   context_ = context;
   // The clock never goes back, and a value that is not finite is no time at all.
   if (std::isfinite(context.now) && context.now > now_) now_ = context.now;
+  if (duel_) duel_->set_context(context);
 }
 
 std::uint32_t ReusePolicy::new_owner(std::uint64_t request) {
@@ -270,12 +278,37 @@ void ReusePolicy::detach(std::uint32_t block) {
 }
 
 void ReusePolicy::insert(HostBlockId id, const Key& key) {
-  const auto block = static_cast<std::uint32_t>(id);
+  insert_fingerprint(static_cast<std::uint32_t>(id), fingerprint_of(key));
+}
+
+std::uint32_t ReusePolicy::fingerprint_of(const Key& key) {
   const auto fp = static_cast<std::uint32_t>(KeyHash{}(key));
-  fp_[block] = fp != 0 ? fp : 1;  // never 0: 0 is "none"
+  return fp != 0 ? fp : 1;  // never 0: 0 is "none"
+}
+
+void ReusePolicy::insert_fingerprint(std::uint32_t block, std::uint32_t fingerprint) {
+  fp_[block] = fingerprint;
   shared_[block] = false;
   if (owner_[block] == npos) ++resident_;
   attach(block, owner_for_context());
+}
+
+std::uint32_t ReusePolicy::record_with_tail(std::uint32_t fingerprint) const {
+  return chain_.find(fingerprint, tail_key());
+}
+
+void ReusePolicy::looked_up(std::span<const Key> keys) {
+  if (!options_.duel || context_.request == 0 || keys.empty()) return;
+  // Made at the first lookup: a tier's index (no requests, no lookups) never has one.
+  if (!duel_) {
+    duel_ = std::make_unique<detail::ReuseDuel>(owner_.size(), options_);
+    duel_->set_context(context_);
+  }
+  scratch_.clear();
+  for (const Key& k : keys) scratch_.push_back(fingerprint_of(k));
+  if (!duel_->sampled(*this, context_.request, scratch_)) return;
+  duel_->access(scratch_);
+  by_age_ = duel_->recency_ahead();
 }
 
 void ReusePolicy::touch(std::span<const HostBlockId> ids,
@@ -321,35 +354,40 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
   for (std::size_t i = ids.size(); i-- > 0;) {
     const HostBlockId id = ids[i];
     if (id < 0 || owner_[static_cast<std::size_t>(id)] == npos) continue;
-    const std::uint32_t found = chain_.find(fp_[static_cast<std::size_t>(id)], tail_key());
-    if (found == npos || found == slot) continue;
-    const Owner& parent = owners_[found];
-    // The deepest earlier request whose whole prompt this one extends; a later search
-    // replaces what an earlier one found only with a later turn (the lookup's touch may see
-    // a grandparent when the parent's tail was evicted; the store's touch sees the parent).
-    if (o.gap < 0 || parent.turn + 1 > o.turn) {
-      if (o.parent_class != kNone) {
-        Counts& c = counts_[static_cast<std::size_t>(o.parent_class)];
-        const auto b = static_cast<std::size_t>(o.parent_bucket);
-        c.cont[b] = std::max(0.0, c.cont[b] - 1);
-        c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
-      }
-      o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
-      // The difference as signed milliseconds: exact for gaps under 24.8 days whatever the
-      // clock's origin; 0 when the parent's record is the younger one (its request arrived
-      // after this one's first chunk).
-      const auto ms = static_cast<std::int32_t>(o.first_ms - parent.first_ms);
-      o.gap = static_cast<float>(std::max<std::int32_t>(0, ms)) / 1000.0F;
-      const std::size_t pc = class_of(parent);
-      const std::size_t pb = bucket_of(o.gap);
-      counts_[pc].cont[pb] += 1;
-      counts_[pc].sum[pb] += o.gap;
-      o.parent_class = static_cast<std::uint8_t>(pc);
-      o.parent = parent.request;
-      o.parent_bucket = static_cast<std::uint8_t>(pb);
-    }
-    return;
+    if (adopt_parent(slot, fp_[static_cast<std::size_t>(id)])) return;
   }
+}
+
+bool ReusePolicy::adopt_parent(std::uint32_t slot, std::uint32_t fingerprint) {
+  Owner& o = owners_[slot];
+  const std::uint32_t found = chain_.find(fingerprint, tail_key());
+  if (found == npos || found == slot) return false;
+  const Owner& parent = owners_[found];
+  // The deepest earlier request whose whole prompt this one extends; a later search
+  // replaces what an earlier one found only with a later turn (the lookup's touch may see
+  // a grandparent when the parent's tail was evicted; the store's touch sees the parent).
+  if (o.gap < 0 || parent.turn + 1 > o.turn) {
+    if (o.parent_class != kNone) {
+      Counts& c = counts_[static_cast<std::size_t>(o.parent_class)];
+      const auto b = static_cast<std::size_t>(o.parent_bucket);
+      c.cont[b] = std::max(0.0, c.cont[b] - 1);
+      c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
+    }
+    o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
+    // The difference as signed milliseconds: exact for gaps under 24.8 days whatever the
+    // clock's origin; 0 when the parent's record is the younger one (its request arrived
+    // after this one's first chunk).
+    const auto ms = static_cast<std::int32_t>(o.first_ms - parent.first_ms);
+    o.gap = static_cast<float>(std::max<std::int32_t>(0, ms)) / 1000.0F;
+    const std::size_t pc = class_of(parent);
+    const std::size_t pb = bucket_of(o.gap);
+    counts_[pc].cont[pb] += 1;
+    counts_[pc].sum[pb] += o.gap;
+    o.parent_class = static_cast<std::uint8_t>(pc);
+    o.parent = parent.request;
+    o.parent_bucket = static_cast<std::uint8_t>(pb);
+  }
+  return true;
 }
 
 void ReusePolicy::set_tail(std::uint32_t slot, std::uint32_t fingerprint) {
@@ -450,7 +488,8 @@ double ReusePolicy::value(const Owner& o, std::uint32_t deepest) const {
   const std::size_t b =
       age < 1.0 ? 0
                 : std::min<std::size_t>(kAges - 1, 1 + static_cast<std::size_t>(std::ilogb(age)));
-  if ((o.request & kAnonymous) != 0) return 1.0 / (1.0 + age);  // nobody's: by recency
+  // Nobody's, or the duel found recency ahead: by recency.
+  if ((o.request & kAnonymous) != 0 || by_age_) return 1.0 / (1.0 + age);
   const std::size_t c = class_of(o);
   double v = known_[c]          ? table_[c][b]
              : known_[kClasses] ? table_[kClasses][b]
@@ -592,6 +631,10 @@ std::uint32_t ReusePolicy::turn_of(std::uint64_t request) const {
 double ReusePolicy::value_of(std::uint64_t request) const {
   const std::uint32_t s = slot_of_.find(request, request_key());
   return s == npos ? -1.0 : value(owners_[s], owners_[s].back);
+}
+
+std::array<std::uint64_t, 2> ReusePolicy::duel_hits() const {
+  return duel_ ? duel_->hits() : std::array<std::uint64_t, 2>{};
 }
 
 std::vector<HostBlockId> ReusePolicy::blocks_of(std::uint64_t request) const {
