@@ -38,7 +38,7 @@ ReuseDuel::ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options) 
   const double rate = rate_for(capacity);
   const auto blocks = std::max<std::size_t>(
       1, static_cast<std::size_t>(std::llround(rate * static_cast<double>(capacity))));
-  const std::size_t history = std::max<std::size_t>(
+  const auto history = std::max<std::size_t>(
       {256, blocks / 32,
        static_cast<std::size_t>(
            std::ceil(rate * static_cast<double>(std::max<std::size_t>(4096, capacity / 32))))});
