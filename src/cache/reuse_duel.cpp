@@ -23,10 +23,10 @@ double rate_for(std::size_t capacity) {
 ReuseDuel::Shadow::Shadow(std::size_t capacity, const ReusePolicy::Options& options, bool by_age,
                           std::size_t history)
     : policy(capacity, ReusePolicy::Options{.samples = options.samples,
-                                            .seed = options.seed + (by_age ? 2 : 1),
+                                            // The learnt shadow draws as its owner does.
+                                            .seed = options.seed + (by_age ? 1 : 0),
                                             .prior = options.prior,
                                             .duel = false}),
-      fp(capacity, 0),
       stamp(capacity, 0) {
   policy.by_age_ = by_age;
   // A shadow sees `rate` of the conversations: it needs that share of the owner's history.
@@ -43,6 +43,14 @@ ReuseDuel::ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options) 
        static_cast<std::size_t>(
            std::ceil(rate * static_cast<double>(std::max<std::size_t>(4096, capacity / 32))))});
   threshold_ = static_cast<std::uint64_t>(std::ceil(rate * 16777216.0));
+  if (rate < 1) {
+    // The conversations left out: a request's deepest key per lookup, as many as its owner
+    // remembers finished requests, at 16 bits each in each of two generations.
+    filter_limit_ = std::max<std::size_t>(4096, capacity / 32);
+    std::size_t words = 1;
+    while (64 * words < 16 * filter_limit_) words *= 2;
+    for (auto& g : filter_) g.assign(words, 0);
+  }
   window_ = std::max<std::size_t>(256, blocks / 4);
   shadows_[0] = std::make_unique<Shadow>(blocks, options, false, history);
   shadows_[1] = std::make_unique<Shadow>(blocks, options, true, history);
@@ -50,15 +58,60 @@ ReuseDuel::ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options) 
 
 ReuseDuel::~ReuseDuel() = default;
 
-bool ReuseDuel::sampled(const ReusePolicy& owner, std::uint64_t request,
-                        std::span<const std::uint32_t> fingerprints) const {
+bool ReuseDuel::sampled(std::uint64_t request, std::span<const std::uint32_t> fingerprints) {
+  if (filter_limit_ == 0) return true;  // every conversation: the shadows are the cache's size
+  // As its parent: an earlier request whose deepest looked-up key is among these, in the
+  // sample (a record in the shadow) or not (the filter). Only lookups feed both, so what the
+  // real cache holds changes nothing.
+  // The shadow's records first: exact, where the filter has false positives (about 0.3% a
+  // key when full), which then only keep some new conversations out.
   const ReusePolicy& shadow = shadows_[0]->policy;
   for (std::size_t i = fingerprints.size(); i-- > 0;) {
     if (shadow.record_with_tail(fingerprints[i]) != ReusePolicy::npos) return true;
-    const std::uint32_t r = owner.record_with_tail(fingerprints[i]);
-    if (r != ReusePolicy::npos && owner.owners_[r].request != request) return false;
   }
-  return draw(request);
+  bool in = false, found = false;
+  for (std::size_t i = fingerprints.size(); i-- > 0 && !found;) found = left_out(fingerprints[i]);
+  if (!found) in = draw(request);
+  // Its deepest key marks its conversation as left out, unless sampled requests use that key
+  // too (it is in the learnt shadow): a prompt that is only a shared prefix (a system prompt)
+  // must not keep every conversation that starts with it out.
+  if (!in && !fingerprints.empty()) {
+    const ReusePolicy& p = shadows_[0]->policy;
+    const auto key_of = [&p](std::uint32_t b) { return std::uint64_t{p.fp_[b]}; };
+    if (shadows_[0]->index.find(fingerprints.back(), key_of) == SlotIndex::npos) {
+      leave_out(fingerprints.back());
+    }
+  }
+  return in;
+}
+
+bool ReuseDuel::left_out(std::uint32_t fingerprint) const {
+  const std::uint64_t h = mix64(fingerprint ^ kDrawSalt);
+  for (const auto& g : filter_) {
+    const std::uint64_t mask = g.size() * 64 - 1;
+    bool all = true;
+    for (int k = 0; k < 3 && all; ++k) {
+      const std::uint64_t bit = (h >> (21 * k)) & mask;
+      all = (g[bit / 64] >> (bit % 64) & 1U) != 0;
+    }
+    if (all) return true;
+  }
+  return false;
+}
+
+void ReuseDuel::leave_out(std::uint32_t fingerprint) {
+  if (++filter_count_ > filter_limit_) {  // the older generation goes
+    std::swap(filter_[0], filter_[1]);
+    std::fill(filter_[0].begin(), filter_[0].end(), 0);
+    filter_count_ = 1;
+  }
+  const std::uint64_t h = mix64(fingerprint ^ kDrawSalt);
+  auto& g = filter_[0];
+  const std::uint64_t mask = g.size() * 64 - 1;
+  for (int k = 0; k < 3; ++k) {
+    const std::uint64_t bit = (h >> (21 * k)) & mask;
+    g[bit / 64] |= std::uint64_t{1} << (bit % 64);
+  }
 }
 
 bool ReuseDuel::draw(std::uint64_t request) const {
@@ -92,41 +145,57 @@ void ReuseDuel::access(std::span<const std::uint32_t> fingerprints) {
 }
 
 void ReuseDuel::replay(Shadow& s, std::span<const std::uint32_t> fingerprints) {
-  const auto key_of = [&s](std::uint32_t b) { return std::uint64_t{s.fp[b]}; };
   ReusePolicy& p = s.policy;
-  // The parent first (the deepest key that is an earlier request's deepest block), so that
-  // the touch below takes its blocks as a continuation's, not as another conversation's.
-  const std::uint32_t self = p.owner_for_context();
-  for (std::size_t i = fingerprints.size(); i-- > 0;) {
-    if (p.adopt_parent(self, fingerprints[i])) break;
-  }
+  const auto key_of = [&p](std::uint32_t b) { return std::uint64_t{p.fp_[b]}; };
+  // As the scheduler drives its cache: the lookup (the longest resident prefix is the hit)
+  // touches every resident key; the store makes room for the missing ones all at once,
+  // sparing this lookup's blocks, stores them (all or none) and touches the request's keys.
   hit_ids_.clear();
   missed_.clear();
+  bool prefix = true;
   for (const std::uint32_t f : fingerprints) {
     const std::uint32_t b = s.index.find(f, key_of);
     if (b == SlotIndex::npos) {
-      missed_.push_back(f);
-    } else if (s.stamp[b] != replays_) {
-      s.stamp[b] = replays_;
-      // The running request's own block (a lookup repeated) is no hit.
-      if (p.owner_of(static_cast<HostBlockId>(b)) != context_.request) {
-        ++s.hits;
-        ++s.window;
-      }
-      hit_ids_.push_back(static_cast<HostBlockId>(b));
+      prefix = false;
+      missed_.push_back(f);  // (a key repeated in the lookup: stored once, below)
+      continue;
     }
-  }
-  // The hits become the request's (so that making room below spares them), then the misses
-  // are stored, then one touch of all in the request's order, as the scheduler's store does.
-  if (!hit_ids_.empty()) p.touch(hit_ids_, [](HostBlockId) { return true; });
-  for (const std::uint32_t f : missed_) {
-    if (s.index.find(f, key_of) != SlotIndex::npos) continue;  // twice in one lookup
-    const std::uint32_t b = room(s);
-    if (b == SlotIndex::npos) break;
-    s.fp[b] = f;
+    if (s.stamp[b] == replays_) continue;  // twice in one lookup
     s.stamp[b] = replays_;
-    s.index.insert(f, b, key_of);
+    // The running request's own block (a lookup repeated) is no hit.
+    if (prefix && p.owner_of(static_cast<HostBlockId>(b)) != context_.request) {
+      ++s.hits;
+      ++s.window;
+    }
+    hit_ids_.push_back(static_cast<HostBlockId>(b));
+  }
+  if (!hit_ids_.empty()) p.touch(hit_ids_, [](HostBlockId) { return true; });
+  if (missed_.empty()) return;
+  const std::size_t fresh = std::min(missed_.size(), s.stamp.size() - s.used + s.free.size());
+  victims_.clear();
+  if (fresh < missed_.size()) {
+    const auto spare = [&s, this](HostBlockId b) {
+      return s.stamp[static_cast<std::size_t>(b)] != replays_;
+    };
+    if (!p.select_victims(missed_.size() - fresh, spare, victims_)) return;  // no room: none
+  }
+  for (const HostBlockId v : victims_) {
+    s.index.erase(p.fp_[static_cast<std::size_t>(v)], static_cast<std::uint32_t>(v), key_of);
+    p.erase(v);
+  }
+  for (const HostBlockId v : victims_) s.free.push_back(static_cast<std::uint32_t>(v));
+  for (const std::uint32_t f : missed_) {
+    if (s.index.find(f, key_of) != SlotIndex::npos) continue;  // repeated in the lookup
+    std::uint32_t b = 0;
+    if (!s.free.empty()) {
+      b = s.free.back();
+      s.free.pop_back();
+    } else {
+      b = static_cast<std::uint32_t>(s.used++);
+    }
+    s.stamp[b] = replays_;
     p.insert_fingerprint(b, f);
+    s.index.insert(f, b, key_of);
   }
   all_ids_.clear();
   for (const std::uint32_t f : fingerprints) {
@@ -136,32 +205,20 @@ void ReuseDuel::replay(Shadow& s, std::span<const std::uint32_t> fingerprints) {
   p.touch(all_ids_, [](HostBlockId) { return true; });
 }
 
-std::uint32_t ReuseDuel::room(Shadow& s) {
-  if (s.used < s.fp.size()) return static_cast<std::uint32_t>(s.used++);
-  victims_.clear();
-  if (!s.policy.select_victims(
-          1, [](HostBlockId) { return true; }, victims_)) {
-    return SlotIndex::npos;
-  }
-  const auto b = static_cast<std::uint32_t>(victims_.front());
-  s.policy.erase(victims_.front());
-  s.index.erase(s.fp[b], b, [&s](std::uint32_t x) { return std::uint64_t{s.fp[x]}; });
-  s.fp[b] = 0;
-  return b;
-}
-
 void ReuseDuel::reset() {
   for (auto& s : shadows_) {
     s->policy.reset();
-    std::fill(s->fp.begin(), s->fp.end(), 0);
     std::fill(s->stamp.begin(), s->stamp.end(), 0);
     s->index.clear();
     s->used = 0;
+    s->free.clear();
     s->hits = s->window = 0;
     s->score = 0;
   }
   seen_ = 0;
   replays_ = 0;
+  for (auto& g : filter_) std::fill(g.begin(), g.end(), 0);
+  filter_count_ = 0;
   recency_ahead_ = false;
   context_ = {};
 }

@@ -15,21 +15,28 @@ namespace kvoffload::detail {
 /// Which order a ReusePolicy follows, chosen by the hits each gives on this traffic (issue 55:
 /// the learnt values lose to recency on traffic unlike what they were learnt on). Two shadow
 /// caches, each a ReusePolicy of a fraction `rate` of the capacity, one valuing by the learnt
-/// table and one by recency alone, replay the blocks of the same sample of conversations (a
-/// fraction `rate` of them, a continuation in its parent's sample; set dueling, Qureshi et
-/// al., ISCA 2007, with SHARDS-style scaling, Waldspurger et al., FAST 2015). Every window
-/// their hits are added to decayed scores, and the owner follows recency once the recency
-/// shadow's score is clearly the higher, until it is not the higher. A shadow replays each sampled
-/// request's lookup (every key it asked for, by the 32-bit fingerprints the owner uses, resident in
-/// the owner or not, so that what the owner holds changes nothing): a key resident in the shadow
-/// and not the request's own is a hit; the misses are stored, room made by the shadow's own order.
+/// table (with its owner's seed) and one by recency alone, replay the lookups of the same
+/// sample of conversations (set dueling, Qureshi et al., ISCA 2007, with SHARDS-style
+/// scaling, Waldspurger et al., FAST 2015). Every window their hits are added to decayed
+/// scores, and the owner follows recency once the recency shadow's score is clearly the
+/// higher, until it is not the higher.
 ///
-/// rate = min(1, max(1/128, 8192 / capacity)): caches up to 8,192 blocks are replayed whole
-/// (the shadows are then the two orders exactly); from 1,048,576 blocks on the shadows hold
-/// capacity/128 blocks each, under a byte a block of the owner's capacity
-/// (docs/bench/trace.md). The recency shadow must lead by kLead standard deviations to take
-/// over (leaving the learnt order costs what it kept for later). Deterministic; not
-/// thread-safe.
+/// A shadow replays a sampled request's lookup (every key it asked for, by the 32-bit
+/// fingerprints its owner uses, resident in the owner or not) as the scheduler drives a cache:
+/// the longest resident prefix, not the request's own blocks, is the hit; every resident key
+/// is touched; room for the missing keys is made at once, sparing the lookup's blocks, and
+/// they are stored (all or none) and all touched. Only lookups reach the shadows, so what the
+/// owner holds or follows changes nothing they do; at rate 1 the learnt shadow is the owner's
+/// order without a duel, eviction for eviction, but for blocks an engine stores without a
+/// lookup (decoded ones), which a shadow stores when a later lookup names them.
+///
+/// rate = min(1, max(1/128, 8192 / capacity)): caches up to 8,192 blocks are replayed whole;
+/// from 1,048,576 blocks on the shadows hold capacity/128 blocks each. Below rate 1 a request
+/// is in the sample if an earlier sampled request's deepest looked-up key is among its keys
+/// (the shadow's record), out if an earlier left-out request's is (a two-generation bit
+/// filter of such keys, the shadow's records checked first), else drawn by its id. The
+/// recency shadow must lead by kLead standard deviations to take over (leaving the learnt
+/// order costs what it kept for later). Deterministic; not thread-safe.
 class ReuseDuel {
  public:
   ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options);
@@ -38,10 +45,9 @@ class ReuseDuel {
   ReuseDuel& operator=(const ReuseDuel&) = delete;
 
   /// Whether `request`, looking up `fingerprints`, is in the sample: as its parent (the
-  /// request whose deepest block is the deepest of them: in the sample if the shadows hold
-  /// its record, out if only `owner` does), else drawn by its id with probability `rate`.
-  [[nodiscard]] bool sampled(const ReusePolicy& owner, std::uint64_t request,
-                             std::span<const std::uint32_t> fingerprints) const;
+  /// request whose deepest looked-up key is the deepest of them: in if the shadows hold its
+  /// record, out if it was left out), else drawn by its id with probability `rate`.
+  [[nodiscard]] bool sampled(std::uint64_t request, std::span<const std::uint32_t> fingerprints);
   void set_context(const AccessContext& context);
   /// One touch or store of the running request, its blocks' fingerprints in its order.
   void access(std::span<const std::uint32_t> fingerprints);
@@ -57,16 +63,17 @@ class ReuseDuel {
     Shadow(std::size_t capacity, const ReusePolicy::Options& options, bool by_age,
            std::size_t history);
     ReusePolicy policy;
-    std::vector<std::uint32_t> fp;     // per shadow block: its fingerprint (0: free)
-    std::vector<std::uint32_t> stamp;  // per shadow block: the last replay that counted it
-    SlotIndex index;                   // block by fingerprint
+    std::vector<std::uint32_t> stamp;  // per shadow block: the last replay that saw it
+    SlotIndex index;                   // block by fingerprint (the policy's fp_)
     std::size_t used = 0;              // blocks handed out so far (the rest were never used)
+    std::vector<std::uint32_t> free;   // evicted for a key repeated in its lookup: unused
     std::uint64_t hits = 0, window = 0;
     double score = 0;
   };
   void replay(Shadow& s, std::span<const std::uint32_t> fingerprints);
   [[nodiscard]] bool draw(std::uint64_t request) const;
-  std::uint32_t room(Shadow& s);
+  [[nodiscard]] bool left_out(std::uint32_t fingerprint) const;
+  void leave_out(std::uint32_t fingerprint);
 
   std::uint64_t threshold_;  // draw(): the top 24 bits of a mixed request id below this
   std::size_t window_;       // accesses between score updates
@@ -77,6 +84,10 @@ class ReuseDuel {
   AccessContext context_;
   std::vector<HostBlockId> hit_ids_, all_ids_, victims_;
   std::vector<std::uint32_t> missed_;
+  // Below rate 1: the deepest keys of lookups left out of the sample, so that their
+  // continuations stay out. Two generations of a 3-hash bit filter of filter_limit_ keys.
+  std::array<std::vector<std::uint64_t>, 2> filter_;
+  std::size_t filter_limit_ = 0, filter_count_ = 0;
 };
 
 }  // namespace kvoffload::detail

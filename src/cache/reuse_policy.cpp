@@ -306,7 +306,7 @@ void ReusePolicy::looked_up(std::span<const Key> keys) {
   }
   scratch_.clear();
   for (const Key& k : keys) scratch_.push_back(fingerprint_of(k));
-  if (!duel_->sampled(*this, context_.request, scratch_)) return;
+  if (!duel_->sampled(context_.request, scratch_)) return;
   duel_->access(scratch_);
   by_age_ = duel_->recency_ahead();
 }
