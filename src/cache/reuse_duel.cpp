@@ -43,14 +43,7 @@ ReuseDuel::ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options) 
        static_cast<std::size_t>(
            std::ceil(rate * static_cast<double>(std::max<std::size_t>(4096, capacity / 32))))});
   threshold_ = static_cast<std::uint64_t>(std::ceil(rate * 16777216.0));
-  if (rate < 1) {
-    // The conversations left out: a request's deepest key per lookup, as many as its owner
-    // remembers finished requests, at 16 bits each in each of two generations.
-    filter_limit_ = std::max<std::size_t>(4096, capacity / 32);
-    std::size_t words = 1;
-    while (64 * words < 16 * filter_limit_) words *= 2;
-    for (auto& g : filter_) g.assign(words, 0);
-  }
+  sample_all_ = rate >= 1;
   window_ = std::max<std::size_t>(256, blocks / 4);
   shadows_[0] = std::make_unique<Shadow>(blocks, options, false, history);
   shadows_[1] = std::make_unique<Shadow>(blocks, options, true, history);
@@ -59,59 +52,17 @@ ReuseDuel::ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options) 
 ReuseDuel::~ReuseDuel() = default;
 
 bool ReuseDuel::sampled(std::uint64_t request, std::span<const std::uint32_t> fingerprints) {
-  if (filter_limit_ == 0) return true;  // every conversation: the shadows are the cache's size
-  // As its parent: an earlier request whose deepest looked-up key is among these, in the
-  // sample (a record in the shadow) or not (the filter). Only lookups feed both, so what the
-  // real cache holds changes nothing.
-  // The shadow's records first: exact, where the filter has false positives (about 0.3% a
-  // key when full), which then only keep some new conversations out.
+  if (sample_all_) return true;  // every conversation: the shadows are the cache's size
+  // In with its parent: an earlier sampled request whose deepest looked-up key is among
+  // these (the shadow's record, fed by lookups only, so what the real cache holds changes
+  // nothing). Else drawn: a new conversation, or one whose earlier turns were left out
+  // (joining the sample at this turn; nothing remembers left-out requests, whose keys may be
+  // a prefix every conversation shares).
   const ReusePolicy& shadow = shadows_[0]->policy;
   for (std::size_t i = fingerprints.size(); i-- > 0;) {
     if (shadow.record_with_tail(fingerprints[i]) != ReusePolicy::npos) return true;
   }
-  bool in = false, found = false;
-  for (std::size_t i = fingerprints.size(); i-- > 0 && !found;) found = left_out(fingerprints[i]);
-  if (!found) in = draw(request);
-  // Its deepest key marks its conversation as left out, unless sampled requests use that key
-  // too (it is in the learnt shadow): a prompt that is only a shared prefix (a system prompt)
-  // must not keep every conversation that starts with it out.
-  if (!in && !fingerprints.empty()) {
-    const ReusePolicy& p = shadows_[0]->policy;
-    const auto key_of = [&p](std::uint32_t b) { return std::uint64_t{p.fp_[b]}; };
-    if (shadows_[0]->index.find(fingerprints.back(), key_of) == SlotIndex::npos) {
-      leave_out(fingerprints.back());
-    }
-  }
-  return in;
-}
-
-bool ReuseDuel::left_out(std::uint32_t fingerprint) const {
-  const std::uint64_t h = mix64(fingerprint ^ kDrawSalt);
-  for (const auto& g : filter_) {
-    const std::uint64_t mask = g.size() * 64 - 1;
-    bool all = true;
-    for (int k = 0; k < 3 && all; ++k) {
-      const std::uint64_t bit = (h >> (21 * k)) & mask;
-      all = (g[bit / 64] >> (bit % 64) & 1U) != 0;
-    }
-    if (all) return true;
-  }
-  return false;
-}
-
-void ReuseDuel::leave_out(std::uint32_t fingerprint) {
-  if (++filter_count_ > filter_limit_) {  // the older generation goes
-    std::swap(filter_[0], filter_[1]);
-    std::fill(filter_[0].begin(), filter_[0].end(), 0);
-    filter_count_ = 1;
-  }
-  const std::uint64_t h = mix64(fingerprint ^ kDrawSalt);
-  auto& g = filter_[0];
-  const std::uint64_t mask = g.size() * 64 - 1;
-  for (int k = 0; k < 3; ++k) {
-    const std::uint64_t bit = (h >> (21 * k)) & mask;
-    g[bit / 64] |= std::uint64_t{1} << (bit % 64);
-  }
+  return draw(request);
 }
 
 bool ReuseDuel::draw(std::uint64_t request) const {
@@ -217,8 +168,6 @@ void ReuseDuel::reset() {
   }
   seen_ = 0;
   replays_ = 0;
-  for (auto& g : filter_) std::fill(g.begin(), g.end(), 0);
-  filter_count_ = 0;
   recency_ahead_ = false;
   context_ = {};
 }

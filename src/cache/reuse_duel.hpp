@@ -26,17 +26,19 @@ namespace kvoffload::detail {
 /// the longest resident prefix, not the request's own blocks, is the hit; every resident key
 /// is touched; room for the missing keys is made at once, sparing the lookup's blocks, and
 /// they are stored (all or none) and all touched. Only lookups reach the shadows, so what the
-/// owner holds or follows changes nothing they do; at rate 1 the learnt shadow is the owner's
-/// order without a duel, eviction for eviction, but for blocks an engine stores without a
-/// lookup (decoded ones), which a shadow stores when a later lookup names them.
+/// owner holds or follows changes nothing they do. At rate 1, when each store follows its
+/// lookup at once (the unit test's model), the learnt shadow is the owner's order without a
+/// duel, eviction for eviction; the scheduler's later or skipped stores, blocks it protects
+/// and blocks stored without a lookup (decoded ones: a shadow stores them when a later lookup
+/// names them) make it close rather than exact.
 ///
 /// rate = min(1, max(1/128, 8192 / capacity)): caches up to 8,192 blocks are replayed whole;
 /// from 1,048,576 blocks on the shadows hold capacity/128 blocks each. Below rate 1 a request
 /// is in the sample if an earlier sampled request's deepest looked-up key is among its keys
-/// (the shadow's record), out if an earlier left-out request's is (a two-generation bit
-/// filter of such keys, the shadow's records checked first), else drawn by its id. The
-/// recency shadow must lead by kLead standard deviations to take over (leaving the learnt
-/// order costs what it kept for later). Deterministic; not thread-safe.
+/// (the shadow's record), else drawn by its id: a conversation whose earlier turns were left
+/// out may join at a later turn (its turn count then starts there). The recency shadow must
+/// lead by kLead standard deviations to take over (leaving the learnt order costs what it
+/// kept for later). Deterministic; not thread-safe.
 class ReuseDuel {
  public:
   ReuseDuel(std::size_t capacity, const ReusePolicy::Options& options);
@@ -44,9 +46,9 @@ class ReuseDuel {
   ReuseDuel(const ReuseDuel&) = delete;
   ReuseDuel& operator=(const ReuseDuel&) = delete;
 
-  /// Whether `request`, looking up `fingerprints`, is in the sample: as its parent (the
-  /// request whose deepest looked-up key is the deepest of them: in if the shadows hold its
-  /// record, out if it was left out), else drawn by its id with probability `rate`.
+  /// Whether `request`, looking up `fingerprints`, is in the sample: if an earlier sampled
+  /// request's deepest looked-up key is among them (its parent), else drawn by its id with
+  /// probability `rate`.
   [[nodiscard]] bool sampled(std::uint64_t request, std::span<const std::uint32_t> fingerprints);
   void set_context(const AccessContext& context);
   /// One touch or store of the running request, its blocks' fingerprints in its order.
@@ -72,8 +74,6 @@ class ReuseDuel {
   };
   void replay(Shadow& s, std::span<const std::uint32_t> fingerprints);
   [[nodiscard]] bool draw(std::uint64_t request) const;
-  [[nodiscard]] bool left_out(std::uint32_t fingerprint) const;
-  void leave_out(std::uint32_t fingerprint);
 
   std::uint64_t threshold_;  // draw(): the top 24 bits of a mixed request id below this
   std::size_t window_;       // accesses between score updates
@@ -84,10 +84,7 @@ class ReuseDuel {
   AccessContext context_;
   std::vector<HostBlockId> hit_ids_, all_ids_, victims_;
   std::vector<std::uint32_t> missed_;
-  // Below rate 1: the deepest keys of lookups left out of the sample, so that their
-  // continuations stay out. Two generations of a 3-hash bit filter of filter_limit_ keys.
-  std::array<std::vector<std::uint64_t>, 2> filter_;
-  std::size_t filter_limit_ = 0, filter_count_ = 0;
+  bool sample_all_ = true;  // rate 1
 };
 
 }  // namespace kvoffload::detail
