@@ -44,7 +44,7 @@ class ReuseDuel;
 /// holding blocks and a history of max(4096, capacity / 32) finished ones, grown by a quarter
 /// at a time; the duel's shadows, min(capacity, max(8192, capacity / 128)) blocks each, with
 /// their own records. 95-99 bytes a stored block for the whole manager with requests of 16
-/// blocks at 1M-10M blocks; below 1M the shadows are a fixed 0.7 MB (141 bytes a block at
+/// blocks at 1M-10M blocks; below 1M the shadows are a fixed 0.7 MB (140 bytes a block at
 /// 16K blocks; docs/bench/trace.md). Not thread-safe: the manager calls it.
 class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
  public:
