@@ -146,9 +146,6 @@ class KVOFFLOAD_EXPORT ReusePolicy final : public EvictionPolicy {
   void unlink(std::uint32_t block, Owner& o);
   void append(std::uint32_t block, Owner& o);
   void find_parent(std::uint32_t owner, std::span<const HostBlockId> ids);
-  /// Takes the record whose tail is `fingerprint` as owner's parent (a later turn replaces an
-  /// earlier one); false if there is none.
-  bool adopt_parent(std::uint32_t owner, std::uint32_t fingerprint);
   void set_tail(std::uint32_t owner, std::uint32_t fingerprint);
   void count_birth(std::uint32_t owner);
   void refresh_table();

@@ -133,8 +133,8 @@ void ReuseDuel::replay(Shadow& s, std::span<const std::uint32_t> fingerprints) {
   for (const HostBlockId v : victims_) {
     s.index.erase(p.fp_[static_cast<std::size_t>(v)], static_cast<std::uint32_t>(v), key_of);
     p.erase(v);
+    s.free.push_back(static_cast<std::uint32_t>(v));
   }
-  for (const HostBlockId v : victims_) s.free.push_back(static_cast<std::uint32_t>(v));
   for (const std::uint32_t f : missed_) {
     if (s.index.find(f, key_of) != SlotIndex::npos) continue;  // repeated in the lookup
     std::uint32_t b = 0;

@@ -354,40 +354,35 @@ void ReusePolicy::find_parent(std::uint32_t slot, std::span<const HostBlockId> i
   for (std::size_t i = ids.size(); i-- > 0;) {
     const HostBlockId id = ids[i];
     if (id < 0 || owner_[static_cast<std::size_t>(id)] == npos) continue;
-    if (adopt_parent(slot, fp_[static_cast<std::size_t>(id)])) return;
-  }
-}
-
-bool ReusePolicy::adopt_parent(std::uint32_t slot, std::uint32_t fingerprint) {
-  Owner& o = owners_[slot];
-  const std::uint32_t found = chain_.find(fingerprint, tail_key());
-  if (found == npos || found == slot) return false;
-  const Owner& parent = owners_[found];
-  // The deepest earlier request whose whole prompt this one extends; a later search
-  // replaces what an earlier one found only with a later turn (the lookup's touch may see
-  // a grandparent when the parent's tail was evicted; the store's touch sees the parent).
-  if (o.gap < 0 || parent.turn + 1 > o.turn) {
-    if (o.parent_class != kNone) {
-      Counts& c = counts_[static_cast<std::size_t>(o.parent_class)];
-      const auto b = static_cast<std::size_t>(o.parent_bucket);
-      c.cont[b] = std::max(0.0, c.cont[b] - 1);
-      c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
+    const std::uint32_t found = chain_.find(fp_[static_cast<std::size_t>(id)], tail_key());
+    if (found == npos || found == slot) continue;
+    const Owner& parent = owners_[found];
+    // The deepest earlier request whose whole prompt this one extends; a later search
+    // replaces what an earlier one found only with a later turn (the lookup's touch may see
+    // a grandparent when the parent's tail was evicted; the store's touch sees the parent).
+    if (o.gap < 0 || parent.turn + 1 > o.turn) {
+      if (o.parent_class != kNone) {
+        Counts& c = counts_[static_cast<std::size_t>(o.parent_class)];
+        const auto b = static_cast<std::size_t>(o.parent_bucket);
+        c.cont[b] = std::max(0.0, c.cont[b] - 1);
+        c.sum[b] = std::max(0.0, c.sum[b] - std::max(0.0, static_cast<double>(o.gap)));
+      }
+      o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
+      // The difference as signed milliseconds: exact for gaps under 24.8 days whatever the
+      // clock's origin; 0 when the parent's record is the younger one (its request arrived
+      // after this one's first chunk).
+      const auto ms = static_cast<std::int32_t>(o.first_ms - parent.first_ms);
+      o.gap = static_cast<float>(std::max<std::int32_t>(0, ms)) / 1000.0F;
+      const std::size_t pc = class_of(parent);
+      const std::size_t pb = bucket_of(o.gap);
+      counts_[pc].cont[pb] += 1;
+      counts_[pc].sum[pb] += o.gap;
+      o.parent_class = static_cast<std::uint8_t>(pc);
+      o.parent = parent.request;
+      o.parent_bucket = static_cast<std::uint8_t>(pb);
     }
-    o.turn = static_cast<std::uint8_t>(std::min(255, parent.turn + 1));
-    // The difference as signed milliseconds: exact for gaps under 24.8 days whatever the
-    // clock's origin; 0 when the parent's record is the younger one (its request arrived
-    // after this one's first chunk).
-    const auto ms = static_cast<std::int32_t>(o.first_ms - parent.first_ms);
-    o.gap = static_cast<float>(std::max<std::int32_t>(0, ms)) / 1000.0F;
-    const std::size_t pc = class_of(parent);
-    const std::size_t pb = bucket_of(o.gap);
-    counts_[pc].cont[pb] += 1;
-    counts_[pc].sum[pb] += o.gap;
-    o.parent_class = static_cast<std::uint8_t>(pc);
-    o.parent = parent.request;
-    o.parent_bucket = static_cast<std::uint8_t>(pb);
+    return;
   }
-  return true;
 }
 
 void ReusePolicy::set_tail(std::uint32_t slot, std::uint32_t fingerprint) {

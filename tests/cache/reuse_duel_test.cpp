@@ -125,6 +125,21 @@ std::size_t repeats(Cache& c, int prompts, int later, double step) {
   return hits;
 }
 
+struct Compared {
+  std::size_t without, with;
+  std::uint64_t learnt_hits, recency_hits;  // the duel's shadows
+};
+
+/// The repeats `later` prompts apart through a policy without and one with the duel.
+Compared both(Cache& plain, Cache& duel, int later) {
+  Compared c{repeats(plain, 2000, later, 1.0), repeats(duel, 2000, later, 1.0), 0, 0};
+  c.learnt_hits = duel.policy().duel_hits()[0];
+  c.recency_hits = duel.policy().duel_hits()[1];
+  UNSCOPED_INFO("hits without the duel " << c.without << ", with " << c.with << "; shadows: learnt "
+                                         << c.learnt_hits << ", recency " << c.recency_hits);
+  return c;
+}
+
 }  // namespace
 
 TEST_CASE("Reuse duel: follows recency where recency gives more hits", "[reuse]") {
@@ -132,11 +147,7 @@ TEST_CASE("Reuse duel: follows recency where recency gives more hits", "[reuse]"
   // repeat (8,000 of 8,000 blocks); the learnt values (the conversation trace's, where a
   // minute-old first turn is worth more than a young one) lose some.
   Cache learnt(16, false), duel(16, true);
-  const std::size_t without = repeats(learnt, 2000, 1, 1.0);
-  const std::size_t with = repeats(duel, 2000, 1, 1.0);
-  const auto [learnt_hits, recency_hits] = duel.policy().duel_hits();
-  INFO("hits without the duel " << without << ", with " << with << "; shadows: learnt "
-                                << learnt_hits << ", recency " << recency_hits);
+  const auto [without, with, learnt_hits, recency_hits] = both(learnt, duel, 1);
   CHECK(recency_hits == 8000);  // every repeat's 4 blocks: recency keeps the last 4 prompts
   CHECK(learnt_hits < recency_hits);
   CHECK(duel.policy().follows_recency());
@@ -145,16 +156,12 @@ TEST_CASE("Reuse duel: follows recency where recency gives more hits", "[reuse]"
   CHECK(with > without);
 }
 
-TEST_CASE("Reuse duel: keeps the learnt order where it gives more hits, victim for victim",
+TEST_CASE("Reuse duel: keeps the learnt order where it gives more hits, with the same hits",
           "[reuse]") {
   // 32 blocks, eight prompts; each comes back five prompts later, past what recency keeps
   // (five new prompts and four repeats in between: 36 blocks), so recency misses nearly all.
   Cache learnt(32, false), duel(32, true);
-  const std::size_t without = repeats(learnt, 2000, 5, 1.0);
-  const std::size_t with = repeats(duel, 2000, 5, 1.0);
-  const auto [learnt_hits, recency_hits] = duel.policy().duel_hits();
-  INFO("hits without the duel " << without << ", with " << with << "; shadows: learnt "
-                                << learnt_hits << ", recency " << recency_hits);
+  const auto [without, with, learnt_hits, recency_hits] = both(learnt, duel, 5);
   CHECK(learnt_hits > 10 * recency_hits);
   CHECK_FALSE(duel.policy().follows_recency());
   // The shadows are the whole cache here (32 blocks, all sampled): the learnt one is the
